@@ -1,0 +1,347 @@
+//! Variant identity: proof that a compiled module is the variant it claims to be, and its
+//! resources. Read from the PTX (the `SDPA_*` constants the kernel publishes, whether any
+//! `cp.async` instruction is present), from ptxas's report, and at run time from the driver.
+
+use serde::{Deserialize, Serialize};
+
+use crate::gates::ResourceGates;
+use crate::verdict::{Check, Verdict};
+
+/// The launch geometry and switches a kernel build publishes as `__constant__ int SDPA_*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelConstants {
+    pub head_dim: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+    pub threads: u32,
+    pub smem_bytes: u32,
+    pub use_cp_async: u32,
+}
+
+impl KernelConstants {
+    /// Reads the constants from PTX lines such as `.const .align 4 .u32 SDPA_BLOCK_M = 64;`.
+    /// A declaration without an initializer is zero, as PTX zero-initializes `.const` data.
+    pub fn from_ptx(ptx: &str) -> Result<Self, String> {
+        let get = |name: &str| -> Result<u32, String> {
+            ptx.lines()
+                .filter(|l| {
+                    l.trim_start().starts_with(".const") || l.trim_start().starts_with(".global")
+                })
+                .find_map(|l| {
+                    let (_, rest) = l.split_once(name)?;
+                    let rest = rest.trim_start();
+                    if rest.starts_with(';') {
+                        return Some(0);
+                    }
+                    let value = rest.strip_prefix('=')?;
+                    value.trim().trim_end_matches(';').trim().parse().ok()
+                })
+                .ok_or_else(|| {
+                    format!("the PTX does not define {name}; the kernel must publish it")
+                })
+        };
+        Ok(KernelConstants {
+            head_dim: get("SDPA_HEAD_DIM")?,
+            block_m: get("SDPA_BLOCK_M")?,
+            block_n: get("SDPA_BLOCK_N")?,
+            threads: get("SDPA_THREADS")?,
+            smem_bytes: get("SDPA_SMEM_BYTES")?,
+            use_cp_async: get("SDPA_USE_CP_ASYNC")?,
+        })
+    }
+}
+
+/// Whether any PTX instruction is a `cp.async` (comments and names do not count).
+pub fn ptx_has_cp_async(ptx: &str) -> bool {
+    ptx.lines().any(|line| {
+        let code = line.split("//").next().unwrap_or("").trim_start();
+        let code = code.strip_prefix('@').map_or(code, |pred| {
+            pred.split_once(char::is_whitespace)
+                .map_or("", |(_, rest)| rest.trim_start())
+        });
+        code.starts_with("cp.async")
+    })
+}
+
+/// What ptxas said about one entry function (`--ptxas-options=-v`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PtxasReport {
+    pub registers: Option<u32>,
+    pub stack_frame_bytes: Option<u32>,
+    pub spill_store_bytes: Option<u32>,
+    pub spill_load_bytes: Option<u32>,
+}
+
+impl PtxasReport {
+    /// Parses the lines that follow `Function properties for <entry>` / `Compiling entry
+    /// function '<entry>'` in an NVRTC log.
+    pub fn parse(log: &str, entry: &str) -> Self {
+        let mut report = PtxasReport::default();
+        let mut in_entry = false;
+        for line in log.lines() {
+            if line.contains("Compiling entry function") || line.contains("Function properties for")
+            {
+                in_entry = line.contains(entry);
+                continue;
+            }
+            if !in_entry {
+                continue;
+            }
+            if line.contains("stack frame") {
+                report.stack_frame_bytes = number_before(line, "bytes stack frame");
+                report.spill_store_bytes = number_before(line, "bytes spill stores");
+                report.spill_load_bytes = number_before(line, "bytes spill loads");
+            }
+            if line.contains("registers") {
+                report.registers = number_after(line, "Used ");
+            }
+        }
+        report
+    }
+
+    pub fn spill_bytes(&self) -> Option<u32> {
+        Some(self.spill_store_bytes? + self.spill_load_bytes?)
+    }
+}
+
+fn number_before(line: &str, marker: &str) -> Option<u32> {
+    let before = &line[..line.find(marker)?];
+    before
+        .split(|c: char| !c.is_ascii_digit())
+        .rev()
+        .find(|s| !s.is_empty())?
+        .parse()
+        .ok()
+}
+
+fn number_after(line: &str, marker: &str) -> Option<u32> {
+    let after = &line[line.find(marker)? + marker.len()..];
+    after
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|s| !s.is_empty())?
+        .parse()
+        .ok()
+}
+
+/// What the driver reports for a loaded kernel at its launch configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverResources {
+    pub registers_per_thread: u32,
+    pub static_smem_bytes: u32,
+    pub dynamic_smem_bytes: u32,
+    /// Per-thread local memory: stack frame plus spills.
+    pub local_bytes: u32,
+    pub threads_per_block: u32,
+    pub max_blocks_per_sm: u32,
+}
+
+/// Everything that identifies one compiled variant, as recorded in build_meta.json.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VariantIdentity {
+    pub name: String,
+    pub defines: Vec<String>,
+    pub ptx_sha256: String,
+    pub cubin_sha256: String,
+    pub ptx_has_cp_async: bool,
+    pub constants: KernelConstants,
+    pub ptxas: PtxasReport,
+    /// Absent when compiled without a GPU (`sdpa-runner build`).
+    pub driver: Option<DriverResources>,
+}
+
+impl VariantIdentity {
+    /// Fails unless the PTX and the published constants agree with the requested toggle: the
+    /// defence against a "fast" variant that was never actually built.
+    pub fn check_toggle(&self, requested_cp_async: bool) -> Result<(), String> {
+        let published = self.constants.use_cp_async == 1;
+        if published != requested_cp_async || self.ptx_has_cp_async != requested_cp_async {
+            return Err(format!(
+                "variant {}: asked for USE_CP_ASYNC={}, but the module publishes SDPA_USE_CP_ASYNC={} \
+                 and its PTX {} cp.async instructions: the toggle did not take",
+                self.name,
+                requested_cp_async as u8,
+                self.constants.use_cp_async,
+                if self.ptx_has_cp_async {
+                    "has"
+                } else {
+                    "has no"
+                }
+            ));
+        }
+        Ok(())
+    }
+
+    /// Registers, shared memory and spills from the driver where present, else from ptxas.
+    pub fn registers(&self) -> Option<u32> {
+        self.driver
+            .as_ref()
+            .map(|d| d.registers_per_thread)
+            .or(self.ptxas.registers)
+    }
+
+    pub fn smem_bytes(&self) -> u32 {
+        self.driver.as_ref().map_or(self.constants.smem_bytes, |d| {
+            d.static_smem_bytes + d.dynamic_smem_bytes
+        })
+    }
+
+    /// The resource gates; blocks per SM is checked only when the driver reported it.
+    pub fn resource_verdict(&self, gates: &ResourceGates) -> Verdict {
+        let mut v = Verdict::default();
+        if let Some(regs) = self.registers() {
+            v.add(
+                "resources.regs_per_thread",
+                Check::at_most(regs as f64, gates.max_regs_per_thread as f64),
+            );
+        }
+        v.add(
+            "resources.smem_bytes",
+            Check::at_most(self.smem_bytes() as f64, gates.max_smem_bytes as f64),
+        );
+        let spills = self
+            .ptxas
+            .spill_bytes()
+            .or(self.driver.as_ref().map(|d| d.local_bytes));
+        if let Some(spills) = spills {
+            v.add(
+                "resources.spill_bytes",
+                Check::at_most(spills as f64, gates.max_spill_bytes as f64),
+            );
+        }
+        if let Some(d) = &self.driver {
+            v.add(
+                "resources.blocks_per_sm",
+                Check::at_least(d.max_blocks_per_sm as f64, gates.min_blocks_per_sm as f64),
+            );
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = "ptxas info    : 40 bytes gmem
+ptxas info    : Compiling entry function 'other' for 'sm_90'
+ptxas info    : Function properties for other
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 200 registers, used 1 barriers
+ptxas info    : Compiling entry function 'sdpa_fp8_stage_c_wmma' for 'sm_90'
+ptxas info    : Function properties for sdpa_fp8_stage_c_wmma
+ptxas         .     0 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers
+";
+
+    #[test]
+    fn ptxas_report_is_read_for_the_named_entry_only() {
+        let r = PtxasReport::parse(LOG, "sdpa_fp8_stage_c_wmma");
+        assert_eq!(r.registers, Some(96));
+        assert_eq!(
+            (r.stack_frame_bytes, r.spill_store_bytes, r.spill_load_bytes),
+            (Some(0), Some(12), Some(16))
+        );
+        assert_eq!(r.spill_bytes(), Some(28));
+        assert_eq!(PtxasReport::parse(LOG, "other").registers, Some(200));
+    }
+
+    #[test]
+    fn cp_async_is_found_in_instructions_not_in_comments() {
+        assert!(ptx_has_cp_async(
+            "\tcp.async.cg.shared.global [%r1], [%rd2], 16;"
+        ));
+        assert!(ptx_has_cp_async(
+            "\t@%p1 cp.async.ca.shared.global [%r1], [%rd2], 16, 16;"
+        ));
+        assert!(!ptx_has_cp_async(
+            "\t// cp.async would go here\n\tld.global.v4.u32 {%r1}, [%rd1];"
+        ));
+        assert!(!ptx_has_cp_async(".visible .entry no_cp_async_here()"));
+    }
+
+    #[test]
+    fn constants_are_read_from_the_ptx() {
+        let ptx = ".const .align 4 .u32 SDPA_HEAD_DIM = 64;\n.const .align 4 .u32 SDPA_BLOCK_M = 64;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 32;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES = 61440;\n.const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
+        let c = KernelConstants::from_ptx(ptx).unwrap();
+        assert_eq!(
+            (c.block_n, c.threads, c.smem_bytes, c.use_cp_async),
+            (32, 128, 61440, 1)
+        );
+        let zero = ptx.replace("SDPA_USE_CP_ASYNC = 1;", "SDPA_USE_CP_ASYNC;");
+        assert_eq!(
+            KernelConstants::from_ptx(&zero).unwrap().use_cp_async,
+            0,
+            "uninitialized .const is 0"
+        );
+        let err =
+            KernelConstants::from_ptx(".const .align 4 .u32 SDPA_HEAD_DIM = 64;").unwrap_err();
+        assert!(err.contains("SDPA_BLOCK_M"), "{err}");
+    }
+
+    fn identity(cp: bool, published: u32) -> VariantIdentity {
+        VariantIdentity {
+            name: "cp1".into(),
+            defines: vec![],
+            ptx_sha256: String::new(),
+            cubin_sha256: String::new(),
+            ptx_has_cp_async: cp,
+            constants: KernelConstants {
+                head_dim: 64,
+                block_m: 64,
+                block_n: 64,
+                threads: 128,
+                smem_bytes: 61440,
+                use_cp_async: published,
+            },
+            ptxas: PtxasReport {
+                registers: Some(96),
+                stack_frame_bytes: Some(0),
+                spill_store_bytes: Some(0),
+                spill_load_bytes: Some(0),
+            },
+            driver: None,
+        }
+    }
+
+    #[test]
+    fn a_toggle_that_did_not_take_is_caught() {
+        assert!(identity(true, 1).check_toggle(true).is_ok());
+        assert!(identity(false, 0).check_toggle(false).is_ok());
+        let err = identity(false, 1).check_toggle(true).unwrap_err();
+        assert!(err.contains("toggle did not take"), "{err}");
+        assert!(identity(true, 0).check_toggle(true).is_err());
+    }
+
+    #[test]
+    fn resource_gates_apply_to_registers_smem_spills_and_occupancy() {
+        let gates = ResourceGates {
+            max_regs_per_thread: 128,
+            max_smem_bytes: 65536,
+            max_spill_bytes: 0,
+            min_blocks_per_sm: 2,
+        };
+        let mut id = identity(true, 1);
+        assert!(id.resource_verdict(&gates).pass());
+        assert_eq!(
+            id.resource_verdict(&gates).checks.len(),
+            3,
+            "no occupancy without a driver"
+        );
+        id.driver = Some(DriverResources {
+            registers_per_thread: 96,
+            static_smem_bytes: 0,
+            dynamic_smem_bytes: 61440,
+            local_bytes: 0,
+            threads_per_block: 128,
+            max_blocks_per_sm: 1,
+        });
+        assert_eq!(
+            id.resource_verdict(&gates).failures(),
+            ["resources.blocks_per_sm 1 < 2"]
+        );
+        id.ptxas.spill_store_bytes = Some(8);
+        assert!(!id.resource_verdict(&gates).checks["resources.spill_bytes"].pass);
+    }
+}

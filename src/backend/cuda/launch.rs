@@ -1,0 +1,97 @@
+//! Device buffers of one problem and the kernel launch (DESIGN.md's kernel ABI).
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+};
+use half::f16;
+
+use super::identity::KernelConstants;
+use crate::metrics::POISON;
+use crate::problem::Problem;
+
+/// Inputs and output of one problem on the device.
+pub struct DeviceProblem {
+    q: CudaSlice<u8>,
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    q_scale: CudaSlice<f32>,
+    k_scale: CudaSlice<f32>,
+    v_scale: CudaSlice<f32>,
+    pub out: CudaSlice<f16>,
+    b: i32,
+    h: i32,
+    s: i32,
+    softmax_scale: f32,
+}
+
+impl DeviceProblem {
+    /// Device bytes a problem needs: three code tensors, three scale vectors, the f16 output.
+    pub fn bytes_needed(p: &Problem) -> u64 {
+        let n = p.output_len() as u64;
+        3 * n + 2 * n + 3 * 4 * p.shape.heads() as u64
+    }
+
+    pub fn upload(stream: &Arc<CudaStream>, p: &Problem) -> Result<Self, DriverError> {
+        Ok(DeviceProblem {
+            q: stream.clone_htod(&p.q.codes)?,
+            k: stream.clone_htod(&p.k.codes)?,
+            v: stream.clone_htod(&p.v.codes)?,
+            q_scale: stream.clone_htod(&p.q.scales)?,
+            k_scale: stream.clone_htod(&p.k.scales)?,
+            v_scale: stream.clone_htod(&p.v.scales)?,
+            out: unsafe { stream.alloc::<f16>(p.output_len())? },
+            b: p.shape.b as i32,
+            h: p.shape.h as i32,
+            s: p.shape.s as i32,
+            softmax_scale: p.softmax_scale,
+        })
+    }
+
+    /// Fills the output with the poison pattern, so unwritten elements are detectable.
+    pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
+        let len = self.out.len();
+        let (ptr, _sync) = self.out.device_ptr_mut(stream);
+        unsafe {
+            cudarc::driver::sys::cuMemsetD16Async(ptr, POISON.to_bits(), len, stream.cu_stream())
+        }
+        .result()
+    }
+
+    /// Enqueues one launch of `function` on `stream` (asynchronous; errors of the launch
+    /// itself are returned, faults surface at the next synchronization).
+    pub fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        function: &CudaFunction,
+        consts: &KernelConstants,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (self.s as u32).div_ceil(consts.block_m),
+                (self.b * self.h) as u32,
+                1,
+            ),
+            block_dim: (consts.threads, 1, 1),
+            shared_mem_bytes: consts.smem_bytes,
+        };
+        let mut args = stream.launch_builder(function);
+        args.arg(&self.q)
+            .arg(&self.k)
+            .arg(&self.v)
+            .arg(&self.q_scale)
+            .arg(&self.k_scale)
+            .arg(&self.v_scale)
+            .arg(&mut self.out)
+            .arg(&self.b)
+            .arg(&self.h)
+            .arg(&self.s)
+            .arg(&self.softmax_scale);
+        unsafe { args.launch(cfg) }.map(|_| ())
+    }
+
+    pub fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<f16>, DriverError> {
+        stream.clone_dtoh(&self.out)
+    }
+}

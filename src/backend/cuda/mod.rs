@@ -1,0 +1,282 @@
+//! The `cuda` backend: compiles the kernel's variants with NVRTC for the device's
+//! architecture, proves each is the variant it claims, loads it, and launches it.
+
+pub mod device;
+pub mod headers;
+pub mod identity;
+pub mod kernel;
+pub mod launch;
+pub mod nvrtc;
+pub mod variant;
+
+use std::mem::ManuallyDrop;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::nvrtc::Ptx;
+use half::f16;
+
+use super::{Backend, BackendError};
+use crate::gates::ResourceGates;
+use crate::problem::Problem;
+use crate::verdict::Verdict;
+use device::DeviceInfo;
+use identity::{DriverResources, VariantIdentity};
+use kernel::{BuiltVariant, KernelSource};
+use launch::DeviceProblem;
+use variant::VariantSpec;
+
+/// A variant loaded on the device.
+pub struct LoadedVariant {
+    pub identity: VariantIdentity,
+    pub options: Vec<String>,
+    pub function: CudaFunction,
+    _module: Arc<CudaModule>,
+}
+
+/// Everything that lives on the GPU; leaked instead of freed after a fault, when the
+/// context is no longer usable.
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    variants: Vec<LoadedVariant>,
+    problem: Option<DeviceProblem>,
+}
+
+pub struct CudaBackend {
+    gpu: ManuallyDrop<Gpu>,
+    faulted: bool,
+    names: Vec<String>,
+    device: DeviceInfo,
+    nvrtc_version: String,
+    include_dir: PathBuf,
+    kernel: KernelSource,
+    /// (shape, seed) of the loaded problem, for error messages.
+    loaded: String,
+}
+
+impl CudaBackend {
+    /// Opens the GPU, finds NVRTC and the headers, compiles and loads every variant.
+    pub fn new(kernel: KernelSource, specs: &[VariantSpec]) -> Result<Self, BackendError> {
+        let (ctx, device) = device::open()?;
+        let nvrtc_version = kernel::require_nvrtc()?;
+        let include_dir =
+            headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
+        let stream = ctx.default_stream();
+        let mut variants = Vec::new();
+        for spec in specs {
+            let built = kernel::build_variant(&kernel, &include_dir, &device.arch(), spec)?;
+            variants.push(load_variant(&ctx, built)?);
+        }
+        Ok(CudaBackend {
+            names: specs.iter().map(|s| s.name.clone()).collect(),
+            gpu: ManuallyDrop::new(Gpu {
+                ctx,
+                stream,
+                variants,
+                problem: None,
+            }),
+            faulted: false,
+            device,
+            nvrtc_version,
+            include_dir,
+            kernel,
+            loaded: String::new(),
+        })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.gpu.ctx
+    }
+
+    /// Maps a driver error during a run to exit 4, and marks the context as unusable.
+    fn fault(&mut self, variant: usize, what: &str, e: DriverError) -> BackendError {
+        self.faulted = true;
+        BackendError::Kernel(format!(
+            "variant {} on {} failed while {what}: {e}",
+            self.names[variant], self.loaded
+        ))
+    }
+}
+
+fn load_variant(
+    ctx: &Arc<CudaContext>,
+    built: BuiltVariant,
+) -> Result<LoadedVariant, BackendError> {
+    let BuiltVariant {
+        spec,
+        compiled,
+        mut identity,
+    } = built;
+    let refuse = |what: &str, e: DriverError| {
+        BackendError::Kernel(format!("variant {}: {what}: {e}", spec.name))
+    };
+    let module = ctx
+        .load_module(Ptx::from_binary(compiled.cubin))
+        .map_err(|e| refuse("loading the CUBIN failed", e))?;
+    let function = module
+        .load_function(kernel::ENTRY)
+        .map_err(|e| refuse("the entry point is missing", e))?;
+    let c = identity.constants;
+    function
+        .set_attribute(
+            FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            c.smem_bytes as i32,
+        )
+        .map_err(|e| refuse("the device refused the kernel's shared memory size", e))?;
+    let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
+    let resources = (|| -> Result<DriverResources, DriverError> {
+        Ok(DriverResources {
+            registers_per_thread: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            static_smem_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            dynamic_smem_bytes: c.smem_bytes,
+            local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            threads_per_block: c.threads,
+            max_blocks_per_sm: function.occupancy_max_active_blocks_per_multiprocessor(
+                c.threads,
+                c.smem_bytes as usize,
+                None,
+            )?,
+        })
+    })()
+    .map_err(|e| refuse("querying its resources failed", e))?;
+    identity.driver = Some(resources);
+    Ok(LoadedVariant {
+        identity,
+        options: compiled.options,
+        function,
+        _module: module,
+    })
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if !self.faulted {
+            // SAFETY: dropped exactly once, here; after a fault the GPU state is leaked instead.
+            unsafe { ManuallyDrop::drop(&mut self.gpu) };
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn variants(&self) -> &[String] {
+        &self.names
+    }
+
+    fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
+        self.loaded = format!(
+            "shape {} ({}) seed {}",
+            p.shape.name,
+            p.shape.dims(),
+            p.seed
+        );
+        if p.shape.heads() > 65535 {
+            return Err(BackendError::Config(format!(
+                "shape {}: B*H = {} exceeds the grid's limit of 65535 (b, h) pairs; use fewer batches or heads",
+                p.shape.name,
+                p.shape.heads()
+            )));
+        }
+        self.gpu.problem = None; // free the previous problem's buffers first
+        let needed = DeviceProblem::bytes_needed(p);
+        let free = self
+            .gpu
+            .ctx
+            .mem_get_info()
+            .map(|(free, _)| free as u64)
+            .unwrap_or(u64::MAX);
+        if needed > free {
+            return Err(BackendError::Config(format!(
+                "shape {} needs {:.2} GiB of GPU memory, {:.2} GiB is free; choose a smaller B, H or S",
+                p.shape.name,
+                needed as f64 / (1u64 << 30) as f64,
+                free as f64 / (1u64 << 30) as f64
+            )));
+        }
+        match DeviceProblem::upload(&self.gpu.stream, p) {
+            Ok(dp) => {
+                self.gpu.problem = Some(dp);
+                Ok(())
+            }
+            Err(e) => Err(self.fault(0, "uploading the inputs", e)),
+        }
+    }
+
+    fn run_checked(&mut self, variant: usize) -> Result<Vec<f16>, BackendError> {
+        let gpu = &mut *self.gpu;
+        let dp = gpu.problem.as_mut().expect("load() before run_checked()");
+        let v = &gpu.variants[variant];
+        let result = dp
+            .poison(&gpu.stream)
+            .map_err(|e| ("poisoning the output", e))
+            .and_then(|_| {
+                dp.launch(&gpu.stream, &v.function, &v.identity.constants)
+                    .map_err(|e| ("launching", e))
+            })
+            .and_then(|_| {
+                gpu.stream
+                    .synchronize()
+                    .map_err(|e| ("running (fault in the kernel)", e))
+            })
+            .and_then(|_| {
+                dp.download(&gpu.stream)
+                    .map_err(|e| ("reading the output back", e))
+            });
+        result.map_err(|(what, e)| self.fault(variant, what, e))
+    }
+
+    fn describe(&self) -> String {
+        let d = &self.device;
+        format!(
+            "backend: cuda — {} (compute {}, {} SMs), driver CUDA {}, NVRTC {}, kernel {}",
+            d.name,
+            d.compute_capability,
+            d.sm_count,
+            d.driver_cuda_version,
+            self.nvrtc_version,
+            self.kernel.path.display()
+        )
+    }
+
+    fn identities(&self) -> Vec<VariantIdentity> {
+        self.gpu
+            .variants
+            .iter()
+            .map(|v| v.identity.clone())
+            .collect()
+    }
+
+    fn details(&self) -> serde_json::Value {
+        serde_json::json!({
+            "device": self.device,
+            "nvrtc_version": self.nvrtc_version,
+            "cuda_include": self.include_dir.display().to_string(),
+            "kernel_source": {
+                "path": self.kernel.path.display().to_string(),
+                "sha256": self.kernel.sha256,
+            },
+            "variants": self.gpu.variants.iter().map(|v| serde_json::json!({
+                "identity": v.identity,
+                "nvrtc_options": v.options,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn resource_verdicts(&self, gates: &ResourceGates) -> Vec<(String, Verdict)> {
+        self.gpu
+            .variants
+            .iter()
+            .map(|v| (v.identity.name.clone(), v.identity.resource_verdict(gates)))
+            .collect()
+    }
+}

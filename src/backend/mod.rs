@@ -1,0 +1,65 @@
+//! Backends run the kernel's variants on a problem: `cuda` (the real kernel through NVRTC and
+//! cudarc) and `cpu` (the emulation of its algorithm, for machines without a GPU).
+
+pub mod cpu;
+pub mod cuda;
+
+use half::f16;
+
+use crate::gates::ResourceGates;
+use crate::problem::Problem;
+use crate::verdict::Verdict;
+use cuda::identity::VariantIdentity;
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The Stage-C kernel on the GPU (needs the NVIDIA driver, NVRTC and CUDA headers).
+    Cuda,
+    /// The CPU emulation of the kernel's algorithm and precisions (no GPU needed).
+    Cpu,
+}
+
+/// Failures of the backend layer; each maps to one exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// No usable GPU, driver, NVRTC or headers (exit 3).
+    #[error("{0}")]
+    Environment(String),
+    /// The kernel failed to compile, is not the variant asked for, or faulted (exit 4).
+    #[error("{0}")]
+    Kernel(String),
+    /// The request cannot run on this backend, e.g. a shape too large for the device (exit 2).
+    #[error("{0}")]
+    Config(String),
+}
+
+pub trait Backend {
+    /// `cpu` or `cuda`, as recorded in the result files.
+    fn name(&self) -> &'static str;
+
+    /// The variants this backend runs, baseline first.
+    fn variants(&self) -> &[String];
+
+    /// Makes `problem` the input of the following runs (uploads it, for a GPU).
+    fn load(&mut self, problem: &Problem) -> Result<(), BackendError>;
+
+    /// Poisons the output, runs `variant` once on the loaded problem, and returns the output.
+    fn run_checked(&mut self, variant: usize) -> Result<Vec<f16>, BackendError>;
+
+    /// Backend identity for build_meta.json.
+    fn details(&self) -> serde_json::Value;
+
+    /// One line that says plainly what runs: the GPU and its software, or the emulation.
+    fn describe(&self) -> String;
+
+    /// The compiled variants' identities; empty where nothing is compiled.
+    fn identities(&self) -> Vec<VariantIdentity> {
+        Vec::new()
+    }
+
+    /// Resource-gate verdicts per variant; empty where resources do not apply.
+    fn resource_verdicts(&self, _gates: &ResourceGates) -> Vec<(String, Verdict)> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,192 @@
+//! The command line (clap). Parsing only; src/commands/ does the work.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::backend::BackendKind;
+use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
+use crate::config::parse_seeds;
+use crate::emulation::Defect;
+
+const EXAMPLES: &str = "\
+Examples:
+  sdpa-runner --shapes small,mission --seeds 0,1,2     check both kernel variants on the GPU
+  sdpa-runner --backend cpu --shapes small,mission     the same pipeline on the CPU emulation
+  USE_CP_ASYNC=1 sdpa-runner --shapes mission --seeds 0
+                                                       only the cp.async variant (old workflow)
+  sdpa-runner --shapes 2x4x300x64,long --seeds 0-4     inline BxHxSxD shapes and seed ranges
+  sdpa-runner shapes                                   list the named shapes
+  sdpa-runner build --arch sm_90                       compile both variants without a GPU
+  sdpa-runner bench                                    time the f64 reference (and numpy's)
+  sdpa-runner calibrate results/<run>...               measured errors -> proposed gates
+
+Exit codes: 0 all gates passed, 1 a gate failed, 2 usage or configuration error,
+3 environment error (no GPU, driver, NVRTC or headers), 4 kernel compile error or fault.";
+
+/// Tells whether a change to the Stage-C FP8 attention kernel is still correct.
+#[derive(Parser, Debug)]
+#[command(
+    name = "sdpa-runner",
+    version,
+    after_help = EXAMPLES,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Without a subcommand, `run` is meant.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check the kernel's variants on shapes x seeds against the references (the default).
+    Run(RunArgs),
+    /// List the named shapes of the shapes file.
+    Shapes(ShapesArgs),
+    /// Compile the kernel's variants with NVRTC and print their identity; needs no GPU.
+    Build(BuildArgs),
+    /// Time the f64 CPU reference on shapes, beside numpy's time when python3 and numpy exist.
+    Bench(BenchArgs),
+    /// Summarize measured errors of saved runs and propose correctness thresholds.
+    Calibrate(CalibrateArgs),
+}
+
+/// A comma-separated seed list (`0,1,2`, `0-4`).
+#[derive(Debug, Clone)]
+pub struct SeedList(pub Vec<u64>);
+
+fn seed_list(text: &str) -> Result<SeedList, String> {
+    parse_seeds(text).map(SeedList)
+}
+
+/// Where the project's files are.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ProjectArgs {
+    /// The sdpa-runner checkout [default: found from the current directory or the executable]
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Shapes file [default: <root>/shapes/default.json]
+    #[arg(long, value_name = "FILE")]
+    pub shapes_file: Option<PathBuf>,
+    /// Gates file [default: <root>/gates/default.json]
+    #[arg(long, value_name = "FILE")]
+    pub gates: Option<PathBuf>,
+}
+
+/// Which kernel, and which of its variants.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KernelArgs {
+    /// Variants: 0 (cp0, synchronous loads), 1 (cp1, cp.async pipeline) or both [default: both,
+    /// or the USE_CP_ASYNC environment variable]
+    #[arg(long, value_enum, value_name = "0|1|both")]
+    pub cp_async: Option<CpAsyncChoice>,
+    /// Extra define for every variant, passed to NVRTC and recorded (repeatable)
+    #[arg(long = "define", value_name = "NAME[=VALUE]", value_parser = parse_define)]
+    pub defines: Vec<(String, String)>,
+    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_wmma.cu]
+    #[arg(long, value_name = "FILE")]
+    pub kernel: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Shapes: names from the shapes file, inline BxHxSxD, or `all`, comma-separated
+    #[arg(long, default_value = "small,mission")]
+    pub shapes: String,
+    /// Seeds: comma-separated integers or ranges, e.g. 0,1,2 or 0-4
+    #[arg(long, default_value = "0,1,2", value_parser = seed_list)]
+    pub seeds: SeedList,
+    /// cuda runs the kernel on the GPU; cpu runs the emulation of its algorithm
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub backend: BackendKind,
+    /// Where run directories go [default: <root>/results]
+    #[arg(long, value_name = "DIR")]
+    pub results_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+    /// Test hook: plant a defect in the cpu backend to prove the gates catch it
+    #[arg(long, value_enum, default_value = "none", hide = true)]
+    pub emulation_defect: Defect,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ShapesArgs {
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BuildArgs {
+    /// NVRTC target architecture
+    #[arg(long, default_value = "sm_90")]
+    pub arch: String,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Shapes to time
+    #[arg(long, default_value = "mission,long")]
+    pub shapes: String,
+    /// Timed repetitions per shape (the median is reported)
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeats: u32,
+    /// Skip the numpy comparison
+    #[arg(long)]
+    pub no_numpy: bool,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CalibrateArgs {
+    /// Run directories (or correctness.json files) to summarize
+    #[arg(required = true, value_name = "RUN")]
+    pub runs: Vec<PathBuf>,
+    /// Safety margin applied to the worst measured value
+    #[arg(long, default_value_t = 1.5)]
+    pub margin: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bare_flags_mean_run() {
+        let cli = Cli::try_parse_from([
+            "sdpa-runner",
+            "--shapes",
+            "small",
+            "--seeds",
+            "0-2",
+            "--backend",
+            "cpu",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.run.seeds.0, vec![0, 1, 2]);
+        assert_eq!(cli.run.backend, BackendKind::Cpu);
+    }
+
+    #[test]
+    fn malformed_seeds_are_a_usage_error() {
+        let err = Cli::try_parse_from(["sdpa-runner", "--seeds", "0,a"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("`a`"), "{err}");
+    }
+}

@@ -1,0 +1,127 @@
+//! `sdpa-runner bench`: times the f64 CPU reference and, when python3 and numpy are present,
+//! the same math in numpy (scripts/bench_reference_numpy.py), side by side.
+
+use std::process::Command;
+use std::time::Instant;
+
+use super::Project;
+use crate::cli::BenchArgs;
+use crate::error::{AppError, Outcome};
+use crate::problem::Problem;
+use crate::reference;
+use crate::shapes::{self, Shape};
+
+/// The goal of the foundation issue: at most half numpy's time on the same machine.
+const GOAL_RATIO: f64 = 0.5;
+
+pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
+    let project = Project::load(&args.project)?;
+    let selected = project.catalog.select(&args.shapes)?;
+    shapes::check_host_memory(&selected, shapes::available_host_memory())?;
+    let repeats = args.repeats as usize;
+    println!(
+        "f64 reference softmax(scale·QKᵀ)V, median of {repeats} runs after one warm-up, {} threads",
+        rayon::current_num_threads()
+    );
+    let numpy = if args.no_numpy {
+        Err("skipped (--no-numpy)".to_string())
+    } else {
+        numpy_times(
+            &project.root.scripts_dir().join("bench_reference_numpy.py"),
+            &selected,
+            repeats,
+        )
+    };
+    let width = selected
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!(
+        "{:<width$}  {:>14}  {:>10}  {:>10}  {:>11}",
+        "shape", "BxHxSxD", "ours ms", "numpy ms", "ours/numpy"
+    );
+    for shape in &selected {
+        let ours = time_reference(shape, repeats);
+        let theirs = numpy
+            .as_ref()
+            .ok()
+            .and_then(|m| m.get(&shape.name).and_then(|v| v.as_f64()));
+        let (theirs_s, ratio_s) = match theirs {
+            Some(t) => (
+                format!("{t:.1}"),
+                format!(
+                    "{:.2}{}",
+                    ours / t,
+                    if ours / t <= GOAL_RATIO {
+                        ""
+                    } else {
+                        " (goal 0.5)"
+                    }
+                ),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:<width$}  {:>14}  {:>10.1}  {:>10}  {:>11}",
+            shape.name,
+            shape.dims(),
+            ours,
+            theirs_s,
+            ratio_s
+        );
+    }
+    if let Err(why) = &numpy {
+        println!("numpy: {why}");
+    }
+    Ok(Outcome::Pass)
+}
+
+/// Median milliseconds of the kernel reference on seed 0's dequantized inputs.
+fn time_reference(shape: &Shape, repeats: usize) -> f64 {
+    let p = Problem::new(shape, 0);
+    let (q, k, v) = (
+        p.q.dequantize_f64(),
+        p.k.dequantize_f64(),
+        p.v.dequantize_f64(),
+    );
+    let scale = p.softmax_scale as f64;
+    let _warm = reference::attention(shape, &q, &k, &v, scale);
+    let mut times: Vec<f64> = (0..repeats)
+        .map(|_| {
+            let t = Instant::now();
+            let out = reference::attention(shape, &q, &k, &v, scale);
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            std::hint::black_box(out);
+            ms
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Runs the numpy script; a JSON object of shape name -> median ms, or why there is none.
+fn numpy_times(
+    script: &std::path::Path,
+    shapes: &[Shape],
+    repeats: usize,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut cmd = Command::new("python3");
+    cmd.arg(script)
+        .arg("--json")
+        .arg("--repeats")
+        .arg(repeats.to_string());
+    for s in shapes {
+        cmd.arg("--shape").arg(format!("{}={}", s.name, s.dims()));
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("not run: python3 unavailable ({e})"))?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("not run: {}", why.trim()));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("unreadable output from {}: {e}", script.display()))
+}

@@ -1,0 +1,52 @@
+//! `sdpa-runner build`: compiles the variants with NVRTC for an architecture and prints their
+//! identity and ptxas resources. Needs NVRTC and the CUDA headers, not a GPU.
+
+use super::Project;
+use crate::backend::BackendError;
+use crate::backend::cuda::variant::{self, VariantSpec};
+use crate::backend::cuda::{headers, kernel};
+use crate::cli::BuildArgs;
+use crate::console;
+use crate::error::{AppError, Outcome};
+
+pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
+    let project = Project::load(&args.project)?;
+    let env = std::env::var("USE_CP_ASYNC").ok();
+    let specs: Vec<VariantSpec> = variant::select(args.kernel.cp_async, env.as_deref())?
+        .into_iter()
+        .map(|on| VariantSpec::new(on, &args.kernel.defines))
+        .collect();
+    let source =
+        kernel::KernelSource::load(&project.kernel_path(&args.kernel), &project.root.cuda_dir())?;
+    let nvrtc_version = kernel::require_nvrtc()?;
+    let include =
+        headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
+    let mut ids = Vec::new();
+    for spec in &specs {
+        ids.push(kernel::build_variant(&source, &include, &args.arch, spec)?.identity);
+    }
+    let verdicts: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            (
+                id.name.clone(),
+                id.resource_verdict(&project.gates.gates.resources),
+            )
+        })
+        .collect();
+    println!(
+        "kernel {} (sha256 {}), NVRTC {nvrtc_version}, {}, headers {}",
+        source.path.display(),
+        &source.sha256[..12],
+        args.arch,
+        include.display()
+    );
+    print!(
+        "{}",
+        console::identity_table(&ids.iter().collect::<Vec<_>>(), &verdicts)
+    );
+    println!(
+        "(no GPU: registers and spills from ptxas, shared memory from the kernel; occupancy needs a device)"
+    );
+    Ok(Outcome::from_pass(verdicts.iter().all(|(_, v)| v.pass())))
+}

@@ -1,0 +1,143 @@
+//! `sdpa-runner calibrate RUN...`: summarizes measured errors of saved runs per shape and
+//! variant, and proposes correctness thresholds as the largest measured value times a stated
+//! margin. Gates are set from this table (and it goes into the README), never from a guess.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::cli::CalibrateArgs;
+use crate::config::ConfigError;
+use crate::error::{AppError, Outcome};
+use crate::report::{CorrectnessFile, CorrectnessRecord};
+
+/// The largest value of each metric over a group of records.
+#[derive(Debug, Default, Clone, Copy)]
+struct Worst {
+    rows: usize,
+    k_max: f64,
+    k_mean: f64,
+    k_bad: f64,
+    e_max: f64,
+    e_mean: f64,
+    e_bad: f64,
+    emu_max: f64,
+    emu_mean: f64,
+    /// Largest kernel/emulation ratio of max_abs_err.
+    ratio_max: f64,
+    ratio_mean: f64,
+}
+
+impl Worst {
+    fn add(&mut self, r: &CorrectnessRecord) {
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 {
+                a / b
+            } else if a > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            }
+        };
+        self.rows += 1;
+        self.k_max = self.k_max.max(r.kernel_ref.max_abs_err);
+        self.k_mean = self.k_mean.max(r.kernel_ref.mean_abs_err);
+        self.k_bad = self.k_bad.max(r.kernel_ref.pct_bad);
+        self.e_max = self.e_max.max(r.end_to_end.max_abs_err);
+        self.e_mean = self.e_mean.max(r.end_to_end.mean_abs_err);
+        self.e_bad = self.e_bad.max(r.end_to_end.pct_bad);
+        self.emu_max = self.emu_max.max(r.emulation_ref.max_abs_err);
+        self.emu_mean = self.emu_mean.max(r.emulation_ref.mean_abs_err);
+        self.ratio_max = self
+            .ratio_max
+            .max(ratio(r.kernel_ref.max_abs_err, r.emulation_ref.max_abs_err));
+        self.ratio_mean = self.ratio_mean.max(ratio(
+            r.kernel_ref.mean_abs_err,
+            r.emulation_ref.mean_abs_err,
+        ));
+    }
+}
+
+pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
+    let mut groups: BTreeMap<(String, String), Worst> = BTreeMap::new();
+    let mut all = Worst::default();
+    let mut backends = Vec::new();
+    for run in &args.runs {
+        let file = read_correctness(run)?;
+        if !backends.contains(&file.backend) {
+            backends.push(file.backend.clone());
+        }
+        for r in &file.results {
+            groups
+                .entry((r.shape.clone(), r.variant.clone()))
+                .or_default()
+                .add(r);
+            all.add(r);
+        }
+    }
+    println!(
+        "measured on backend(s) {}; worst over seeds; errors against the f64 references",
+        backends.join(", ")
+    );
+    println!(
+        "| shape | variant | rows | kernel max | kernel mean | kernel %bad | e2e max | e2e mean | e2e %bad | emu max | emu mean | kernel/emu max | kernel/emu mean |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let line = |shape: &str, variant: &str, w: &Worst| {
+        println!(
+            "| {shape} | {variant} | {} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.2} | {:.2} |",
+            w.rows,
+            w.k_max,
+            w.k_mean,
+            w.k_bad,
+            w.e_max,
+            w.e_mean,
+            w.e_bad,
+            w.emu_max,
+            w.emu_mean,
+            w.ratio_max,
+            w.ratio_mean
+        )
+    };
+    for ((shape, variant), w) in &groups {
+        line(shape, variant, w);
+    }
+    line("**all**", "", &all);
+    let m = args.margin;
+    println!("\nproposed thresholds (worst measured x margin {m}):");
+    println!(
+        "  correctness.kernel.max_abs_err      {:.3e}",
+        all.k_max * m
+    );
+    println!(
+        "  correctness.kernel.mean_abs_err     {:.3e}",
+        all.k_mean * m
+    );
+    println!(
+        "  correctness.end_to_end.max_abs_err  {:.3e}",
+        all.e_max * m
+    );
+    println!(
+        "  correctness.end_to_end.mean_abs_err {:.3e}",
+        all.e_mean * m
+    );
+    println!("  correctness.end_to_end.pct_bad      {:.3}", all.e_bad * m);
+    println!(
+        "  relative gate factor 2 holds with margin {:.2} (max) and {:.2} (mean)",
+        2.0 / all.ratio_max.max(f64::MIN_POSITIVE),
+        2.0 / all.ratio_mean.max(f64::MIN_POSITIVE)
+    );
+    Ok(Outcome::Pass)
+}
+
+fn read_correctness(run: &Path) -> Result<CorrectnessFile, ConfigError> {
+    let path: PathBuf = if run.is_dir() {
+        run.join("correctness.json")
+    } else {
+        run.to_path_buf()
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    crate::json::from_str_with_path(&path, &text)
+}

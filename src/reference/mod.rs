@@ -1,0 +1,192 @@
+//! The f64 CPU reference, softmax(scale·QKᵀ)V, with ndarray.
+//!
+//! Work is split into blocks of query rows of one (batch, head) and spread over all cores
+//! with rayon; each block is two f64 GEMMs (matrixmultiply) around a max-subtracted softmax
+//! whose `exp` is vectorized ([`fastexp`]). Each thread reuses one score buffer.
+
+mod fastexp;
+
+use std::cell::RefCell;
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayViewMut2};
+use rayon::prelude::*;
+
+use crate::problem::Problem;
+use crate::shapes::Shape;
+
+/// Query rows per work item: big enough for efficient GEMMs, small enough that the
+/// `ROW_BLOCK x S` score block stays in cache for common S.
+const ROW_BLOCK: usize = 64;
+
+/// The two references of DESIGN.md for one problem.
+pub struct References {
+    /// On the dequantized FP8 values: isolates the kernel's own error.
+    pub kernel: Vec<f64>,
+    /// On the original f32 inputs: includes the quantization error.
+    pub end_to_end: Vec<f64>,
+}
+
+impl References {
+    pub fn compute(p: &Problem) -> Self {
+        let scale = p.softmax_scale as f64;
+        let kernel = attention(
+            &p.shape,
+            &p.q.dequantize_f64(),
+            &p.k.dequantize_f64(),
+            &p.v.dequantize_f64(),
+            scale,
+        );
+        let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+        let end_to_end = attention(
+            &p.shape,
+            &widen(&p.inputs.q),
+            &widen(&p.inputs.k),
+            &widen(&p.inputs.v),
+            scale,
+        );
+        References { kernel, end_to_end }
+    }
+}
+
+/// softmax(scale·QKᵀ)V per (batch, head) for `[B, H, S, D]` row-major tensors.
+pub fn attention(shape: &Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> Vec<f64> {
+    let (s, d) = (shape.s, shape.d);
+    let head_len = s * d;
+    assert!(q.len() == shape.heads() * head_len && k.len() == q.len() && v.len() == q.len());
+    let mut out = vec![0.0f64; q.len()];
+    out.par_chunks_mut(head_len)
+        .enumerate()
+        .for_each(|(bh, out_head)| {
+            let range = bh * head_len..(bh + 1) * head_len;
+            let kh = ArrayView2::from_shape((s, d), &k[range.clone()]).expect("K slice");
+            let vh = ArrayView2::from_shape((s, d), &v[range.clone()]).expect("V slice");
+            let qh = &q[range];
+            out_head
+                .par_chunks_mut(ROW_BLOCK * d)
+                .enumerate()
+                .for_each(|(blk, out_blk)| {
+                    let rows = out_blk.len() / d;
+                    let r0 = blk * ROW_BLOCK;
+                    let qb = ArrayView2::from_shape((rows, d), &qh[r0 * d..(r0 + rows) * d])
+                        .expect("Q block");
+                    let ob = ArrayViewMut2::from_shape((rows, d), out_blk).expect("O block");
+                    attention_block(qb, kh, vh, scale, ob);
+                });
+        });
+    out
+}
+
+thread_local! {
+    /// The `ROW_BLOCK x S` score block of the current thread, kept between blocks.
+    static SCORES: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
+}
+
+fn attention_block(
+    q: ArrayView2<f64>,
+    k: ArrayView2<f64>,
+    v: ArrayView2<f64>,
+    scale: f64,
+    mut out: ArrayViewMut2<f64>,
+) {
+    let (rows, s) = (q.nrows(), k.nrows());
+    SCORES.with_borrow_mut(|buf| {
+        buf.resize(rows * s, 0.0);
+        let mut scores = ArrayViewMut2::from_shape((rows, s), &mut buf[..]).expect("score block");
+        general_mat_mul(scale, &q, &k.t(), 0.0, &mut scores);
+        let mut sums = Vec::with_capacity(rows);
+        for mut row in scores.rows_mut() {
+            let row = row.as_slice_mut().expect("scores are contiguous");
+            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            sums.push(fastexp::exp_shifted_sum(row, max));
+        }
+        general_mat_mul(1.0, &scores, &v, 0.0, &mut out);
+        for (mut row, sum) in out.rows_mut().into_iter().zip(sums) {
+            row.mapv_inplace(|x| x / sum);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(b: usize, h: usize, s: usize) -> Shape {
+        Shape {
+            name: "t".into(),
+            b,
+            h,
+            s,
+            d: 64,
+            qk_std: 1.0,
+            purpose: String::new(),
+        }
+    }
+
+    /// Textbook attention, one row at a time, no blocking and no max subtraction.
+    fn naive(shape: &Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> Vec<f64> {
+        let (s, d) = (shape.s, shape.d);
+        let mut out = vec![0.0; q.len()];
+        for bh in 0..shape.heads() {
+            let base = bh * s * d;
+            for i in 0..s {
+                let w: Vec<f64> = (0..s)
+                    .map(|j| {
+                        let dot: f64 = (0..d)
+                            .map(|x| q[base + i * d + x] * k[base + j * d + x])
+                            .sum();
+                        (dot * scale).exp()
+                    })
+                    .collect();
+                let total: f64 = w.iter().sum();
+                for x in 0..d {
+                    out[base + i * d + x] =
+                        (0..s).map(|j| w[j] * v[base + j * d + x]).sum::<f64>() / total;
+                }
+            }
+        }
+        out
+    }
+
+    fn data(n: usize, salt: f64) -> Vec<f64> {
+        (0..n)
+            .map(|i| (i as f64 * 0.7 + salt).sin() * 1.3)
+            .collect()
+    }
+
+    #[test]
+    fn blocked_parallel_reference_matches_textbook_attention() {
+        // S = 150 spans three row blocks, the last one partial; two batches and two heads.
+        let sh = shape(2, 2, 150);
+        let n = sh.elements().unwrap();
+        let (q, k, v) = (data(n, 0.1), data(n, 0.2), data(n, 0.3));
+        let fast = attention(&sh, &q, &k, &v, 0.125);
+        let slow = naive(&sh, &q, &k, &v, 0.125);
+        let worst = fast
+            .iter()
+            .zip(&slow)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-12, "worst {worst}");
+    }
+
+    #[test]
+    fn softmax_is_stable_for_huge_scores() {
+        let sh = shape(1, 1, 8);
+        let n = sh.elements().unwrap();
+        let q = vec![100.0; n];
+        let k = vec![100.0; n];
+        let v = data(n, 0.5);
+        let out = attention(&sh, &q, &k, &v, 1.0);
+        assert!(out.iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn a_single_key_returns_its_value_row() {
+        let sh = shape(1, 1, 1);
+        let q = data(64, 0.1);
+        let k = data(64, 0.2);
+        let v = data(64, 0.3);
+        assert_eq!(attention(&sh, &q, &k, &v, 0.125), v);
+    }
+}

@@ -1,0 +1,173 @@
+//! Run directories: `results/<UTC timestamp>-<id>/`, new for every run, never overwritten.
+//!
+//! Files are written into a hidden staging folder (each through a temporary name and a
+//! rename), and the folder is renamed into place only when the run finishes. A run that
+//! stops early leaves nothing behind: dropping an uncommitted [`RunDir`] removes it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// Failures to create or write result files; they exit with code 2 (fix the results path).
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot use results directory {path}: {source}; pass a writable --results-dir DIR")]
+    Unwritable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub struct RunDir {
+    staging: PathBuf,
+    target: PathBuf,
+    committed: bool,
+}
+
+impl RunDir {
+    /// Creates the staging folder of a new run under `results_root` (created if missing).
+    pub fn create(results_root: &Path) -> Result<Self, ReportError> {
+        let unwritable = |source| ReportError::Unwritable {
+            path: results_root.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(results_root).map_err(unwritable)?;
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .replace(['-', ':'], "");
+        for _ in 0..16 {
+            let id: u32 = rand::random();
+            let name = format!("{stamp}-{:06x}", id & 0xFF_FFFF);
+            let target = results_root.join(&name);
+            let staging = results_root.join(format!(".partial-{name}"));
+            if target.exists() {
+                continue;
+            }
+            match std::fs::create_dir(&staging) {
+                Ok(()) => {
+                    return Ok(RunDir {
+                        staging,
+                        target,
+                        committed: false,
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(unwritable(e)),
+            }
+        }
+        Err(unwritable(std::io::Error::other(
+            "no free run name after 16 tries",
+        )))
+    }
+
+    /// The path the run will have once committed.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Where files go before the commit.
+    pub fn staging(&self) -> &Path {
+        &self.staging
+    }
+
+    pub fn write_json<T: Serialize>(&self, name: &str, value: &T) -> Result<(), ReportError> {
+        let mut text = serde_json::to_string_pretty(value).expect("result types serialize");
+        text.push('\n');
+        write_atomic(&self.staging.join(name), text.as_bytes())
+    }
+
+    pub fn write_text(&self, name: &str, text: &str) -> Result<(), ReportError> {
+        write_atomic(&self.staging.join(name), text.as_bytes())
+    }
+
+    /// Moves the finished run into place and returns its path.
+    pub fn commit(mut self) -> Result<PathBuf, ReportError> {
+        std::fs::rename(&self.staging, &self.target).map_err(|source| ReportError::Write {
+            path: self.target.clone(),
+            source,
+        })?;
+        self.committed = true;
+        Ok(self.target.clone())
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.staging);
+        }
+    }
+}
+
+/// Writes `bytes` to a temporary sibling of `path`, syncs it, and renames it over `path`.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    let err = |source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_committed_run_appears_with_its_files_and_no_staging_left() {
+        let root = tempfile::tempdir().unwrap();
+        let run = RunDir::create(root.path()).unwrap();
+        run.write_json("a.json", &serde_json::json!({"x": 1}))
+            .unwrap();
+        let path = run.commit().unwrap();
+        assert!(path.join("a.json").is_file());
+        let names: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn a_dropped_run_leaves_nothing_behind() {
+        let root = tempfile::tempdir().unwrap();
+        {
+            let run = RunDir::create(root.path()).unwrap();
+            run.write_text("half.json", "{").unwrap();
+        }
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn two_runs_get_two_directories() {
+        let root = tempfile::tempdir().unwrap();
+        let a = RunDir::create(root.path()).unwrap().commit().unwrap();
+        let b = RunDir::create(root.path()).unwrap().commit().unwrap();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn an_unwritable_results_root_is_refused_with_a_fix() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("plain-file");
+        std::fs::write(&file, "x").unwrap();
+        let err = RunDir::create(&file.join("sub")).err().unwrap().to_string();
+        assert!(err.contains("--results-dir"), "{err}");
+    }
+}

@@ -1,0 +1,186 @@
+//! The correctness pipeline, one way through:
+//! shape + seed -> inputs -> FP8 quantization -> backend run -> metrics against the two
+//! references and the emulation -> gates -> one record per (shape, seed, variant).
+
+use half::f16;
+
+use crate::backend::{Backend, BackendError};
+use crate::emulation::{self, Defect};
+use crate::gates::Gates;
+use crate::metrics::{self, BadRule, ErrorMetrics, POISON};
+use crate::problem::Problem;
+use crate::reference::References;
+use crate::report::{CorrectnessRecord, f16_checksum};
+use crate::shapes::Shape;
+use crate::verdict;
+
+/// What the kernel is held against for one problem, shared by all variants.
+pub struct Yardsticks {
+    pub refs: References,
+    /// The clean CPU emulation's error against the kernel reference.
+    pub emulation: ErrorMetrics,
+}
+
+impl Yardsticks {
+    pub fn compute(p: &Problem, gates: &Gates) -> Self {
+        let refs = References::compute(p);
+        let mut emu = vec![POISON; p.output_len()];
+        emulation::run(p, Defect::None, &mut emu);
+        let emulation = metrics::measure(&emu, &refs.kernel, kernel_rule(gates), &p.shape);
+        Yardsticks { refs, emulation }
+    }
+}
+
+fn kernel_rule(g: &Gates) -> BadRule {
+    BadRule {
+        atol: g.correctness.kernel.bad_atol,
+        rtol: g.correctness.kernel.bad_rtol,
+    }
+}
+
+fn e2e_rule(g: &Gates, shape: &str) -> BadRule {
+    let gate = g.correctness.end_to_end_for(shape);
+    BadRule {
+        atol: gate.bad_atol,
+        rtol: gate.bad_rtol,
+    }
+}
+
+/// Judges one backend output and builds its record.
+pub fn judge_output(
+    backend: &str,
+    variant: &str,
+    p: &Problem,
+    y: &Yardsticks,
+    out: &[f16],
+    gates: &Gates,
+) -> CorrectnessRecord {
+    let kernel_ref = metrics::measure(out, &y.refs.kernel, kernel_rule(gates), &p.shape);
+    let end_to_end = metrics::measure(
+        out,
+        &y.refs.end_to_end,
+        e2e_rule(gates, &p.shape.name),
+        &p.shape,
+    );
+    let v = verdict::judge(
+        &p.shape.name,
+        &kernel_ref,
+        &end_to_end,
+        &y.emulation,
+        &gates.correctness,
+    );
+    let Shape {
+        name, b, h, s, d, ..
+    } = p.shape.clone();
+    CorrectnessRecord {
+        shape: name,
+        b,
+        h,
+        s,
+        d,
+        seed: p.seed,
+        variant: variant.to_string(),
+        backend: backend.to_string(),
+        input_checksum: p.inputs.checksum.clone(),
+        output_checksum: f16_checksum(out),
+        kernel_ref,
+        end_to_end,
+        emulation_ref: y.emulation.clone(),
+        pass: v.pass(),
+        gates: v.checks,
+    }
+}
+
+/// Runs every (shape, seed, variant), calling `on_record` as each record is made.
+pub fn check_all(
+    backend: &mut dyn Backend,
+    shapes: &[Shape],
+    seeds: &[u64],
+    gates: &Gates,
+    mut on_record: impl FnMut(&CorrectnessRecord),
+) -> Result<Vec<CorrectnessRecord>, BackendError> {
+    let mut records = Vec::new();
+    for shape in shapes {
+        for &seed in seeds {
+            let p = Problem::new(shape, seed);
+            let y = Yardsticks::compute(&p, gates);
+            backend.load(&p)?;
+            let variants = backend.variants().to_vec();
+            for (i, variant) in variants.iter().enumerate() {
+                let out = backend.run_checked(i)?;
+                let record = judge_output(backend.name(), variant, &p, &y, &out, gates);
+                on_record(&record);
+                records.push(record);
+            }
+        }
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::gates::GateFile;
+
+    fn gates() -> Gates {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
+        GateFile::load(&path).unwrap().gates
+    }
+
+    fn shape(s: usize) -> Shape {
+        Shape {
+            name: format!("s{s}"),
+            b: 2,
+            h: 2,
+            s,
+            d: 64,
+            qk_std: 1.0,
+            purpose: String::new(),
+        }
+    }
+
+    fn run(defect: Defect, shapes: &[Shape]) -> Vec<CorrectnessRecord> {
+        let mut backend = CpuBackend::new(defect);
+        check_all(&mut backend, shapes, &[0, 1], &gates(), |_| {}).unwrap()
+    }
+
+    #[test]
+    fn the_clean_emulation_passes_every_gate_on_awkward_shapes() {
+        let records = run(Defect::None, &[shape(1), shape(77), shape(130)]);
+        assert_eq!(records.len(), 6);
+        for r in &records {
+            assert!(r.pass, "{} seed {}: {:?}", r.shape, r.seed, r.gates);
+        }
+    }
+
+    #[test]
+    fn a_skipped_last_kv_tile_is_caught_by_the_error_gates() {
+        let records = run(Defect::SkipLastKvTile, &[shape(130)]);
+        for r in &records {
+            assert!(!r.pass);
+            assert!(!r.gates["kernel.max_abs_err"].pass && !r.gates["relative.max_abs_err"].pass);
+        }
+    }
+
+    #[test]
+    fn an_unwritten_row_is_caught_by_the_unwritten_count() {
+        let records = run(Defect::LeaveRowUnwritten, &[shape(40)]);
+        for r in &records {
+            assert_eq!(r.kernel_ref.unwritten, 64);
+            assert!(!r.gates["unwritten"].pass && !r.pass);
+        }
+    }
+
+    #[test]
+    fn records_carry_checksums_that_repeat_across_runs() {
+        let a = run(Defect::None, &[shape(33)]);
+        let b = run(Defect::None, &[shape(33)]);
+        assert_eq!(a[0].input_checksum, b[0].input_checksum);
+        assert_eq!(a[0].output_checksum, b[0].output_checksum);
+        assert_ne!(
+            a[0].input_checksum, a[1].input_checksum,
+            "seeds 0 and 1 differ"
+        );
+    }
+}

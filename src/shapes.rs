@@ -1,0 +1,389 @@
+//! Named problem shapes: the shapes file, inline `BxHxSxD` shapes, and the checks that refuse
+//! what the kernel cannot run (S = 0, D other than 64) before any work starts.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+
+/// The only head dimension the Stage-C kernel supports (its HEAD_DIM).
+pub const HEAD_DIM: usize = 64;
+
+/// One attention problem size, `[B, H, S, D]`, plus how its inputs are drawn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    pub name: String,
+    #[serde(rename = "B")]
+    pub b: usize,
+    #[serde(rename = "H")]
+    pub h: usize,
+    #[serde(rename = "S")]
+    pub s: usize,
+    #[serde(rename = "D")]
+    pub d: usize,
+    /// Standard deviation of Q and K (V is always standard normal). Above 1 it widens the
+    /// score range, so the online-softmax rescale across KV tiles carries real weight.
+    #[serde(default = "unit_std", skip_serializing_if = "is_unit_std")]
+    pub qk_std: f64,
+    /// What the shape is for, shown by `sdpa-runner shapes`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub purpose: String,
+}
+
+fn unit_std() -> f64 {
+    1.0
+}
+fn is_unit_std(x: &f64) -> bool {
+    *x == 1.0
+}
+
+impl Shape {
+    /// Elements in one of Q, K, V or O; `None` if the count overflows.
+    pub fn elements(&self) -> Option<usize> {
+        self.b
+            .checked_mul(self.h)?
+            .checked_mul(self.s)?
+            .checked_mul(self.d)
+    }
+
+    /// Number of (batch, head) pairs: one FP8 scale each, one grid row each on the GPU.
+    pub fn heads(&self) -> usize {
+        self.b * self.h
+    }
+
+    pub fn dims(&self) -> String {
+        format!("{}x{}x{}x{}", self.b, self.h, self.s, self.d)
+    }
+
+    /// The default softmax scale, 1/sqrt(D).
+    pub fn softmax_scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+
+    /// Checks what the kernel and the runner can handle; the message names the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "name `{}` must be non-empty letters, digits, '_' or '-'",
+                self.name
+            ));
+        }
+        for (key, value) in [("B", self.b), ("H", self.h)] {
+            if value == 0 {
+                return Err(format!("{key}=0: {key} must be at least 1"));
+            }
+        }
+        if self.s == 0 {
+            return Err("S=0: the sequence length must be at least 1".into());
+        }
+        if self.d != HEAD_DIM {
+            return Err(format!(
+                "D={}: the Stage-C kernel supports D={HEAD_DIM} only (its HEAD_DIM)",
+                self.d
+            ));
+        }
+        if !(self.qk_std.is_finite() && self.qk_std > 0.0) {
+            return Err(format!("qk_std={} must be a positive number", self.qk_std));
+        }
+        if self.elements().is_none() {
+            return Err("B*H*S*D overflows".into());
+        }
+        Ok(())
+    }
+
+    /// Host bytes one (shape, seed) needs at its peak: inputs (f32), codes, two f64
+    /// references, dequantized f64 operands, and f16 outputs for the emulation and two variants.
+    pub fn host_bytes_needed(&self) -> Option<u64> {
+        const BYTES_PER_ELEMENT: u64 = 3 * 4 + 3 + 2 * 8 + 3 * 8 + 3 * 2;
+        (self.elements()? as u64).checked_mul(BYTES_PER_ELEMENT)
+    }
+
+    /// Parses an inline `BxHxSxD` shape; `None` if `text` is not of that form.
+    pub fn parse_inline(text: &str) -> Option<Result<Shape, ConfigError>> {
+        let parts: Vec<&str> = text.split(['x', 'X']).collect();
+        if parts.len() != 4
+            || parts
+                .iter()
+                .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return None;
+        }
+        let mut dims = [0usize; 4];
+        for (slot, part) in dims.iter_mut().zip(&parts) {
+            match part.parse() {
+                Ok(v) => *slot = v,
+                Err(_) => {
+                    return Some(Err(ConfigError::BadShape {
+                        name: text.into(),
+                        message: format!("`{part}` is too large"),
+                    }));
+                }
+            }
+        }
+        let shape = Shape {
+            name: text.to_ascii_lowercase(),
+            b: dims[0],
+            h: dims[1],
+            s: dims[2],
+            d: dims[3],
+            qk_std: 1.0,
+            purpose: String::new(),
+        };
+        Some(
+            shape
+                .validate()
+                .map(|_| shape.clone())
+                .map_err(|message| ConfigError::BadShape {
+                    name: text.into(),
+                    message,
+                }),
+        )
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShapeFile {
+    version: u32,
+    shapes: Vec<Shape>,
+}
+
+/// The shapes of one shapes file, validated.
+#[derive(Debug, Clone)]
+pub struct ShapeCatalog {
+    path: PathBuf,
+    shapes: Vec<Shape>,
+}
+
+impl ShapeCatalog {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let file: ShapeFile = crate::json::from_str_with_path(path, text)?;
+        if file.version != 1 {
+            return Err(ConfigError::invalid_key(
+                path,
+                "version",
+                format!(
+                    "version {} is not supported; this runner reads version 1",
+                    file.version
+                ),
+            ));
+        }
+        if file.shapes.is_empty() {
+            return Err(ConfigError::invalid_key(
+                path,
+                "shapes",
+                "the list is empty",
+            ));
+        }
+        for (i, shape) in file.shapes.iter().enumerate() {
+            shape.validate().map_err(|m| {
+                ConfigError::invalid_key(path, format!("shapes[{i}] ({})", shape.name), m)
+            })?;
+            if Shape::parse_inline(&shape.name).is_some() {
+                return Err(ConfigError::invalid_key(
+                    path,
+                    format!("shapes[{i}].name"),
+                    format!(
+                        "`{}` looks like an inline BxHxSxD shape; pick another name",
+                        shape.name
+                    ),
+                ));
+            }
+            if file.shapes[..i]
+                .iter()
+                .any(|other| other.name == shape.name)
+            {
+                return Err(ConfigError::invalid_key(
+                    path,
+                    format!("shapes[{i}].name"),
+                    format!("`{}` is defined twice", shape.name),
+                ));
+            }
+        }
+        Ok(ShapeCatalog {
+            path: path.to_path_buf(),
+            shapes: file.shapes,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn shapes(&self) -> &[Shape] {
+        &self.shapes
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Shape> {
+        self.shapes.iter().find(|s| s.name == name)
+    }
+
+    /// Resolves `--shapes`: comma-separated names from this catalog or inline `BxHxSxD`
+    /// shapes; `all` selects every shape of the catalog. Duplicates are dropped.
+    pub fn select(&self, spec: &str) -> Result<Vec<Shape>, ConfigError> {
+        let mut selected: Vec<Shape> = Vec::new();
+        for item in spec.split(',').map(str::trim) {
+            if item.is_empty() {
+                return Err(ConfigError::Usage(format!(
+                    "--shapes `{spec}` has an empty item; write names separated by commas, e.g. small,mission"
+                )));
+            }
+            let found: Vec<Shape> = if item == "all" {
+                self.shapes.clone()
+            } else if let Some(shape) = self.get(item) {
+                vec![shape.clone()]
+            } else if let Some(inline) = Shape::parse_inline(item) {
+                vec![inline?]
+            } else {
+                return Err(ConfigError::UnknownShape {
+                    name: item.into(),
+                    path: self.path.clone(),
+                    known: self.names().join(", "),
+                });
+            };
+            for shape in found {
+                if !selected.iter().any(|s| s.name == shape.name) {
+                    selected.push(shape);
+                }
+            }
+        }
+        Ok(selected)
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.shapes.iter().map(|s| s.name.as_str()).collect()
+    }
+}
+
+/// Refuses, before any work, a shape whose host data would not fit in available memory.
+pub fn check_host_memory(
+    shapes: &[Shape],
+    available_bytes: Option<u64>,
+) -> Result<(), ConfigError> {
+    const GIB: f64 = (1u64 << 30) as f64;
+    for shape in shapes {
+        let needed = shape.host_bytes_needed();
+        let too_large = match (needed, available_bytes) {
+            (None, _) => true,
+            (Some(n), Some(avail)) => n > avail,
+            (Some(_), None) => false,
+        };
+        if too_large {
+            return Err(ConfigError::TooLarge {
+                name: shape.name.clone(),
+                what: "host memory",
+                needed_gib: needed.map_or(f64::INFINITY, |n| n as f64 / GIB),
+                available_gib: available_bytes.map_or(0.0, |a| a as f64 / GIB),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `MemAvailable` from /proc/meminfo, if this system has one.
+pub fn available_host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog() -> ShapeCatalog {
+        let text = r#"{"version":1,"shapes":[
+            {"name":"small","B":1,"H":1,"S":32,"D":64},
+            {"name":"wide","B":1,"H":2,"S":200,"D":64,"qk_std":2.0,"purpose":"rescale"}]}"#;
+        ShapeCatalog::parse(Path::new("test.json"), text).unwrap()
+    }
+
+    #[test]
+    fn names_and_inline_shapes_resolve_in_order_without_duplicates() {
+        let shapes = catalog().select("wide, 2x3x77x64,small,wide").unwrap();
+        let names: Vec<_> = shapes.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["wide", "2x3x77x64", "small"]);
+        assert_eq!(
+            (shapes[1].b, shapes[1].h, shapes[1].s, shapes[1].d),
+            (2, 3, 77, 64)
+        );
+        assert_eq!(shapes[0].qk_std, 2.0);
+    }
+
+    #[test]
+    fn unknown_shape_message_lists_the_known_ones() {
+        let err = catalog().select("small,bogus").unwrap_err().to_string();
+        assert!(
+            err.contains("bogus") && err.contains("small, wide"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn zero_sequence_length_is_refused() {
+        let err = catalog().select("1x1x0x64").unwrap_err().to_string();
+        assert!(err.contains("S=0"), "{err}");
+    }
+
+    #[test]
+    fn head_dim_other_than_64_is_refused() {
+        let err = catalog().select("1x1x128x128").unwrap_err().to_string();
+        assert!(err.contains("D=128") && err.contains("64"), "{err}");
+    }
+
+    #[test]
+    fn shapes_file_with_unknown_key_names_the_key() {
+        let text = r#"{"version":1,"shapes":[{"name":"a","B":1,"H":1,"S":4,"D":64,"Z":3}]}"#;
+        let err = ShapeCatalog::parse(Path::new("f.json"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("f.json") && err.contains("Z"), "{err}");
+    }
+
+    #[test]
+    fn shapes_file_with_a_bad_shape_names_its_index() {
+        let text = r#"{"version":1,"shapes":[{"name":"a","B":1,"H":1,"S":4,"D":32}]}"#;
+        let err = ShapeCatalog::parse(Path::new("f.json"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("shapes[0]") && err.contains("D=32"), "{err}");
+    }
+
+    #[test]
+    fn shapes_file_with_a_missing_key_names_it() {
+        let text = r#"{"version":1,"shapes":[{"name":"a","B":1,"H":1,"D":64}]}"#;
+        let err = ShapeCatalog::parse(Path::new("f.json"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`S`"), "{err}");
+    }
+
+    #[test]
+    fn a_shape_too_large_for_memory_is_refused_with_the_size_it_needs() {
+        let shapes = catalog().select("64x64x65536x64").unwrap();
+        let err = check_host_memory(&shapes, Some(8 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("GiB") && err.contains("64x64x65536x64"),
+            "{err}"
+        );
+        assert!(check_host_memory(&catalog().select("small").unwrap(), Some(8 << 30)).is_ok());
+    }
+}

@@ -1,0 +1,375 @@
+//! End-to-end tests of the binary on the CPU backend and of its refusals of bad input.
+//! None needs a GPU; they run in CI.
+
+mod common;
+
+use common::{output, read_json, run_dirs, runner};
+
+#[test]
+fn cpu_backend_main_job_passes_writes_files_and_prints_the_path_last() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(runner().args([
+        "--backend",
+        "cpu",
+        "--shapes",
+        "small,mission",
+        "--seeds",
+        "0,1,2",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("cpu") && stdout.contains("no GPU was used"),
+        "{stdout}"
+    );
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(rows.len(), 6, "{stdout}");
+    assert!(
+        rows.iter()
+            .all(|r| r.contains("cpu-emu") && r.ends_with("PASS")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("6/6 PASS"));
+
+    let dirs = run_dirs(results.path());
+    assert_eq!(dirs.len(), 1);
+    let last = stdout.lines().last().unwrap();
+    assert_eq!(last, format!("results: {}", dirs[0].display()));
+
+    let meta = read_json(&dirs[0].join("build_meta.json"));
+    assert_eq!(meta["schema_version"], 1);
+    assert_eq!(meta["backend"], "cpu");
+    assert!(meta["git"]["sha"].is_string() && meta["git"]["dirty"].is_boolean());
+    assert!(meta["host"]["hostname"].is_string());
+    assert!(meta["command_line"].as_array().unwrap().len() > 3);
+
+    let c = read_json(&dirs[0].join("correctness.json"));
+    assert_eq!(c["schema_version"], 1);
+    assert_eq!(c["all_pass"], true);
+    let results = c["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6);
+    let first = &results[0];
+    for key in [
+        "shape",
+        "B",
+        "H",
+        "S",
+        "D",
+        "seed",
+        "variant",
+        "backend",
+        "input_checksum",
+        "pass",
+        "gates",
+    ] {
+        assert!(!first[key].is_null(), "missing {key}");
+    }
+    for key in [
+        "max_abs_err",
+        "mean_abs_err",
+        "rmse",
+        "pct_bad",
+        "nonfinite",
+        "unwritten",
+    ] {
+        assert!(first["kernel_ref"][key].is_number(), "kernel_ref.{key}");
+        assert!(first["end_to_end"][key].is_number(), "end_to_end.{key}");
+    }
+    assert_eq!(
+        (first["shape"].as_str(), first["S"].as_u64()),
+        (Some("small"), Some(32))
+    );
+    assert_eq!(first["backend"], "cpu");
+}
+
+#[test]
+fn two_runs_give_identical_checksums_and_metrics() {
+    let results = tempfile::tempdir().unwrap();
+    for _ in 0..2 {
+        let (code, out, err) = output(runner().args([
+            "--backend",
+            "cpu",
+            "--shapes",
+            "partial77",
+            "--seeds",
+            "0,1",
+            "--results-dir",
+            results.path().to_str().unwrap(),
+        ]));
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    let dirs = run_dirs(results.path());
+    assert_eq!(dirs.len(), 2, "each run writes a new directory");
+    let strip = |v: serde_json::Value| v["results"].clone();
+    assert_eq!(
+        strip(read_json(&dirs[0].join("correctness.json"))),
+        strip(read_json(&dirs[1].join("correctness.json")))
+    );
+}
+
+#[test]
+fn a_planted_skip_of_the_last_kv_tile_fails_the_gates_with_exit_1() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = output(runner().args([
+        "--backend",
+        "cpu",
+        "--shapes",
+        "partial300",
+        "--seeds",
+        "0",
+        "--emulation-defect",
+        "skip-last-kv-tile",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("FAIL (") && stdout.contains("kernel.max_abs_err"),
+        "{stdout}"
+    );
+    let dirs = run_dirs(results.path());
+    assert_eq!(dirs.len(), 1, "a failing run still writes its results");
+    assert_eq!(
+        read_json(&dirs[0].join("correctness.json"))["all_pass"],
+        false
+    );
+}
+
+#[test]
+fn a_planted_unwritten_row_is_counted_and_fails_with_exit_1() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = output(runner().args([
+        "--backend",
+        "cpu",
+        "--shapes",
+        "small",
+        "--seeds",
+        "0",
+        "--emulation-defect",
+        "leave-row-unwritten",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("unwritten=64"), "{stdout}");
+}
+
+#[test]
+fn shapes_lists_the_named_shapes() {
+    let (code, stdout, _) = output(runner().arg("shapes"));
+    assert_eq!(code, 0);
+    for name in [
+        "small",
+        "mission",
+        "long",
+        "single",
+        "partial77",
+        "batched",
+        "wide",
+    ] {
+        assert!(stdout.contains(name), "{name} missing: {stdout}");
+    }
+}
+
+#[test]
+fn help_shows_examples_and_exit_codes() {
+    let (code, stdout, _) = output(runner().arg("--help"));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("Examples:")
+            && stdout.contains("--backend cpu")
+            && stdout.contains("Exit codes")
+    );
+}
+
+#[test]
+fn the_default_backend_without_a_gpu_exits_3_and_points_at_the_cpu_backend() {
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        eprintln!("skipped: this machine has an NVIDIA driver (the GPU tests cover it)");
+        return;
+    }
+    let results = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = output(runner().args([
+        "--shapes",
+        "small",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains("no usable GPU") && stderr.contains("--backend cpu"),
+        "{stderr}"
+    );
+    assert!(
+        run_dirs(results.path()).is_empty(),
+        "no results directory for a run that never started"
+    );
+}
+
+/// Runs a bad command line; asserts exit `code`, a message containing every needle, and no
+/// run directory left behind.
+fn refused(args: &[&str], code: i32, needles: &[&str]) {
+    let results = tempfile::tempdir().unwrap();
+    let results_dir = results.path().join("r");
+    let mut cmd = runner();
+    cmd.args(args).arg("--results-dir").arg(&results_dir);
+    let (got, stdout, stderr) = output(&mut cmd);
+    assert_eq!(got, code, "{args:?}: {stdout}{stderr}");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: `{needle}` not in: {stderr}"
+        );
+    }
+    assert!(
+        run_dirs(&results_dir).is_empty(),
+        "{args:?} left a run directory behind"
+    );
+}
+
+#[test]
+fn an_unknown_shape_exits_2_listing_the_known_ones() {
+    refused(
+        &["--backend", "cpu", "--shapes", "small,nosuch"],
+        2,
+        &["nosuch", "mission", "partial77"],
+    );
+}
+
+#[test]
+fn malformed_seeds_exit_2() {
+    refused(&["--backend", "cpu", "--seeds", "0,x"], 2, &["`x`"]);
+    refused(&["--backend", "cpu", "--seeds", "3-1"], 2, &["backwards"]);
+}
+
+#[test]
+fn zero_sequence_length_exits_2() {
+    refused(&["--backend", "cpu", "--shapes", "1x1x0x64"], 2, &["S=0"]);
+}
+
+#[test]
+fn head_dim_other_than_64_exits_2() {
+    refused(
+        &["--backend", "cpu", "--shapes", "1x1x64x128"],
+        2,
+        &["D=128", "64"],
+    );
+}
+
+#[test]
+fn a_shape_too_large_for_memory_exits_2_with_the_size_it_needs() {
+    refused(
+        &["--backend", "cpu", "--shapes", "1024x64x65536x64"],
+        2,
+        &["GiB", "1024x64x65536x64"],
+    );
+}
+
+#[test]
+fn gates_files_that_are_missing_malformed_or_have_unknown_keys_exit_2_naming_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.json");
+    refused(
+        &["--backend", "cpu", "--gates", missing.to_str().unwrap()],
+        2,
+        &["missing.json"],
+    );
+
+    let malformed = dir.path().join("malformed.json");
+    std::fs::write(&malformed, "{ \"version\": 1,").unwrap();
+    refused(
+        &["--backend", "cpu", "--gates", malformed.to_str().unwrap()],
+        2,
+        &["malformed.json", "malformed JSON"],
+    );
+
+    let good = std::fs::read_to_string(common::project_root().join("gates/default.json")).unwrap();
+    let unknown = dir.path().join("unknown.json");
+    std::fs::write(
+        &unknown,
+        good.replacen("\"version\": 1,", "\"version\": 1, \"colour\": 3,", 1),
+    )
+    .unwrap();
+    refused(
+        &["--backend", "cpu", "--gates", unknown.to_str().unwrap()],
+        2,
+        &["unknown.json", "colour"],
+    );
+
+    let negative = dir.path().join("negative.json");
+    std::fs::write(
+        &negative,
+        good.replacen("\"factor\": 2.0", "\"factor\": -2.0", 1),
+    )
+    .unwrap();
+    refused(
+        &["--backend", "cpu", "--gates", negative.to_str().unwrap()],
+        2,
+        &["correctness.relative.factor"],
+    );
+}
+
+#[test]
+fn shapes_files_that_are_malformed_or_have_unknown_keys_exit_2_naming_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let unknown = dir.path().join("shapes.json");
+    std::fs::write(
+        &unknown,
+        r#"{"version":1,"shapes":[{"name":"a","B":1,"H":1,"S":8,"D":64,"color":1}]}"#,
+    )
+    .unwrap();
+    refused(
+        &[
+            "--backend",
+            "cpu",
+            "--shapes",
+            "a",
+            "--shapes-file",
+            unknown.to_str().unwrap(),
+        ],
+        2,
+        &["shapes.json", "color"],
+    );
+    let missing = dir.path().join("nope.json");
+    refused(
+        &[
+            "--backend",
+            "cpu",
+            "--shapes-file",
+            missing.to_str().unwrap(),
+        ],
+        2,
+        &["nope.json"],
+    );
+}
+
+#[test]
+fn an_unwritable_results_directory_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let (code, _, stderr) = output(runner().args([
+        "--backend",
+        "cpu",
+        "--shapes",
+        "small",
+        "--results-dir",
+        file.join("sub").to_str().unwrap(),
+    ]));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--results-dir"), "{stderr}");
+}
+
+#[test]
+fn a_malformed_use_cp_async_variable_exits_2_before_any_gpu_work() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = output(runner().env("USE_CP_ASYNC", "yes").args([
+        "--shapes",
+        "small",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("USE_CP_ASYNC=`yes`"), "{stderr}");
+}

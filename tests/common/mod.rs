@@ -1,0 +1,50 @@
+//! Helpers shared by the integration tests. The binary and the project files are located at
+//! run time, so the test executables also work when carried to the GPU machine.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The sdpa-runner binary: `SDPA_RUNNER_BIN` if set (GPU machine), else cargo's build.
+pub fn runner_bin() -> PathBuf {
+    std::env::var_os("SDPA_RUNNER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sdpa-runner")))
+}
+
+/// A command for the runner, run from the project root and without USE_CP_ASYNC.
+pub fn runner() -> Command {
+    let mut cmd = Command::new(runner_bin());
+    cmd.current_dir(project_root()).env_remove("USE_CP_ASYNC");
+    cmd
+}
+
+/// The checkout: the current directory (cargo test and the GPU machine both start there).
+pub fn project_root() -> PathBuf {
+    sdpa_runner::paths::ProjectRoot::locate(None)
+        .expect("run the tests from the checkout")
+        .path()
+        .to_path_buf()
+}
+
+/// Runs `cmd` and returns (exit code, stdout, stderr).
+pub fn output(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().expect("runner starts");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The run directories under `results`.
+pub fn run_dirs(results: &std::path::Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(results) {
+        Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}

@@ -1,0 +1,135 @@
+//! The binary on a GPU: variant selection through USE_CP_ASYNC, and compile errors and
+//! kernel faults mapped to exit 4 with the NVRTC log or the CUDA error.
+
+mod common;
+
+use common::{output, read_json, run_dirs, runner};
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn use_cp_async_1_in_the_environment_runs_only_cp1() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(runner().env("USE_CP_ASYNC", "1").args([
+        "--shapes",
+        "mission",
+        "--seeds",
+        "0",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert!(
+        rows[0].contains(" cp1 ") && rows[0].ends_with("PASS"),
+        "{stdout}"
+    );
+    let dir = &run_dirs(results.path())[0];
+    let meta = read_json(&dir.join("build_meta.json"));
+    let variants = meta["backend_details"]["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 1);
+    assert_eq!(variants[0]["identity"]["name"], "cp1");
+    assert_eq!(variants[0]["identity"]["ptx_has_cp_async"], true);
+    let c = read_json(&dir.join("correctness.json"));
+    assert!(
+        c["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["variant"] == "cp1")
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_kernel_that_does_not_compile_exits_4_with_the_nvrtc_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = dir.path().join("broken.cu");
+    std::fs::write(&kernel, "#error planted compile error\n").unwrap();
+    let results = dir.path().join("results");
+    let (code, _, stderr) = output(
+        runner()
+            .args(["--shapes", "small", "--seeds", "0", "--kernel"])
+            .arg(&kernel)
+            .arg("--results-dir")
+            .arg(&results),
+    );
+    assert_eq!(code, 4, "{stderr}");
+    assert!(
+        stderr.contains("planted compile error") && stderr.contains("NVRTC log"),
+        "{stderr}"
+    );
+    assert!(run_dirs(&results).is_empty());
+}
+
+/// Same ABI and published constants as the real kernel, but it stores to a wild address.
+const FAULTING_KERNEL: &str = r#"
+extern "C" __constant__ int SDPA_HEAD_DIM = 64;
+extern "C" __constant__ int SDPA_BLOCK_M = 64;
+extern "C" __constant__ int SDPA_BLOCK_N = 64;
+extern "C" __constant__ int SDPA_THREADS = 128;
+extern "C" __constant__ int SDPA_SMEM_BYTES = 0;
+extern "C" __constant__ int SDPA_USE_CP_ASYNC = 0;
+extern "C" __global__ void sdpa_fp8_stage_c_wmma(const unsigned char* q, const unsigned char* k,
+        const unsigned char* v, const float* qs, const float* ks, const float* vs,
+        unsigned short* out, int B, int H, int S, float scale) {
+    volatile int* wild = (volatile int*)(0x10ull + 4ull * threadIdx.x);
+    *wild = S;
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_kernel_that_faults_exits_4_naming_the_error_variant_and_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = dir.path().join("faulting.cu");
+    std::fs::write(&kernel, FAULTING_KERNEL).unwrap();
+    let results = dir.path().join("results");
+    let (code, _, stderr) = output(
+        runner()
+            .args([
+                "--shapes",
+                "small",
+                "--seeds",
+                "0",
+                "--cp-async",
+                "0",
+                "--kernel",
+            ])
+            .arg(&kernel)
+            .arg("--results-dir")
+            .arg(&results),
+    );
+    assert_eq!(code, 4, "{stderr}");
+    let lower = stderr.to_lowercase();
+    assert!(
+        lower.contains("illegal") && stderr.contains("cp0") && stderr.contains("small"),
+        "{stderr}"
+    );
+    assert!(run_dirs(&results).is_empty());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_kernel_whose_toggle_did_not_take_exits_4() {
+    // The faulting kernel publishes SDPA_USE_CP_ASYNC = 0 whatever it is compiled with, and
+    // has no cp.async: asked for cp1, the runner must refuse it before any launch.
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = dir.path().join("no_toggle.cu");
+    std::fs::write(&kernel, FAULTING_KERNEL).unwrap();
+    let (code, _, stderr) = output(
+        runner()
+            .args([
+                "--shapes",
+                "small",
+                "--seeds",
+                "0",
+                "--cp-async",
+                "1",
+                "--kernel",
+            ])
+            .arg(&kernel),
+    );
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("toggle did not take"), "{stderr}");
+}
