@@ -139,6 +139,7 @@ mod tests {
             kernel_ref: m.clone(),
             end_to_end: m.clone(),
             emulation_ref: m,
+            emulation_bits_equal_pct: 100.0,
             gates,
             pass,
         }

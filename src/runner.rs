@@ -17,18 +17,36 @@ use crate::verdict;
 /// What the kernel is held against for one problem, shared by all variants.
 pub struct Yardsticks {
     pub refs: References,
-    /// The clean CPU emulation's error against the kernel reference.
+    /// The clean CPU emulation's output and its error against the kernel reference.
+    pub emulation_out: Vec<f16>,
     pub emulation: ErrorMetrics,
 }
 
 impl Yardsticks {
     pub fn compute(p: &Problem, gates: &Gates) -> Self {
         let refs = References::compute(p);
-        let mut emu = vec![POISON; p.output_len()];
-        emulation::run(p, Defect::None, &mut emu);
-        let emulation = metrics::measure(&emu, &refs.kernel, kernel_rule(gates), &p.shape);
-        Yardsticks { refs, emulation }
+        let mut emulation_out = vec![POISON; p.output_len()];
+        emulation::run(p, Defect::None, &mut emulation_out);
+        let emulation =
+            metrics::measure(&emulation_out, &refs.kernel, kernel_rule(gates), &p.shape);
+        Yardsticks {
+            refs,
+            emulation_out,
+            emulation,
+        }
     }
+}
+
+/// Percent of elements whose f16 bits equal the emulation's: 100 means the emulation
+/// reproduces the kernel exactly. A diagnostic, not a gate (a legitimate change of
+/// accumulation order lowers it).
+fn bits_equal_pct(out: &[f16], emulation: &[f16]) -> f64 {
+    let same = out
+        .iter()
+        .zip(emulation)
+        .filter(|(a, b)| a.to_bits() == b.to_bits())
+        .count();
+    100.0 * same as f64 / out.len().max(1) as f64
 }
 
 fn kernel_rule(g: &Gates) -> BadRule {
@@ -86,6 +104,7 @@ pub fn judge_output(
         kernel_ref,
         end_to_end,
         emulation_ref: y.emulation.clone(),
+        emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out),
         pass: v.pass(),
         gates: v.checks,
     }
@@ -170,6 +189,17 @@ mod tests {
             assert_eq!(r.kernel_ref.unwritten, 64);
             assert!(!r.gates["unwritten"].pass && !r.pass);
         }
+    }
+
+    #[test]
+    fn the_cpu_backend_reproduces_the_emulation_bit_for_bit_and_a_defect_does_not() {
+        assert!(
+            run(Defect::None, &[shape(70)])
+                .iter()
+                .all(|r| r.emulation_bits_equal_pct == 100.0)
+        );
+        let broken = run(Defect::LeaveRowUnwritten, &[shape(70)]);
+        assert!(broken.iter().all(|r| r.emulation_bits_equal_pct < 100.0));
     }
 
     #[test]

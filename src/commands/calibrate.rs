@@ -25,6 +25,8 @@ struct Worst {
     /// Largest kernel/emulation ratio of max_abs_err.
     ratio_max: f64,
     ratio_mean: f64,
+    /// Smallest percentage of output bits equal to the emulation's.
+    min_bits_equal: f64,
 }
 
 impl Worst {
@@ -37,6 +39,11 @@ impl Worst {
             } else {
                 0.0
             }
+        };
+        self.min_bits_equal = if self.rows == 0 {
+            r.emulation_bits_equal_pct
+        } else {
+            self.min_bits_equal.min(r.emulation_bits_equal_pct)
         };
         self.rows += 1;
         self.k_max = self.k_max.max(r.kernel_ref.max_abs_err);
@@ -79,12 +86,12 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
         backends.join(", ")
     );
     println!(
-        "| shape | variant | rows | kernel max | kernel mean | kernel %bad | e2e max | e2e mean | e2e %bad | emu max | emu mean | kernel/emu max | kernel/emu mean |"
+        "| shape | variant | rows | kernel max | kernel mean | kernel %bad | e2e max | e2e mean | e2e %bad | emu max | emu mean | kernel/emu max | kernel/emu mean | % bits = emu |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let line = |shape: &str, variant: &str, w: &Worst| {
         println!(
-            "| {shape} | {variant} | {} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.2} | {:.2} |",
+            "| {shape} | {variant} | {} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.2} | {:.2} | {:.3} |",
             w.rows,
             w.k_max,
             w.k_mean,
@@ -95,7 +102,8 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
             w.emu_max,
             w.emu_mean,
             w.ratio_max,
-            w.ratio_mean
+            w.ratio_mean,
+            w.min_bits_equal
         )
     };
     for ((shape, variant), w) in &groups {

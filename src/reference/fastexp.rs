@@ -88,7 +88,8 @@ unsafe fn exp_shifted_sum_avx2(xs: &mut [f64], shift: f64) -> f64 {
 pub fn exp_shifted_sum(xs: &mut [f64], shift: f64) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             // SAFETY: the CPU supports the features the function is compiled for.
             return unsafe { exp_shifted_sum_avx2(xs, shift) };
         }
@@ -108,7 +109,10 @@ mod tests {
     fn matches_libm_exp_to_a_few_ulp_over_the_softmax_range() {
         let mut worst = 0;
         let n = 200_000;
-        let xs: Vec<f64> = (0..=n).map(|i| -700.0 * i as f64 / n as f64).chain([-1e-300, -0.5, -1.0]).collect();
+        let xs: Vec<f64> = (0..=n)
+            .map(|i| -700.0 * i as f64 / n as f64)
+            .chain([-1e-300, -0.5, -1.0])
+            .collect();
         let mut ys = xs.clone();
         exp_shifted_sum(&mut ys, 0.0);
         for (&x, &y) in xs.iter().zip(&ys) {

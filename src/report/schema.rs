@@ -89,6 +89,8 @@ pub struct CorrectnessRecord {
     pub end_to_end: ErrorMetrics,
     /// The CPU emulation against the kernel reference: the yardstick of the relative gate.
     pub emulation_ref: ErrorMetrics,
+    /// Percent of output elements bit-identical to the CPU emulation's (a diagnostic).
+    pub emulation_bits_equal_pct: f64,
     pub gates: BTreeMap<String, Check>,
     pub pass: bool,
 }
