@@ -9,8 +9,9 @@
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 /// ln 2 split in a high part with trailing zero bits and a low part, for an exact k * ln2_hi.
-const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+/// (fdlibm's values, given by their bits.)
+const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
 /// Adding then subtracting 1.5 * 2^52 rounds to the nearest integer, which then sits in the
 /// low bits of the sum.
 const ROUND: f64 = 6_755_399_441_055_744.0;
