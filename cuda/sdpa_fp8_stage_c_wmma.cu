@@ -8,6 +8,9 @@
 //   USE_CP_ASYNC=0  K/V tiles are loaded synchronously (16-byte loads, decoded on the fly).
 //   USE_CP_ASYNC=1  a two-stage (ping-pong) cp.async pipeline copies the codes of tile t+1
 //                   into shared memory while tile t is computed. Numerics are identical.
+//   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
+//                   N clock cycles at the end, a fixed planted slowdown that proves the
+//                   runner's SLOWER verdict. Unset, it compiles to nothing.
 //
 // Launch: grid (ceil(S / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES of dynamic shared
 // memory. The host reads the SDPA_* constants below from the module instead of repeating them.
@@ -53,6 +56,9 @@
 #endif
 #if USE_CP_ASYNC != 0 && USE_CP_ASYNC != 1
 #error "USE_CP_ASYNC must be 0 or 1"
+#endif
+#ifndef SDPA_DELAY_CYCLES
+#define SDPA_DELAY_CYCLES 0
 #endif
 
 using namespace nvcuda;
@@ -335,4 +341,11 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
             dst[j / 8] = pack.u;
         }
     }
+#if SDPA_DELAY_CYCLES > 0
+    if (threadIdx.x == 0) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < SDPA_DELAY_CYCLES) {
+        }
+    }
+#endif
 }

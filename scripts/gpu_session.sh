@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One session on a GPU machine, from the checkout, with binaries staged by stage_device.sh:
-# the environment, the GPU tests, the main job on every shape, the USE_CP_ASYNC=1 workflow,
-# and a calibration run (seeds 0-4) summarized by `sdpa-runner calibrate`.
+# the environment; the default run (the baseline candidate); every shape; the USE_CP_ASYNC
+# workflows (restricted run; two runs + compare); batched and cold-L2 timing; the A/A and
+# planted-slowdown proof of the verdicts; a calibration run (seeds 0-4) summarized by
+# `sdpa-runner calibrate`; all tests with --include-ignored; compute-sanitizer checks.
 #   scripts/gpu_session.sh [OUT_DIR]        (OUT_DIR defaults to $OUT, else ./gpu-session)
 # Full logs and result directories go into OUT_DIR/session.tgz; a short table is printed last.
 set -u
@@ -23,8 +25,15 @@ step() { # step NAME COMMAND...: runs COMMAND, logs to NAME.log, records exit co
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv
   ls /usr/local/cuda/include/mma.h; ldconfig -p | grep -E 'libnvrtc|libcuda' ; } >"$work/environment.log" 2>&1
 
+step main_default           "$runner" --shapes small,mission --seeds 0,1,2 --results-dir "$work/baseline" --junit "$work/junit.xml"
 step main_all_shapes        "$runner" --shapes all --seeds 0,1,2 --results-dir "$work/results"
 step use_cp_async_1         env USE_CP_ASYNC=1 "$runner" --shapes mission --seeds 0 --results-dir "$work/results"
+# The old two-run workflow, then compare: should agree with the in-run A/B verdicts.
+step seed_workflow_cp0      env USE_CP_ASYNC=0 "$runner" --shapes small,mission --seeds 0,1,2 --results-dir "$work/two-run/cp0"
+step seed_workflow_cp1      env USE_CP_ASYNC=1 "$runner" --shapes small,mission --seeds 0,1,2 --results-dir "$work/two-run/cp1"
+step seed_workflow_compare  "$runner" compare "$work"/two-run/cp0/2* "$work"/two-run/cp1/2* --out "$work/two-run/COMPARE.md"
+step batched_and_cold_l2    sh -c "'$runner' --shapes mission,long --seeds 0 --batch 20 --iters 200 --results-dir '$work/modes' && '$runner' --shapes mission,long --seeds 0 --l2 flush --results-dir '$work/modes'"
+step prove_verdicts         scripts/prove_verdicts.sh 20 "$work/verdicts"
 step calibration_seeds_0_4  "$runner" --shapes all --seeds 0-4 --results-dir "$work/calibration"
 step calibrate              "$runner" calibrate "$work"/calibration/*
 for t in .device/tests/*; do
@@ -37,6 +46,9 @@ for tool in memcheck racecheck synccheck; do
 done
 
 tar czf "$out/session.tgz" -C "$work" .
-cp "$work/main_all_shapes.log" "$work/calibrate.log" "$summary" "$out/" 2>/dev/null
-echo "=== main job (tail) ==="; tail -n 4 "$work/main_all_shapes.log"
+cp "$work/main_default.log" "$work/calibrate.log" "$work/prove_verdicts.log" "$work/seed_workflow_compare.log" "$summary" "$out/" 2>/dev/null
+cp "$work"/baseline/2*/COMPARE.md "$out/COMPARE-default.md" 2>/dev/null
+echo "=== default run (tail) ==="; tail -n 16 "$work/main_default.log"
+echo "=== seed workflow compare ==="; tail -n 4 "$work/seed_workflow_compare.log"
+echo "=== verdict proof ==="; tail -n 3 "$work/prove_verdicts.log"
 echo "=== summary ==="; cat "$summary"

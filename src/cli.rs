@@ -8,6 +8,7 @@ use crate::backend::BackendKind;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::config::parse_seeds;
 use crate::emulation::Defect;
+use crate::timing::L2Mode;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -20,6 +21,10 @@ Examples:
   sdpa-runner build --arch sm_90                       compile both variants without a GPU
   sdpa-runner bench                                    time the f64 reference (and numpy's)
   sdpa-runner calibrate results/<run>...               measured errors -> proposed gates
+  sdpa-runner compare results/<base> results/<cand> --gate
+                                                       diff two saved runs; exit 1 on a regression
+  sdpa-runner --cp-async 1 --candidate-define SDPA_DELAY_CYCLES=1000 --shapes mission
+                                                       A/B a define against the same variant without it
 
 Exit codes: 0 all gates passed, 1 a gate failed, 2 usage or configuration error,
 3 environment error (no GPU, driver, NVRTC or headers), 4 kernel compile error or fault.";
@@ -52,6 +57,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Summarize measured errors of saved runs and propose correctness thresholds.
     Calibrate(CalibrateArgs),
+    /// Compare the timings of two saved runs (run directories or perf.json files).
+    Compare(CompareArgs),
 }
 
 /// A comma-separated seed list (`0,1,2`, `0-4`).
@@ -89,6 +96,38 @@ pub struct KernelArgs {
     /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_wmma.cu]
     #[arg(long, value_name = "FILE")]
     pub kernel: Option<PathBuf>,
+    /// A/B a define: runs the one selected variant (with --cp-async 0 or 1) as baseline and the
+    /// same variant plus this define as candidate (repeatable)
+    #[arg(long = "candidate-define", value_name = "NAME[=VALUE]", value_parser = parse_define)]
+    pub candidate_defines: Vec<(String, String)>,
+}
+
+/// How to time (DESIGN.md "Timing and comparison").
+#[derive(Args, Debug, Clone)]
+pub struct TimingArgs {
+    /// Untimed launches per variant before timing [default: 100 on cuda, 1 on cpu]
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<usize>,
+    /// Timed samples per variant; 0 checks correctness only [default: 500 on cuda, 20 on cpu]
+    #[arg(long, value_name = "N")]
+    pub iters: Option<usize>,
+    /// Rounds the samples are split into; variants alternate in shuffled order each round
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub rounds: usize,
+    /// Launches per sample between two events (1 times each launch; more strips launch overhead)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub batch: usize,
+    /// warm: inputs stay in L2; flush: overwrite a buffer larger than L2 before each sample
+    #[arg(long, value_enum, default_value = "warm")]
+    pub l2: L2Mode,
+}
+
+/// What to publish for CI.
+#[derive(Args, Debug, Clone, Default)]
+pub struct CiArgs {
+    /// Write JUnit XML here: a test case per correctness, resource and performance verdict
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -109,6 +148,13 @@ pub struct RunArgs {
     pub project: ProjectArgs,
     #[command(flatten)]
     pub kernel: KernelArgs,
+    #[command(flatten)]
+    pub timing: TimingArgs,
+    #[command(flatten)]
+    pub ci: CiArgs,
+    /// Exit 1 unless every target shape of the gates file is FASTER by at least min_speedup_pct
+    #[arg(long)]
+    pub require_speedup: bool,
     /// Test hook: plant a defect in the cpu backend to prove the gates catch it
     #[arg(long, value_enum, default_value = "none", hide = true)]
     pub emulation_defect: Defect,
@@ -154,6 +200,35 @@ pub struct CalibrateArgs {
     /// Safety margin applied to the worst measured value
     #[arg(long, default_value_t = 1.5)]
     pub margin: f64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// Baseline run: a run directory or its perf.json
+    #[arg(value_name = "BASE")]
+    pub base: PathBuf,
+    /// Candidate run: a run directory or its perf.json
+    #[arg(value_name = "CAND")]
+    pub cand: PathBuf,
+    /// Where COMPARE.md goes [default: <root>/results/COMPARE.md]; the picture goes beside it
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Exit 1 if the candidate failed correctness or is SLOWER beyond max_regression_pct
+    #[arg(long)]
+    pub gate: bool,
+    /// Compare even when the GPUs or the inputs differ (the report says so)
+    #[arg(long)]
+    pub allow_mismatch: bool,
+    /// Variant of BASE to compare [default: its only variant, or the last one both runs share]
+    #[arg(long, value_name = "NAME")]
+    pub base_variant: Option<String>,
+    /// Variant of CAND to compare
+    #[arg(long, value_name = "NAME")]
+    pub cand_variant: Option<String>,
+    #[command(flatten)]
+    pub ci: CiArgs,
+    #[command(flatten)]
+    pub project: ProjectArgs,
 }
 
 #[cfg(test)]

@@ -2,15 +2,35 @@
 //! and the summary. Formatting only; nothing here decides a verdict.
 
 use crate::backend::cuda::identity::VariantIdentity;
+use crate::perf::{Measurement, ShapeComparison};
 use crate::report::CorrectnessRecord;
 use crate::verdict::Verdict;
 
+/// Column widths of the shape and variant names, so rows line up.
+#[derive(Debug, Clone, Copy)]
+pub struct Widths {
+    pub shape: usize,
+    pub variant: usize,
+}
+
+impl Widths {
+    pub fn of<'a>(
+        shapes: impl Iterator<Item = &'a str>,
+        variants: impl Iterator<Item = &'a str>,
+    ) -> Self {
+        Widths {
+            shape: shapes.map(str::len).max().unwrap_or(0),
+            variant: variants.map(str::len).max().unwrap_or(0).max(7),
+        }
+    }
+}
+
 /// One correctness row, e.g.
 /// `[mission ] seed=0 cp1     max_err=1.2e-3 mean_err=1.1e-4 %bad=0.000 e2e_max=3.1e-2 PASS`.
-pub fn correctness_row(r: &CorrectnessRecord, name_width: usize) -> String {
+pub fn correctness_row(r: &CorrectnessRecord, w: &Widths) -> String {
     let k = &r.kernel_ref;
     let mut line = format!(
-        "[{:<w$}] seed={} {:<7} max_err={:.2e} mean_err={:.2e} %bad={:.3} e2e_max={:.2e}",
+        "[{:<ws$}] seed={} {:<wv$} max_err={:.2e} mean_err={:.2e} %bad={:.3} e2e_max={:.2e}",
         r.shape,
         r.seed,
         r.variant,
@@ -18,7 +38,8 @@ pub fn correctness_row(r: &CorrectnessRecord, name_width: usize) -> String {
         k.mean_abs_err,
         k.pct_bad,
         r.end_to_end.max_abs_err,
-        w = name_width
+        ws = w.shape,
+        wv = w.variant
     );
     if k.unwritten > 0 {
         line.push_str(&format!(" unwritten={}", k.unwritten));
@@ -70,10 +91,74 @@ pub fn summary(records: &[CorrectnessRecord]) -> String {
     line
 }
 
+/// The timing table: one line per (shape, seed, variant), microseconds.
+pub fn timing_table(measurements: &[Measurement], w: &Widths) -> String {
+    let mut out = format!(
+        "{:<ws$}  seed  {:<wv$}  {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}\n",
+        "shape",
+        "variant",
+        "p50",
+        "p90",
+        "mean",
+        "std",
+        "min",
+        "max",
+        ws = w.shape + 2,
+        wv = w.variant
+    );
+    for m in measurements {
+        let s = &m.summary;
+        out.push_str(&format!(
+            "{:<ws$}  {:>4}  {:<wv$}  {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>9.2} {:>9.2}\n",
+            format!("[{}]", m.shape),
+            m.seed,
+            m.variant,
+            s.p50,
+            s.p90,
+            s.mean,
+            s.std,
+            s.min,
+            s.max,
+            ws = w.shape + 2,
+            wv = w.variant
+        ));
+    }
+    out
+}
+
+/// One verdict line per shape, e.g.
+/// `[mission ] cp1 vs cp0: speedup +3.10% [+2.80%, +3.40%] p=1.9e-6 FASTER`.
+pub fn verdict_lines(cmps: &[ShapeComparison], w: &Widths) -> String {
+    cmps.iter()
+        .map(|c| {
+            format!(
+                "[{:<ws$}] {} vs {}: speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e} {}\n",
+                c.shape,
+                c.candidate,
+                c.baseline,
+                c.speedup_pct,
+                c.speedup_ci_pct[0],
+                c.speedup_ci_pct[1],
+                c.estimate.p_value,
+                c.verdict,
+                ws = w.shape
+            )
+        })
+        .collect()
+}
+
 /// The variant-identity and resource table printed before a GPU run.
 pub fn identity_table(ids: &[&VariantIdentity], verdicts: &[(String, Verdict)]) -> String {
-    let mut out = String::from(
-        "variant  defines                  cp.async  PTX sha256    regs  smem B  spill B  blocks/SM  resources\n",
+    let dw = ids
+        .iter()
+        .map(|id| id.defines.join(" ").len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    let nw = ids.iter().map(|id| id.name.len()).max().unwrap_or(0).max(7);
+    let mut out = format!(
+        "{:<nw$}  {:<dw$}  cp.async  PTX sha256    regs  smem B  spill B  blocks/SM  resources\n",
+        "variant", "defines"
     );
     for id in ids {
         let verdict = verdicts.iter().find(|(n, _)| *n == id.name).map(|(_, v)| v);
@@ -84,7 +169,7 @@ pub fn identity_table(ids: &[&VariantIdentity], verdicts: &[(String, Verdict)]) 
         };
         let opt = |x: Option<u32>| x.map_or("-".to_string(), |v| v.to_string());
         out.push_str(&format!(
-            "{:<8} {:<24} {:<9} {:<13} {:<5} {:<7} {:<8} {:<10} {}\n",
+            "{:<nw$}  {:<dw$}  {:<9} {:<13} {:<5} {:<7} {:<8} {:<10} {}\n",
             id.name,
             id.defines.join(" "),
             if id.ptx_has_cp_async { "yes" } else { "no" },
@@ -147,11 +232,16 @@ mod tests {
 
     #[test]
     fn rows_say_pass_or_name_the_failed_gate() {
+        let w = Widths {
+            shape: 8,
+            variant: 7,
+        };
+        let row = correctness_row(&record("cpu-emu", true), &w);
         assert!(
-            correctness_row(&record("cpu-emu", true), 8).starts_with("[mission ] seed=0 cpu-emu")
+            row.starts_with("[mission ] seed=0 cpu-emu") && row.ends_with("PASS"),
+            "{row}"
         );
-        assert!(correctness_row(&record("cpu-emu", true), 8).ends_with("PASS"));
-        let fail = correctness_row(&record("cp1", false), 8);
+        let fail = correctness_row(&record("cp1", false), &w);
         assert!(fail.contains("FAIL (kernel.max_abs_err"), "{fail}");
     }
 

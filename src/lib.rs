@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod clocks;
 pub mod commands;
 pub mod config;
 pub mod console;
@@ -19,9 +20,13 @@ pub mod inputs;
 pub mod json;
 pub mod metrics;
 pub mod paths;
+pub mod perf;
 pub mod problem;
+pub mod progress;
 pub mod reference;
 pub mod report;
 pub mod runner;
 pub mod shapes;
+pub mod stats;
+pub mod timing;
 pub mod verdict;

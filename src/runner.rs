@@ -1,6 +1,6 @@
-//! The correctness pipeline, one way through:
-//! shape + seed -> inputs -> FP8 quantization -> backend run -> metrics against the two
-//! references and the emulation -> gates -> one record per (shape, seed, variant).
+//! The pipeline, one way through: shape + seed -> inputs -> FP8 quantization -> backend run ->
+//! metrics against the two references and the emulation -> gates -> one record per
+//! (shape, seed, variant); then, with the inputs still loaded, the timing of every variant.
 
 use half::f16;
 
@@ -8,10 +8,13 @@ use crate::backend::{Backend, BackendError};
 use crate::emulation::{self, Defect};
 use crate::gates::Gates;
 use crate::metrics::{self, BadRule, ErrorMetrics, POISON};
+use crate::perf::Measurement;
 use crate::problem::Problem;
 use crate::reference::References;
 use crate::report::{CorrectnessRecord, f16_checksum};
 use crate::shapes::Shape;
+use crate::stats::Summary;
+use crate::timing::{self, TimingPlan};
 use crate::verdict;
 
 /// What the kernel is held against for one problem, shared by all variants.
@@ -110,15 +113,35 @@ pub fn judge_output(
     }
 }
 
-/// Runs every (shape, seed, variant), calling `on_record` as each record is made.
-pub fn check_all(
+/// Hooks for showing progress; every method does nothing by default.
+pub trait Progress {
+    fn record(&mut self, _record: &CorrectnessRecord) {}
+    fn timing_started(&mut self, _shape: &Shape, _seed: u64, _rounds: usize) {}
+    fn timing_round(&mut self) {}
+    fn timing_done(&mut self, _measurements: &[Measurement]) {}
+}
+
+/// What a run produced.
+pub struct RunOutput {
+    pub records: Vec<CorrectnessRecord>,
+    /// Empty when the plan does no timing.
+    pub measurements: Vec<Measurement>,
+}
+
+/// For every (shape, seed): checks every variant, then, while the inputs are loaded, times
+/// them all in interleaved rounds.
+pub fn run_all(
     backend: &mut dyn Backend,
     shapes: &[Shape],
     seeds: &[u64],
     gates: &Gates,
-    mut on_record: impl FnMut(&CorrectnessRecord),
-) -> Result<Vec<CorrectnessRecord>, BackendError> {
-    let mut records = Vec::new();
+    plan: &TimingPlan,
+    progress: &mut dyn Progress,
+) -> Result<RunOutput, BackendError> {
+    let mut out = RunOutput {
+        records: Vec::new(),
+        measurements: Vec::new(),
+    };
     for shape in shapes {
         for &seed in seeds {
             let p = Problem::new(shape, seed);
@@ -126,14 +149,66 @@ pub fn check_all(
             backend.load(&p)?;
             let variants = backend.variants().to_vec();
             for (i, variant) in variants.iter().enumerate() {
-                let out = backend.run_checked(i)?;
-                let record = judge_output(backend.name(), variant, &p, &y, &out, gates);
-                on_record(&record);
-                records.push(record);
+                let output = backend.run_checked(i)?;
+                let record = judge_output(backend.name(), variant, &p, &y, &output, gates);
+                progress.record(&record);
+                out.records.push(record);
+            }
+            if plan.enabled() {
+                progress.timing_started(shape, seed, plan.rounds);
+                let timings = timing::measure(backend, plan, |_| progress.timing_round())?;
+                let measured: Vec<Measurement> = variants
+                    .iter()
+                    .zip(timings)
+                    .map(|(variant, t)| measurement(&p, variant, t))
+                    .collect();
+                progress.timing_done(&measured);
+                out.measurements.extend(measured);
             }
         }
     }
-    Ok(records)
+    Ok(out)
+}
+
+fn measurement(p: &Problem, variant: &str, t: timing::VariantTiming) -> Measurement {
+    let samples = t.samples();
+    Measurement {
+        shape: p.shape.name.clone(),
+        b: p.shape.b,
+        h: p.shape.h,
+        s: p.shape.s,
+        d: p.shape.d,
+        seed: p.seed,
+        input_checksum: p.inputs.checksum.clone(),
+        variant: variant.to_string(),
+        summary: Summary::of(&samples),
+        round_medians_us: t.round_medians(),
+        samples_us: samples,
+    }
+}
+
+/// Checks every (shape, seed, variant) without timing, calling `on_record` as records are made.
+pub fn check_all(
+    backend: &mut dyn Backend,
+    shapes: &[Shape],
+    seeds: &[u64],
+    gates: &Gates,
+    on_record: impl FnMut(&CorrectnessRecord),
+) -> Result<Vec<CorrectnessRecord>, BackendError> {
+    struct Rows<F>(F);
+    impl<F: FnMut(&CorrectnessRecord)> Progress for Rows<F> {
+        fn record(&mut self, r: &CorrectnessRecord) {
+            (self.0)(r)
+        }
+    }
+    let plan = TimingPlan {
+        warmup: 0,
+        iters: 0,
+        rounds: 0,
+        batch: 1,
+        l2: timing::L2Mode::Warm,
+    };
+    Ok(run_all(backend, shapes, seeds, gates, &plan, &mut Rows(on_record))?.records)
 }
 
 #[cfg(test)]
@@ -201,6 +276,42 @@ mod tests {
         let broken = run(Defect::LeaveRowUnwritten, &[shape(70)]);
         assert!(broken.iter().all(|r| r.emulation_bits_equal_pct < 100.0));
     }
+
+    #[test]
+    fn timing_measures_every_variant_per_shape_and_seed() {
+        let plan = TimingPlan {
+            warmup: 1,
+            iters: 5,
+            rounds: 5,
+            batch: 1,
+            l2: timing::L2Mode::Warm,
+        };
+        let mut backend = CpuBackend::new(Defect::None);
+        let out = run_all(
+            &mut backend,
+            &[shape(20)],
+            &[0, 1],
+            &gates(),
+            &plan,
+            &mut NoProgress,
+        )
+        .unwrap();
+        assert_eq!(out.measurements.len(), 2);
+        let m = &out.measurements[1];
+        assert_eq!(
+            (
+                m.seed,
+                m.variant.as_str(),
+                m.samples_us.len(),
+                m.round_medians_us.len()
+            ),
+            (1, "cpu-emu", 5, 5)
+        );
+        assert!(m.summary.p50 > 0.0 && m.input_checksum == out.records[1].input_checksum);
+    }
+
+    struct NoProgress;
+    impl Progress for NoProgress {}
 
     #[test]
     fn records_carry_checksums_that_repeat_across_runs() {

@@ -23,7 +23,10 @@ fn cpu_backend_main_job_passes_writes_files_and_prints_the_path_last() {
         stdout.contains("cpu") && stdout.contains("no GPU was used"),
         "{stdout}"
     );
-    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('[')).collect();
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains("max_err="))
+        .collect();
     assert_eq!(rows.len(), 6, "{stdout}");
     assert!(
         rows.iter()
@@ -32,6 +35,10 @@ fn cpu_backend_main_job_passes_writes_files_and_prints_the_path_last() {
     );
     assert!(stdout.contains("6/6 PASS"));
 
+    assert!(
+        stdout.contains("timing: CPU wall time"),
+        "the CPU backend labels its timings: {stdout}"
+    );
     let dirs = run_dirs(results.path());
     assert_eq!(dirs.len(), 1);
     let last = stdout.lines().last().unwrap();
@@ -43,6 +50,18 @@ fn cpu_backend_main_job_passes_writes_files_and_prints_the_path_last() {
     assert!(meta["git"]["sha"].is_string() && meta["git"]["dirty"].is_boolean());
     assert!(meta["host"]["hostname"].is_string());
     assert!(meta["command_line"].as_array().unwrap().len() > 3);
+
+    let perf = read_json(&dirs[0].join("perf.json"));
+    assert_eq!(perf["schema_version"], 1);
+    assert_eq!(perf["measurements"].as_array().unwrap().len(), 6);
+    assert_eq!(
+        perf["measurements"][0]["samples_us"]
+            .as_array()
+            .unwrap()
+            .len(),
+        20
+    );
+    assert!(perf["clock"].as_str().unwrap().contains("CPU"));
 
     let c = read_json(&dirs[0].join("correctness.json"));
     assert_eq!(c["schema_version"], 1);
@@ -102,6 +121,7 @@ fn two_runs_give_identical_checksums_and_metrics() {
     let dirs = run_dirs(results.path());
     assert_eq!(dirs.len(), 2, "each run writes a new directory");
     let strip = |v: serde_json::Value| v["results"].clone();
+    // Timings differ run to run; correctness, inputs and outputs must not.
     assert_eq!(
         strip(read_json(&dirs[0].join("correctness.json"))),
         strip(read_json(&dirs[1].join("correctness.json")))
@@ -359,6 +379,35 @@ fn an_unwritable_results_directory_exits_2() {
     ]));
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--results-dir"), "{stderr}");
+}
+
+#[test]
+fn too_few_timing_iterations_exit_2() {
+    refused(
+        &["--backend", "cpu", "--shapes", "small", "--iters", "5"],
+        2,
+        &["--iters 5", "--iters 0"],
+    );
+}
+
+#[test]
+fn a_correctness_only_run_writes_no_perf_json() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, out, err) = output(runner().args([
+        "--backend",
+        "cpu",
+        "--shapes",
+        "small",
+        "--seeds",
+        "0",
+        "--iters",
+        "0",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{out}{err}");
+    let dir = &run_dirs(results.path())[0];
+    assert!(dir.join("correctness.json").is_file() && !dir.join("perf.json").exists());
 }
 
 #[test]

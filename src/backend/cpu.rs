@@ -2,12 +2,15 @@
 //! tested without a GPU. Its one variant, `cpu-emu`, models the numerics both kernel variants
 //! share (they differ only in how tiles reach shared memory).
 
+use std::time::Instant;
+
 use half::f16;
 
 use super::{Backend, BackendError};
 use crate::emulation::{self, Defect, KV_TILE};
 use crate::metrics::POISON;
 use crate::problem::Problem;
+use crate::timing::TimingPlan;
 
 pub const VARIANT: &str = "cpu-emu";
 
@@ -46,6 +49,52 @@ impl Backend for CpuBackend {
         let mut out = vec![POISON; p.output_len()];
         emulation::run(p, self.defect, &mut out);
         Ok(out)
+    }
+
+    fn warm_up(&mut self, variant: usize, launches: usize) -> Result<(), BackendError> {
+        for _ in 0..launches {
+            self.run_checked(variant)?;
+        }
+        Ok(())
+    }
+
+    /// Wall time of whole emulation runs (the L2 mode has no meaning here).
+    fn time_samples(
+        &mut self,
+        variant: usize,
+        count: usize,
+        plan: &TimingPlan,
+    ) -> Result<Vec<f64>, BackendError> {
+        (0..count)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..plan.batch {
+                    std::hint::black_box(self.run_checked(variant)?);
+                }
+                Ok(start.elapsed().as_secs_f64() * 1e6 / plan.batch as f64)
+            })
+            .collect()
+    }
+
+    fn clock(&self) -> &'static str {
+        "CPU wall time of the emulation (not GPU time)"
+    }
+
+    fn device_name(&self) -> String {
+        let model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        format!("CPU {model} ({} threads)", rayon::current_num_threads())
+    }
+
+    fn device_json(&self) -> serde_json::Value {
+        serde_json::json!({ "name": self.device_name(), "kind": "cpu" })
     }
 
     fn describe(&self) -> String {

@@ -8,6 +8,7 @@ use half::f16;
 
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
+use crate::timing::TimingPlan;
 use crate::verdict::Verdict;
 use cuda::identity::VariantIdentity;
 
@@ -46,6 +47,28 @@ pub trait Backend {
 
     /// Poisons the output, runs `variant` once on the loaded problem, and returns the output.
     fn run_checked(&mut self, variant: usize) -> Result<Vec<f16>, BackendError>;
+
+    /// Untimed launches of `variant` on the loaded problem.
+    fn warm_up(&mut self, variant: usize, launches: usize) -> Result<(), BackendError>;
+
+    /// `count` timed samples of `variant` on the loaded problem, in microseconds per launch,
+    /// each sample `plan.batch` launches long (outputs are not checked).
+    fn time_samples(
+        &mut self,
+        variant: usize,
+        count: usize,
+        plan: &TimingPlan,
+    ) -> Result<Vec<f64>, BackendError>;
+
+    /// What the timings measure, said plainly for reports.
+    fn clock(&self) -> &'static str;
+
+    /// The device timings were taken on (the GPU model, or the CPU); compare refuses to
+    /// mix devices.
+    fn device_name(&self) -> String;
+
+    /// The device's facts for perf.json.
+    fn device_json(&self) -> serde_json::Value;
 
     /// Backend identity for build_meta.json.
     fn details(&self) -> serde_json::Value;

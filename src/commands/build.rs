@@ -1,9 +1,8 @@
 //! `sdpa-runner build`: compiles the variants with NVRTC for an architecture and prints their
 //! identity and ptxas resources. Needs NVRTC and the CUDA headers, not a GPU.
 
-use super::Project;
+use super::{Project, variant_specs};
 use crate::backend::BackendError;
-use crate::backend::cuda::variant::{self, VariantSpec};
 use crate::backend::cuda::{headers, kernel};
 use crate::cli::BuildArgs;
 use crate::console;
@@ -11,11 +10,7 @@ use crate::error::{AppError, Outcome};
 
 pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
-    let env = std::env::var("USE_CP_ASYNC").ok();
-    let specs: Vec<VariantSpec> = variant::select(args.kernel.cp_async, env.as_deref())?
-        .into_iter()
-        .map(|on| VariantSpec::new(on, &args.kernel.defines))
-        .collect();
+    let specs = variant_specs(&args.kernel)?;
     let source =
         kernel::KernelSource::load(&project.kernel_path(&args.kernel), &project.root.cuda_dir())?;
     let nvrtc_version = kernel::require_nvrtc()?;

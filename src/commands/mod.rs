@@ -4,11 +4,14 @@
 mod bench;
 mod build;
 mod calibrate;
+mod compare;
+mod publish;
 mod run;
 mod shapes;
 
 use std::path::PathBuf;
 
+use crate::backend::cuda::variant::{self, VariantSpec};
 use crate::cli::{Cli, Command, KernelArgs, ProjectArgs};
 use crate::config::ConfigError;
 use crate::error::{AppError, Outcome};
@@ -24,6 +27,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Build(args)) => build::build(&args),
         Some(Command::Bench(args)) => bench::bench(&args),
         Some(Command::Calibrate(args)) => calibrate::calibrate(&args),
+        Some(Command::Compare(args)) => compare::compare(&args),
     }
 }
 
@@ -57,5 +61,26 @@ impl Project {
                 .cuda_dir()
                 .join(crate::backend::cuda::kernel::KERNEL_FILE)
         })
+    }
+}
+
+/// The variants a run builds: from `--cp-async` and `USE_CP_ASYNC`, each with the `--define`s;
+/// with `--candidate-define`, the one selected variant without and with those defines.
+pub fn variant_specs(args: &KernelArgs) -> Result<Vec<VariantSpec>, ConfigError> {
+    let env = std::env::var("USE_CP_ASYNC").ok();
+    let specs: Vec<VariantSpec> = variant::select(args.cp_async, env.as_deref())?
+        .into_iter()
+        .map(|on| VariantSpec::new(on, &args.defines))
+        .collect();
+    if args.candidate_defines.is_empty() {
+        return Ok(specs);
+    }
+    match specs.as_slice() {
+        [base] => Ok(vec![base.clone(), base.with_candidate_defines(&args.candidate_defines)]),
+        _ => Err(ConfigError::Usage(
+            "--candidate-define compares one variant without and with the define: choose the variant \
+             with --cp-async 0 or 1"
+                .into(),
+        )),
     }
 }

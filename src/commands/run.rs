@@ -1,21 +1,27 @@
-//! `sdpa-runner [run]`: the main job. Validates everything it can before any work, opens
-//! the backend, checks every (shape, seed, variant), writes the run directory, and prints
-//! its path last.
+//! `sdpa-runner [run]`: the main job. Validates everything it can before any work, opens the
+//! backend, checks and times every (shape, seed, variant), writes the run directory (and
+//! COMPARE.md when two variants ran), publishes for CI, and prints the run's path last.
 
 use std::collections::BTreeMap;
 
-use super::Project;
+use super::{Project, publish, variant_specs};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda::kernel::KernelSource;
-use crate::backend::cuda::variant::{self, VariantSpec};
 use crate::backend::{Backend, BackendKind};
-use crate::cli::RunArgs;
-use crate::console;
+use crate::cli::{RunArgs, TimingArgs};
+use crate::clocks::{self, ClockReading};
+use crate::config::ConfigError;
+use crate::console::{self, Widths};
 use crate::error::{AppError, Outcome};
+use crate::perf::compare::{TargetStatus, regressions, targets};
+use crate::perf::markdown::{CompareDoc, Side};
+use crate::perf::{self, PERF_SCHEMA_VERSION, PerfFile, VariantMeta};
+use crate::progress::ConsoleProgress;
 use crate::report::{self, BuildMeta, CorrectnessFile, RunDir, SCHEMA_VERSION};
 use crate::runner;
 use crate::shapes;
+use crate::timing::TimingPlan;
 use crate::verdict::Verdict;
 
 pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
@@ -23,27 +29,208 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let selected = project.catalog.select(&args.shapes)?;
     shapes::check_host_memory(&selected, shapes::available_host_memory())?;
+    let plan = timing_plan(&args.timing, args.backend);
+    plan.validate()?;
     let mut backend = open_backend(args, &project)?;
     let results_root = args
         .results_dir
         .clone()
         .unwrap_or_else(|| project.root.path().join("results"));
     let run_dir = RunDir::create(&results_root)?;
+    let gates = &project.gates.gates;
 
-    let resources = backend.resource_verdicts(&project.gates.gates.resources);
-    print_header(backend.as_ref(), &resources);
-    let width = selected.iter().map(|s| s.name.len()).max().unwrap_or(0);
-    let records = runner::check_all(
+    let resources = backend.resource_verdicts(&gates.resources);
+    println!("{}", backend.describe());
+    let ids = backend.identities();
+    if !ids.is_empty() {
+        print!(
+            "{}",
+            console::identity_table(&ids.iter().collect::<Vec<_>>(), &resources)
+        );
+    }
+    let widths = Widths::of(
+        selected.iter().map(|s| s.name.as_str()),
+        backend.variants().iter().map(String::as_str),
+    );
+    let gpu_clocks = || match args.backend {
+        BackendKind::Cuda if plan.enabled() => clocks::read_gpu(),
+        _ => ClockReading::unknown("not a timed GPU run"),
+    };
+    let clocks_before = gpu_clocks();
+    let mut progress = ConsoleProgress::new(widths);
+    let out = runner::run_all(
         backend.as_mut(),
         &selected,
         &args.seeds.0,
-        &project.gates.gates,
-        |r| println!("{}", console::correctness_row(r, width)),
+        gates,
+        &plan,
+        &mut progress,
     )?;
+    let clocks_after = gpu_clocks();
 
-    let correctness_pass = records.iter().all(|r| r.pass);
-    let resources_pass = resources.iter().all(|(_, v)| v.pass());
-    let meta = BuildMeta {
+    let correctness = CorrectnessFile {
+        schema_version: SCHEMA_VERSION,
+        all_pass: out.records.iter().all(|r| r.pass) && resources.iter().all(|(_, v)| v.pass()),
+        backend: backend.name().to_string(),
+        resources: resources
+            .iter()
+            .cloned()
+            .collect::<BTreeMap<String, Verdict>>(),
+        results: out.records,
+    };
+    run_dir.write_json(
+        "build_meta.json",
+        &build_meta(&project, backend.as_ref(), started_at.clone()),
+    )?;
+    run_dir.write_json("correctness.json", &correctness)?;
+
+    let perf = plan.enabled().then(|| PerfFile {
+        schema_version: PERF_SCHEMA_VERSION,
+        backend: backend.name().to_string(),
+        clock: backend.clock().to_string(),
+        device_name: backend.device_name(),
+        device: backend.device_json(),
+        git: report::git_info(),
+        started_at,
+        plan: plan.clone(),
+        clocks_before,
+        clocks_after,
+        variants: variant_meta(backend.as_ref(), &ids),
+        comparisons: Vec::new(),
+        measurements: out.measurements,
+    });
+    let perf = perf.map(|mut p| {
+        p.comparisons = perf::paired_comparisons(
+            &p,
+            gates.performance.confidence,
+            gates.performance.noise_floor_pct,
+        );
+        p
+    });
+    let mut compare_md = None;
+    if let Some(p) = &perf {
+        run_dir.write_json("perf.json", p)?;
+        if !p.comparisons.is_empty() {
+            let counts = |v: &str| correctness.passing(v);
+            let doc = CompareDoc {
+                design: "paired: both variants on the same inputs in one process, interleaved in rounds",
+                base: Side {
+                    run: "this run".into(),
+                    perf: p,
+                    variant: &p.variants[0],
+                    correctness: Some(counts(&p.variants[0].name)),
+                },
+                cand: Side {
+                    run: "this run".into(),
+                    perf: p,
+                    variant: &p.variants[1],
+                    correctness: Some(counts(&p.variants[1].name)),
+                },
+                comparisons: &p.comparisons,
+                gates: &gates.performance,
+                warnings: &[],
+                svg: Some("latency.svg"),
+            };
+            let md = publish::compare_markdown(&doc);
+            run_dir.write_text("latency.svg", &publish::latency_svg(&p.comparisons, p, p))?;
+            run_dir.write_text("COMPARE.md", &md)?;
+            compare_md = Some(md);
+        }
+    }
+    let path = run_dir.commit()?;
+    let run_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some(md) = &compare_md {
+        publish::refresh_latest(&results_root, md, &run_name)?;
+        publish::append_step_summary(md);
+    }
+
+    // Performance outcome: regressions are reported; --require-speedup makes targets a gate.
+    let cmps = perf.as_ref().map_or(&[][..], |p| &p.comparisons[..]);
+    let mut perf_failures = regressions(cmps, &gates.performance);
+    let mut speedup_ok = true;
+    for (shape, status) in targets(cmps, &gates.performance) {
+        if status != TargetStatus::Met {
+            speedup_ok = false;
+            if args.require_speedup {
+                perf_failures.push((shape.clone(), format!("target {shape}: {status:?}")));
+            }
+        }
+    }
+    if let Some(junit) = &args.ci.junit {
+        publish::write_junit(
+            junit,
+            &perf::junit::render(&correctness.results, &resources, cmps, &perf_failures),
+        )?;
+    }
+
+    if let Some(p) = &perf {
+        println!(
+            "timing: {} ({} warm-up, {} samples in {} rounds, batch {}, L2 {:?}), µs",
+            p.clock, plan.warmup, plan.iters, plan.rounds, plan.batch, plan.l2
+        );
+        print!("{}", console::timing_table(&p.measurements, &widths));
+        if !cmps.is_empty() {
+            println!(
+                "A/B verdicts ({} confidence, noise floor ±{:.2}%):",
+                gates.performance.confidence, gates.performance.noise_floor_pct
+            );
+            print!("{}", console::verdict_lines(cmps, &widths));
+        }
+    }
+    println!("{}", console::summary(&correctness.results));
+    if !resources.iter().all(|(_, v)| v.pass()) {
+        println!("resource gates FAILED (see the variant table above)");
+    }
+    if args.require_speedup && !speedup_ok {
+        println!(
+            "performance gate FAILED: a target shape did not reach the required speedup (see COMPARE.md)"
+        );
+    }
+    println!("results: {}", path.display());
+    let pass = correctness.all_pass && (!args.require_speedup || speedup_ok);
+    Ok(Outcome::from_pass(pass))
+}
+
+/// Warm-up and sample counts default per backend: the emulation is far slower than the GPU.
+fn timing_plan(t: &TimingArgs, backend: BackendKind) -> TimingPlan {
+    let (warmup, iters) = match backend {
+        BackendKind::Cuda => (100, 500),
+        BackendKind::Cpu => (1, 20),
+    };
+    TimingPlan {
+        warmup: t.warmup.unwrap_or(warmup),
+        iters: t.iters.unwrap_or(iters),
+        rounds: t.rounds,
+        batch: t.batch,
+        l2: t.l2,
+    }
+}
+
+fn open_backend(args: &RunArgs, project: &Project) -> Result<Box<dyn Backend>, AppError> {
+    Ok(match args.backend {
+        BackendKind::Cpu => {
+            if !args.kernel.candidate_defines.is_empty() || !args.kernel.defines.is_empty() {
+                return Err(ConfigError::Usage(
+                    "--define and --candidate-define change the GPU kernel; they need --backend cuda".into(),
+                )
+                .into());
+            }
+            Box::new(CpuBackend::new(args.emulation_defect))
+        }
+        BackendKind::Cuda => {
+            let specs = variant_specs(&args.kernel)?;
+            let source =
+                KernelSource::load(&project.kernel_path(&args.kernel), &project.root.cuda_dir())?;
+            Box::new(CudaBackend::new(source, &specs)?)
+        }
+    })
+}
+
+fn build_meta(project: &Project, backend: &dyn Backend, started_at: String) -> BuildMeta {
+    BuildMeta {
         schema_version: SCHEMA_VERSION,
         tool: report::tool_info(),
         git: report::git_info(),
@@ -55,49 +242,27 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
         shapes_file: report::file_ref(project.catalog.path()),
         gates_file: report::file_ref(&project.gates.path),
         backend_details: backend.details(),
-    };
-    let file = CorrectnessFile {
-        schema_version: SCHEMA_VERSION,
-        all_pass: correctness_pass && resources_pass,
-        backend: backend.name().to_string(),
-        resources: resources.into_iter().collect::<BTreeMap<String, Verdict>>(),
-        results: records,
-    };
-    run_dir.write_json("build_meta.json", &meta)?;
-    run_dir.write_json("correctness.json", &file)?;
-    let path = run_dir.commit()?;
-
-    println!("{}", console::summary(&file.results));
-    if !resources_pass {
-        println!("resource gates FAILED (see the variant table above)");
     }
-    println!("results: {}", path.display());
-    Ok(Outcome::from_pass(file.all_pass))
 }
 
-fn open_backend(args: &RunArgs, project: &Project) -> Result<Box<dyn Backend>, AppError> {
-    Ok(match args.backend {
-        BackendKind::Cpu => Box::new(CpuBackend::new(args.emulation_defect)),
-        BackendKind::Cuda => {
-            let env = std::env::var("USE_CP_ASYNC").ok();
-            let specs: Vec<VariantSpec> = variant::select(args.kernel.cp_async, env.as_deref())?
-                .into_iter()
-                .map(|on| VariantSpec::new(on, &args.kernel.defines))
-                .collect();
-            let source =
-                KernelSource::load(&project.kernel_path(&args.kernel), &project.root.cuda_dir())?;
-            Box::new(CudaBackend::new(source, &specs)?)
-        }
-    })
-}
-
-fn print_header(backend: &dyn Backend, resources: &[(String, Verdict)]) {
-    println!("{}", backend.describe());
-    let ids = backend.identities();
-    if !ids.is_empty() {
-        print!(
-            "{}",
-            console::identity_table(&ids.iter().collect::<Vec<_>>(), resources)
-        );
-    }
+fn variant_meta(
+    backend: &dyn Backend,
+    ids: &[crate::backend::cuda::identity::VariantIdentity],
+) -> Vec<VariantMeta> {
+    backend
+        .variants()
+        .iter()
+        .map(|name| {
+            let id = ids.iter().find(|id| &id.name == name);
+            VariantMeta {
+                name: name.clone(),
+                defines: id.map_or_else(Vec::new, |id| id.defines.clone()),
+                ptx_sha256: id.map(|id| id.ptx_sha256.clone()),
+                registers: id.and_then(|id| id.registers()),
+                smem_bytes: id.map(|id| id.smem_bytes()),
+                spill_bytes: id.and_then(|id| id.ptxas.spill_bytes()),
+                blocks_per_sm: id.and_then(|id| id.driver.as_ref().map(|d| d.max_blocks_per_sm)),
+            }
+        })
+        .collect()
 }

@@ -67,6 +67,18 @@ pub struct CorrectnessFile {
     pub results: Vec<CorrectnessRecord>,
 }
 
+impl CorrectnessFile {
+    /// (passing, total) rows of `variant`.
+    pub fn passing(&self, variant: &str) -> (usize, usize) {
+        let rows: Vec<_> = self
+            .results
+            .iter()
+            .filter(|r| r.variant == variant)
+            .collect();
+        (rows.iter().filter(|r| r.pass).count(), rows.len())
+    }
+}
+
 /// One (shape, seed, variant).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CorrectnessRecord {

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod kernel;
 pub mod launch;
 pub mod nvrtc;
+pub mod timer;
 pub mod variant;
 
 use std::mem::ManuallyDrop;
@@ -21,6 +22,7 @@ use half::f16;
 use super::{Backend, BackendError};
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
+use crate::timing::TimingPlan;
 use crate::verdict::Verdict;
 use device::DeviceInfo;
 use identity::{DriverResources, VariantIdentity};
@@ -43,6 +45,7 @@ struct Gpu {
     stream: Arc<CudaStream>,
     variants: Vec<LoadedVariant>,
     problem: Option<DeviceProblem>,
+    timer: timer::Timer,
 }
 
 pub struct CudaBackend {
@@ -61,6 +64,9 @@ impl CudaBackend {
     /// Opens the GPU, finds NVRTC and the headers, compiles and loads every variant.
     pub fn new(kernel: KernelSource, specs: &[VariantSpec]) -> Result<Self, BackendError> {
         let (ctx, device) = device::open()?;
+        // One stream only, synchronized explicitly: cudarc's per-buffer event records would
+        // otherwise sit inside every timed region.
+        unsafe { ctx.disable_event_tracking() };
         let nvrtc_version = kernel::require_nvrtc()?;
         let include_dir =
             headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
@@ -77,6 +83,7 @@ impl CudaBackend {
                 stream,
                 variants,
                 problem: None,
+                timer: timer::Timer::default(),
             }),
             faulted: false,
             device,
@@ -233,6 +240,53 @@ impl Backend for CudaBackend {
                     .map_err(|e| ("reading the output back", e))
             });
         result.map_err(|(what, e)| self.fault(variant, what, e))
+    }
+
+    fn warm_up(&mut self, variant: usize, launches: usize) -> Result<(), BackendError> {
+        let gpu = &mut *self.gpu;
+        let dp = gpu.problem.as_mut().expect("load() before warm_up()");
+        let v = &gpu.variants[variant];
+        let result = (0..launches)
+            .try_for_each(|_| dp.launch(&gpu.stream, &v.function, &v.identity.constants))
+            .and_then(|_| gpu.stream.synchronize());
+        result.map_err(|e| self.fault(variant, "warming up", e))
+    }
+
+    fn time_samples(
+        &mut self,
+        variant: usize,
+        count: usize,
+        plan: &TimingPlan,
+    ) -> Result<Vec<f64>, BackendError> {
+        let l2_bytes = self.device.l2_bytes as usize;
+        let gpu = &mut *self.gpu;
+        let dp = gpu.problem.as_mut().expect("load() before time_samples()");
+        let v = &gpu.variants[variant];
+        let result = gpu.timer.time(
+            &gpu.ctx,
+            &gpu.stream,
+            &v.function,
+            &v.identity.constants,
+            dp,
+            count,
+            plan,
+            l2_bytes,
+        );
+        result.map_err(|e| self.fault(variant, "timing", e))
+    }
+
+    fn clock(&self) -> &'static str {
+        "GPU time per launch from CUDA events"
+    }
+
+    fn device_name(&self) -> String {
+        self.device.name.clone()
+    }
+
+    fn device_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(&self.device).expect("device info serializes");
+        v["nvrtc_version"] = self.nvrtc_version.clone().into();
+        v
     }
 
     fn describe(&self) -> String {

@@ -41,6 +41,21 @@ impl VariantSpec {
         }
     }
 
+    /// The same variant plus `extra` defines, named after them, e.g. `cp1+SDPA_DELAY_CYCLES=900`.
+    pub fn with_candidate_defines(&self, extra: &[(String, String)]) -> Self {
+        let mut v = self.clone();
+        v.defines.extend_from_slice(extra);
+        for (n, val) in extra {
+            v.name.push('+');
+            v.name.push_str(&if val.is_empty() {
+                n.clone()
+            } else {
+                format!("{n}={val}")
+            });
+        }
+        v
+    }
+
     /// The defines as they appear on a command line, e.g. `USE_CP_ASYNC=1`.
     pub fn define_strings(&self) -> Vec<String> {
         self.defines
@@ -160,6 +175,18 @@ mod tests {
         assert_eq!(
             VariantSpec::new(false, &[]).define_strings(),
             ["USE_CP_ASYNC=0"]
+        );
+    }
+
+    #[test]
+    fn a_candidate_define_makes_a_second_named_variant() {
+        let base = VariantSpec::new(true, &[]);
+        let cand = base.with_candidate_defines(&[("SDPA_DELAY_CYCLES".into(), "900".into())]);
+        assert_eq!(cand.name, "cp1+SDPA_DELAY_CYCLES=900");
+        assert!(cand.use_cp_async);
+        assert_eq!(
+            cand.define_strings(),
+            ["USE_CP_ASYNC=1", "SDPA_DELAY_CYCLES=900"]
         );
     }
 

@@ -1,0 +1,371 @@
+//! Comparing two saved runs: loading them, refusing pairs that cannot be compared (different
+//! GPUs or inputs, unless overridden; different shapes or seeds, always), the unpaired
+//! verdicts, and the gate rules shared with the in-run A/B.
+
+use std::path::{Path, PathBuf};
+
+use super::{PERF_SCHEMA_VERSION, PerfFile, ShapeComparison};
+use crate::config::ConfigError;
+use crate::gates::PerformanceGates;
+use crate::report::CorrectnessFile;
+use crate::stats::PerfVerdict;
+
+/// A saved run: its perf.json and, if present beside it, its correctness.json.
+#[derive(Debug, Clone)]
+pub struct SavedRun {
+    pub perf_path: PathBuf,
+    pub perf: PerfFile,
+    pub correctness: Option<CorrectnessFile>,
+}
+
+impl SavedRun {
+    /// Loads a run directory or a perf.json file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let (perf_path, dir) = if path.is_dir() {
+            (path.join("perf.json"), path.to_path_buf())
+        } else {
+            (
+                path.to_path_buf(),
+                path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            )
+        };
+        if !perf_path.is_file() {
+            let why = if dir.join("correctness.json").is_file() {
+                "it is a correctness-only run (it ran with --iters 0); rerun with timing"
+            } else {
+                "pass a run directory (results/<run>) or its perf.json"
+            };
+            return Err(ConfigError::Usage(format!(
+                "{}: no perf.json; {why}",
+                path.display()
+            )));
+        }
+        let text = std::fs::read_to_string(&perf_path).map_err(|source| ConfigError::Read {
+            path: perf_path.clone(),
+            source,
+        })?;
+        let perf: PerfFile = crate::json::from_str_with_path(&perf_path, &text)?;
+        if perf.schema_version != PERF_SCHEMA_VERSION {
+            return Err(ConfigError::invalid_key(
+                &perf_path,
+                "schema_version",
+                format!(
+                    "{} is not supported; this runner reads {PERF_SCHEMA_VERSION}",
+                    perf.schema_version
+                ),
+            ));
+        }
+        let correctness_path = dir.join("correctness.json");
+        let correctness = match std::fs::read_to_string(&correctness_path) {
+            Ok(text) => Some(crate::json::from_str_with_path(&correctness_path, &text)?),
+            Err(_) => None,
+        };
+        Ok(SavedRun {
+            perf_path,
+            perf,
+            correctness,
+        })
+    }
+
+    /// (passing, total) correctness rows of `variant`, if the run has correctness results.
+    pub fn correctness_of(&self, variant: &str) -> Option<(usize, usize)> {
+        self.correctness.as_ref().map(|c| c.passing(variant))
+    }
+}
+
+/// Picks the variant of each run: explicit names, else the only variant of each, else the
+/// last (candidate) variant when both runs name it the same.
+pub fn pick_variants(
+    base: &PerfFile,
+    cand: &PerfFile,
+    base_choice: Option<&str>,
+    cand_choice: Option<&str>,
+) -> Result<(String, String), ConfigError> {
+    let pick = |file: &PerfFile,
+                choice: Option<&str>,
+                which: &str,
+                other: &PerfFile|
+     -> Result<String, ConfigError> {
+        let names = file.variant_names();
+        if let Some(c) = choice {
+            return names.iter().find(|n| *n == c).cloned().ok_or_else(|| {
+                ConfigError::Usage(format!(
+                    "--{which}-variant {c}: the run has {}",
+                    names.join(", ")
+                ))
+            });
+        }
+        match (names.as_slice(), other.variant_names().as_slice()) {
+            ([only], [_]) => Ok(only.clone()),
+            (mine, theirs) if mine.last().is_some() && mine.last() == theirs.last() => {
+                Ok(mine.last().unwrap().clone())
+            }
+            (mine, _) => Err(ConfigError::Usage(format!(
+                "cannot tell which variant to compare: the {which} run has {}; pass --{which}-variant NAME",
+                mine.join(", ")
+            ))),
+        }
+    };
+    Ok((
+        pick(base, base_choice, "base", cand)?,
+        pick(cand, cand_choice, "cand", base)?,
+    ))
+}
+
+/// Refuses pairs whose timings cannot be compared; returns the warnings to print in the
+/// report when `allow_mismatch` overrides a GPU or input mismatch.
+pub fn check_comparable(
+    base: &PerfFile,
+    cand: &PerfFile,
+    (bv, cv): (&str, &str),
+    allow_mismatch: bool,
+) -> Result<Vec<String>, ConfigError> {
+    let mut warnings = Vec::new();
+    let mut mismatch = |what: String| -> Result<(), ConfigError> {
+        if allow_mismatch {
+            warnings.push(format!(
+                "compared despite a mismatch (--allow-mismatch): {what}"
+            ));
+            Ok(())
+        } else {
+            Err(ConfigError::Usage(format!(
+                "{what}; such timings are not comparable (pass --allow-mismatch to compare anyway)"
+            )))
+        }
+    };
+    if base.device_name != cand.device_name || base.backend != cand.backend {
+        mismatch(format!(
+            "BASE was measured on {} ({}), CAND on {} ({})",
+            base.device_name, base.backend, cand.device_name, cand.backend
+        ))?;
+    }
+    let keys = |f: &PerfFile, v: &str| -> Vec<(String, u64, String)> {
+        f.measurements
+            .iter()
+            .filter(|m| m.variant == v)
+            .map(|m| (m.shape.clone(), m.seed, m.input_checksum.clone()))
+            .collect()
+    };
+    let (bk, ck) = (keys(base, bv), keys(cand, cv));
+    let runs = |k: &[(String, u64, String)]| {
+        k.iter()
+            .map(|(s, seed, _)| format!("{s}/{seed}"))
+            .collect::<Vec<_>>()
+    };
+    if runs(&bk) != runs(&ck) {
+        return Err(ConfigError::Usage(format!(
+            "BASE and CAND measured different shapes or seeds (BASE: {}; CAND: {}); rerun with the same --shapes and --seeds",
+            runs(&bk).join(" "),
+            runs(&ck).join(" ")
+        )));
+    }
+    for ((shape, seed, a), (_, _, b)) in bk.iter().zip(&ck) {
+        if a != b {
+            mismatch(format!(
+                "the inputs of {shape} seed {seed} differ between BASE and CAND (checksums {a:.12} and {b:.12})"
+            ))?;
+        }
+    }
+    Ok(warnings)
+}
+
+/// The verdict per shape of CAND's variant against BASE's, from per-round medians pooled over
+/// seeds (the runs are independent: unpaired).
+pub fn unpaired_comparisons(
+    base: &PerfFile,
+    cand: &PerfFile,
+    (bv, cv): (&str, &str),
+    confidence: f64,
+    noise_floor_pct: f64,
+) -> Vec<ShapeComparison> {
+    base.shapes()
+        .iter()
+        .map(|shape| {
+            let gather = |f: &PerfFile, v: &str| {
+                let (mut rounds, mut all, mut seeds) = (vec![], vec![], vec![]);
+                for m in f.measurements_of(shape, v) {
+                    rounds.extend_from_slice(&m.round_medians_us);
+                    all.extend_from_slice(&m.samples_us);
+                    seeds.push(m.seed);
+                }
+                (rounds, all, seeds)
+            };
+            let (b_rounds, b_all, seeds) = gather(base, bv);
+            let (c_rounds, c_all, _) = gather(cand, cv);
+            let estimate = crate::stats::unpaired_ratio(&b_rounds, &c_rounds, confidence);
+            ShapeComparison::new(
+                shape,
+                seeds,
+                (bv, cv),
+                (&b_all, &c_all),
+                estimate,
+                noise_floor_pct,
+            )
+        })
+        .collect()
+}
+
+/// (shape, message) for each shape whose candidate is SLOWER by more than
+/// `max_regression_pct` (the `--gate` rule).
+pub fn regressions(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<(String, String)> {
+    cmps.iter()
+        .filter(|c| {
+            c.verdict == PerfVerdict::Slower
+                && (c.estimate.ratio - 1.0) * 100.0 > gates.max_regression_pct
+        })
+        .map(|c| {
+            let msg = format!(
+                "{} is SLOWER by {:.1}% (more than the allowed {:.1}%)",
+                c.shape,
+                (c.estimate.ratio - 1.0) * 100.0,
+                gates.max_regression_pct
+            );
+            (c.shape.clone(), msg)
+        })
+        .collect()
+}
+
+/// Whether a target shape reached `min_speedup_pct` with a FASTER verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TargetStatus {
+    Met,
+    NotMet(String),
+    NotMeasured,
+}
+
+pub fn targets(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<(String, TargetStatus)> {
+    gates
+        .target_shapes
+        .iter()
+        .map(|t| {
+            let status = match cmps.iter().find(|c| &c.shape == t) {
+                None => TargetStatus::NotMeasured,
+                Some(c)
+                    if c.verdict == PerfVerdict::Faster
+                        && c.speedup_pct >= gates.min_speedup_pct =>
+                {
+                    TargetStatus::Met
+                }
+                Some(c) => TargetStatus::NotMet(format!(
+                    "{:+.1}% ({}), needs at least {:+.1}% and FASTER",
+                    c.speedup_pct, c.verdict, gates.min_speedup_pct
+                )),
+            };
+            (t.clone(), status)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::fixtures::perf_file;
+
+    fn gates() -> PerformanceGates {
+        PerformanceGates {
+            min_speedup_pct: 10.0,
+            max_regression_pct: 3.0,
+            confidence: 0.95,
+            noise_floor_pct: 1.0,
+            target_shapes: vec!["mission".into()],
+        }
+    }
+
+    #[test]
+    fn single_variant_runs_compare_their_only_variants() {
+        let a = perf_file("H200", &["mission"], &[0], &[("cp0", 1.0)]);
+        let b = perf_file("H200", &["mission"], &[0], &[("cp1", 0.8)]);
+        assert_eq!(
+            pick_variants(&a, &b, None, None).unwrap(),
+            ("cp0".into(), "cp1".into())
+        );
+        let cmps = unpaired_comparisons(&a, &b, ("cp0", "cp1"), 0.95, 1.0);
+        assert_eq!(cmps[0].verdict, PerfVerdict::Faster);
+        assert_eq!(
+            targets(&cmps, &gates()),
+            vec![("mission".into(), TargetStatus::Met)]
+        );
+    }
+
+    #[test]
+    fn two_variant_runs_compare_the_candidate_variant_or_ask() {
+        let a = perf_file("H200", &["mission"], &[0], &[("cp0", 1.0), ("cp1", 0.9)]);
+        let b = perf_file("H200", &["mission"], &[0], &[("cp0", 1.0), ("cp1", 0.9)]);
+        assert_eq!(
+            pick_variants(&a, &b, None, None).unwrap(),
+            ("cp1".into(), "cp1".into())
+        );
+        assert_eq!(
+            pick_variants(&a, &b, Some("cp0"), Some("cp0")).unwrap(),
+            ("cp0".into(), "cp0".into())
+        );
+        assert!(
+            pick_variants(&a, &b, Some("cp9"), None)
+                .unwrap_err()
+                .to_string()
+                .contains("cp0, cp1")
+        );
+        let c = perf_file("H200", &["mission"], &[0], &[("x", 1.0), ("y", 0.9)]);
+        assert!(
+            pick_variants(&a, &c, None, None)
+                .unwrap_err()
+                .to_string()
+                .contains("--base-variant")
+        );
+    }
+
+    #[test]
+    fn different_gpus_or_inputs_are_refused_unless_overridden() {
+        let a = perf_file("NVIDIA H200", &["mission"], &[0], &[("cp1", 1.0)]);
+        let b = perf_file("NVIDIA H100", &["mission"], &[0], &[("cp1", 1.0)]);
+        let err = check_comparable(&a, &b, ("cp1", "cp1"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("H200") && err.contains("H100") && err.contains("--allow-mismatch"),
+            "{err}"
+        );
+        let warnings = check_comparable(&a, &b, ("cp1", "cp1"), true).unwrap();
+        assert_eq!(warnings.len(), 1);
+
+        let mut c = perf_file("NVIDIA H200", &["mission"], &[0], &[("cp1", 1.0)]);
+        c.measurements[0].input_checksum = "other".into();
+        let err = check_comparable(&a, &c, ("cp1", "cp1"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("inputs of mission seed 0 differ"), "{err}");
+    }
+
+    #[test]
+    fn different_shapes_or_seeds_are_refused_even_with_the_override() {
+        let a = perf_file("H200", &["mission"], &[0, 1], &[("cp1", 1.0)]);
+        let b = perf_file("H200", &["mission"], &[0], &[("cp1", 1.0)]);
+        let err = check_comparable(&a, &b, ("cp1", "cp1"), true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("mission/1") && err.contains("--seeds"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_gate_refuses_slowdowns_beyond_the_allowed_regression_only() {
+        let base = perf_file("H200", &["small", "mission"], &[0], &[("cp1", 1.0)]);
+        let slow = perf_file("H200", &["small", "mission"], &[0], &[("cp1", 1.05)]);
+        let cmps = unpaired_comparisons(&base, &slow, ("cp1", "cp1"), 0.95, 1.0);
+        assert!(cmps.iter().all(|c| c.verdict == PerfVerdict::Slower));
+        assert_eq!(regressions(&cmps, &gates()).len(), 2);
+        let slightly = perf_file("H200", &["small", "mission"], &[0], &[("cp1", 1.02)]);
+        let cmps = unpaired_comparisons(&base, &slightly, ("cp1", "cp1"), 0.95, 1.0);
+        assert!(cmps.iter().all(|c| c.verdict == PerfVerdict::Slower));
+        assert!(
+            regressions(&cmps, &gates()).is_empty(),
+            "2% is within the allowed 3%"
+        );
+        assert!(matches!(
+            targets(&cmps, &gates())[0].1,
+            TargetStatus::NotMet(_)
+        ));
+    }
+}

@@ -1,0 +1,121 @@
+//! JUnit XML for CI: one test case per (shape, seed, variant) correctness verdict, per
+//! variant's resource verdict, and per shape's performance verdict.
+
+use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+
+use super::ShapeComparison;
+use crate::report::CorrectnessRecord;
+use crate::verdict::Verdict;
+
+/// Performance cases fail when their shape is listed in `perf_failures` (shape, reason).
+pub fn render(
+    records: &[CorrectnessRecord],
+    resources: &[(String, Verdict)],
+    comparisons: &[ShapeComparison],
+    perf_failures: &[(String, String)],
+) -> String {
+    let mut report = Report::new("sdpa-runner");
+    if !records.is_empty() {
+        let mut suite = TestSuite::new("correctness");
+        for r in records {
+            let failures: Vec<String> = r
+                .gates
+                .iter()
+                .filter(|(_, c)| !c.pass)
+                .map(|(n, c)| format!("{n} {:.3e} > {:.3e}", c.value, c.limit))
+                .collect();
+            let mut case = TestCase::new(
+                format!("{} seed={} {}", r.shape, r.seed, r.variant),
+                status(&failures),
+            );
+            case.set_classname(format!("correctness.{}", r.variant));
+            case.set_system_out(format!(
+                "max_abs_err={:.3e} mean_abs_err={:.3e} pct_bad={:.3} e2e_max={:.3e}",
+                r.kernel_ref.max_abs_err,
+                r.kernel_ref.mean_abs_err,
+                r.kernel_ref.pct_bad,
+                r.end_to_end.max_abs_err
+            ));
+            suite.add_test_case(case);
+        }
+        report.add_test_suite(suite);
+    }
+    if !resources.is_empty() {
+        let mut suite = TestSuite::new("resources");
+        for (variant, v) in resources {
+            let mut case = TestCase::new(variant.clone(), status(&v.failures()));
+            case.set_classname("resources");
+            suite.add_test_case(case);
+        }
+        report.add_test_suite(suite);
+    }
+    if !comparisons.is_empty() {
+        let mut suite = TestSuite::new("performance");
+        for c in comparisons {
+            let failures: Vec<String> = perf_failures
+                .iter()
+                .filter(|(shape, _)| *shape == c.shape)
+                .map(|(_, why)| why.clone())
+                .collect();
+            let mut case = TestCase::new(
+                format!("{}: {} vs {}", c.shape, c.candidate, c.baseline),
+                status(&failures),
+            );
+            case.set_classname("performance");
+            case.set_system_out(format!(
+                "{} speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e}",
+                c.verdict,
+                c.speedup_pct,
+                c.speedup_ci_pct[0],
+                c.speedup_ci_pct[1],
+                c.estimate.p_value
+            ));
+            suite.add_test_case(case);
+        }
+        report.add_test_suite(suite);
+    }
+    report.to_string().expect("JUnit serializes")
+}
+
+fn status(failures: &[String]) -> TestCaseStatus {
+    if failures.is_empty() {
+        TestCaseStatus::success()
+    } else {
+        let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+        s.set_message(failures.join("; "));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::fixtures::perf_file;
+    use crate::perf::paired_comparisons;
+    use crate::verdict::Check;
+
+    #[test]
+    fn failing_gates_become_failing_test_cases() {
+        let file = perf_file("H200", &["mission"], &[0], &[("cp0", 1.0), ("cp1", 1.1)]);
+        let cmps = paired_comparisons(&file, 0.95, 1.0);
+        let mut bad = Verdict::default();
+        bad.add("resources.spill_bytes", Check::at_most(8.0, 0.0));
+        let xml = render(
+            &[],
+            &[("cp0".into(), Verdict::default()), ("cp1".into(), bad)],
+            &cmps,
+            &[("mission".into(), "mission is SLOWER by 10%".into())],
+        );
+        assert!(
+            xml.contains(r#"<testsuite name="resources" tests="2""#),
+            "{xml}"
+        );
+        assert!(xml.contains(r#"failures="1""#));
+        assert!(
+            xml.contains("resources.spill_bytes 8 &gt; 0")
+                || xml.contains("resources.spill_bytes 8 > 0"),
+            "{xml}"
+        );
+        assert!(xml.contains("mission: cp1 vs cp0") && xml.contains("mission is SLOWER by 10%"));
+    }
+}

@@ -1,0 +1,267 @@
+//! `sdpa-runner compare` end to end on CPU-backend runs: the report, the `--gate` exit codes,
+//! JUnit and the GitHub summary, and the refusals of runs that cannot be compared. Runs whose
+//! timings must differ are made by editing a real run's perf.json (timings are the input here).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{output, read_json, run_dirs, runner};
+use serde_json::Value;
+
+/// A real CPU-backend run of `small` with seeds 0 and 1, timed.
+fn cpu_run(results: &Path, extra: &[&str]) -> PathBuf {
+    let before = run_dirs(results);
+    let (code, out, err) = output(
+        runner()
+            .args([
+                "--backend",
+                "cpu",
+                "--shapes",
+                "small",
+                "--seeds",
+                "0,1",
+                "--results-dir",
+            ])
+            .arg(results)
+            .args(extra),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    run_dirs(results)
+        .into_iter()
+        .find(|d| !before.contains(d))
+        .unwrap()
+}
+
+/// Copies a run directory, letting `edit` change its perf.json and correctness.json.
+fn edited_copy(run: &Path, to: &Path, edit: impl Fn(&mut Value, &mut Value)) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    let (mut perf, mut corr) = (
+        read_json(&run.join("perf.json")),
+        read_json(&run.join("correctness.json")),
+    );
+    edit(&mut perf, &mut corr);
+    std::fs::write(to.join("perf.json"), serde_json::to_string(&perf).unwrap()).unwrap();
+    std::fs::write(
+        to.join("correctness.json"),
+        serde_json::to_string(&corr).unwrap(),
+    )
+    .unwrap();
+    to.to_path_buf()
+}
+
+/// Multiplies every timing of a perf.json by `factor`.
+fn scale_timings(perf: &mut Value, factor: f64) {
+    for m in perf["measurements"].as_array_mut().unwrap() {
+        for key in ["round_medians_us", "samples_us"] {
+            for x in m[key].as_array_mut().unwrap() {
+                *x = (x.as_f64().unwrap() * factor).into();
+            }
+        }
+    }
+}
+
+fn compare(base: &Path, cand: &Path, out: &Path, extra: &[&str]) -> (i32, String, String) {
+    output(
+        runner()
+            .arg("compare")
+            .arg(base)
+            .arg(cand)
+            .arg("--out")
+            .arg(out)
+            .args(extra),
+    )
+}
+
+#[test]
+fn two_cpu_runs_compare_into_a_report_with_a_picture() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let (a, b) = (cpu_run(&results, &[]), cpu_run(&results, &[]));
+    let out = dir.path().join("COMPARE.md");
+    let (code, stdout, stderr) = compare(&a, &b, &out, &[]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        md.contains("# COMPARE: cpu-emu (candidate) vs cpu-emu (baseline)"),
+        "{md}"
+    );
+    assert!(
+        md.contains("unpaired") && md.contains("| small | 2 |"),
+        "{md}"
+    );
+    assert!(md.contains("baseline cpu-emu: 2/2 PASS"), "{md}");
+    assert!(dir.path().join("COMPARE-latency.svg").is_file());
+    assert!(
+        stdout.contains("[small] cpu-emu vs cpu-emu: speedup"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = cpu_run(&dir.path().join("results"), &[]);
+    let out = dir.path().join("C.md");
+
+    let same = edited_copy(&base, &dir.path().join("same"), |_, _| {});
+    let (code, stdout, _) = compare(&base, &same, &out, &["--gate"]);
+    assert_eq!(
+        code, 0,
+        "identical timings and passing correctness: {stdout}"
+    );
+
+    let slow = edited_copy(&base, &dir.path().join("slow"), |p, _| {
+        scale_timings(p, 1.2)
+    });
+    let (code, stdout, _) = compare(&base, &slow, &out, &["--gate"]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("GATE FAILED: small is SLOWER by 20.0%"),
+        "{stdout}"
+    );
+    let (code, _, _) = compare(&base, &slow, &out, &[]);
+    assert_eq!(
+        code, 0,
+        "without --gate a regression is reported, not an error"
+    );
+
+    let slightly = edited_copy(&base, &dir.path().join("slightly"), |p, _| {
+        scale_timings(p, 1.02)
+    });
+    let (code, stdout, _) = compare(&base, &slightly, &out, &["--gate"]);
+    assert_eq!(code, 0, "2% is within max_regression_pct 3%: {stdout}");
+
+    let broken = edited_copy(&base, &dir.path().join("broken"), |_, c| {
+        c["results"][0]["pass"] = false.into();
+        c["all_pass"] = false.into();
+    });
+    let (code, stdout, _) = compare(&base, &broken, &out, &["--gate"]);
+    assert_eq!(code, 1);
+    assert!(
+        stdout.contains("GATE FAILED: candidate cpu-emu: 1/2 correctness rows PASS"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn junit_and_the_github_summary_carry_the_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = cpu_run(&dir.path().join("results"), &[]);
+    let slow = edited_copy(&base, &dir.path().join("slow"), |p, _| {
+        scale_timings(p, 1.2)
+    });
+    let junit = dir.path().join("ci/junit.xml");
+    let summary = dir.path().join("summary.md");
+    std::fs::write(&summary, "earlier step\n").unwrap();
+    let (code, _, _) = output(
+        runner()
+            .arg("compare")
+            .arg(&base)
+            .arg(&slow)
+            .arg("--out")
+            .arg(dir.path().join("C.md"))
+            .arg("--junit")
+            .arg(&junit)
+            .arg("--gate")
+            .env("GITHUB_STEP_SUMMARY", &summary),
+    );
+    assert_eq!(code, 1);
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        xml.contains(r#"<testsuite name="correctness" tests="2""#),
+        "{xml}"
+    );
+    assert!(
+        xml.contains(
+            r#"<testsuite name="performance" tests="1" skipped="0" errors="0" failures="1""#
+        ),
+        "{xml}"
+    );
+    let s = std::fs::read_to_string(&summary).unwrap();
+    assert!(
+        s.starts_with("earlier step\n") && s.contains("**SLOWER**"),
+        "appended, not overwritten: {s}"
+    );
+}
+
+#[test]
+fn the_main_run_writes_junit_with_a_case_per_correctness_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("junit.xml");
+    cpu_run(
+        &dir.path().join("results"),
+        &["--junit", junit.to_str().unwrap()],
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        xml.contains("small seed=1 cpu-emu") && xml.contains(r#"failures="0""#),
+        "{xml}"
+    );
+}
+
+/// Asserts a refused compare: exit 2, every needle in stderr, and no report written.
+fn refused(base: &Path, cand: &Path, extra: &[&str], needles: &[&str]) {
+    let out = base.parent().unwrap().join("refused-COMPARE.md");
+    let (code, stdout, stderr) = compare(base, cand, &out, extra);
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "`{n}` not in: {stderr}");
+    }
+    assert!(!out.exists(), "nothing is written for a refused comparison");
+}
+
+#[test]
+fn runs_that_cannot_be_compared_exit_2_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = cpu_run(&dir.path().join("results"), &[]);
+
+    let other_gpu = edited_copy(&base, &dir.path().join("gpu"), |p, _| {
+        p["device_name"] = "NVIDIA H100".into()
+    });
+    refused(&base, &other_gpu, &[], &["NVIDIA H100", "--allow-mismatch"]);
+    let out = dir.path().join("override.md");
+    let (code, _, _) = compare(&base, &other_gpu, &out, &["--allow-mismatch"]);
+    assert_eq!(code, 0);
+    assert!(
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .contains("**WARNING:** compared despite a mismatch")
+    );
+
+    let other_inputs = edited_copy(&base, &dir.path().join("inputs"), |p, _| {
+        p["measurements"][0]["input_checksum"] = "0000".into()
+    });
+    refused(
+        &base,
+        &other_inputs,
+        &[],
+        &["inputs of small seed 0 differ"],
+    );
+
+    let fewer_seeds = edited_copy(&base, &dir.path().join("seeds"), |p, _| {
+        p["measurements"].as_array_mut().unwrap().pop();
+    });
+    refused(
+        &base,
+        &fewer_seeds,
+        &["--allow-mismatch"],
+        &["different shapes or seeds", "small/1"],
+    );
+
+    let correctness_only = cpu_run(&dir.path().join("results2"), &["--iters", "0"]);
+    refused(
+        &base,
+        &correctness_only,
+        &[],
+        &["no perf.json", "correctness-only run"],
+    );
+
+    let malformed = dir.path().join("malformed");
+    std::fs::create_dir_all(&malformed).unwrap();
+    std::fs::write(malformed.join("perf.json"), "{\"schema_version\": 1,").unwrap();
+    refused(&base, &malformed, &[], &["perf.json", "malformed JSON"]);
+
+    let missing = dir.path().join("nowhere");
+    refused(&base, &missing, &[], &["nowhere", "no perf.json"]);
+}
