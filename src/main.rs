@@ -7,6 +7,7 @@ use sdpa_runner::cli::Cli;
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    disable_cuda_compute_cache();
     let cli = Cli::parse(); // usage errors exit 2, --help and --version exit 0
     match sdpa_runner::commands::dispatch(cli) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
@@ -24,5 +25,15 @@ fn restore_sigpipe() {
     // SAFETY: resetting a signal to its default action at start-up, before any threads exist.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// NVRTC honours CUDA's compute cache, and a cache hit skips ptxas, whose report (registers,
+/// spills) then goes missing from the log (NVIDIA/cuda-python#1124). Compiling every time
+/// costs well under a second; an explicit CUDA_CACHE_DISABLE from the user is kept.
+fn disable_cuda_compute_cache() {
+    if std::env::var_os("CUDA_CACHE_DISABLE").is_none() {
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { std::env::set_var("CUDA_CACHE_DISABLE", "1") };
     }
 }

@@ -50,12 +50,13 @@ fn edited_copy(run: &Path, to: &Path, edit: impl Fn(&mut Value, &mut Value)) -> 
     to.to_path_buf()
 }
 
-/// Multiplies every timing of a perf.json by `factor`.
-fn scale_timings(perf: &mut Value, factor: f64) {
+/// Replaces every timing of a perf.json by a steady pattern around `100 * factor` µs (+-0.4%),
+/// so verdicts on edited copies do not depend on how noisy the CPU was.
+fn steady_timings(perf: &mut Value, factor: f64) {
     for m in perf["measurements"].as_array_mut().unwrap() {
         for key in ["round_medians_us", "samples_us"] {
-            for x in m[key].as_array_mut().unwrap() {
-                *x = (x.as_f64().unwrap() * factor).into();
+            for (i, x) in m[key].as_array_mut().unwrap().iter_mut().enumerate() {
+                *x = (100.0 * factor * (1.0 + 0.002 * ((i * 7 % 5) as f64 - 2.0))).into();
             }
         }
     }
@@ -101,7 +102,10 @@ fn two_cpu_runs_compare_into_a_report_with_a_picture() {
 #[test]
 fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
     let dir = tempfile::tempdir().unwrap();
-    let base = cpu_run(&dir.path().join("results"), &[]);
+    let run = cpu_run(&dir.path().join("results"), &[]);
+    let base = edited_copy(&run, &dir.path().join("base"), |p, _| {
+        steady_timings(p, 1.0)
+    });
     let out = dir.path().join("C.md");
 
     let same = edited_copy(&base, &dir.path().join("same"), |_, _| {});
@@ -112,7 +116,7 @@ fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
     );
 
     let slow = edited_copy(&base, &dir.path().join("slow"), |p, _| {
-        scale_timings(p, 1.2)
+        steady_timings(p, 1.2)
     });
     let (code, stdout, _) = compare(&base, &slow, &out, &["--gate"]);
     assert_eq!(code, 1, "{stdout}");
@@ -127,7 +131,7 @@ fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
     );
 
     let slightly = edited_copy(&base, &dir.path().join("slightly"), |p, _| {
-        scale_timings(p, 1.02)
+        steady_timings(p, 1.02)
     });
     let (code, stdout, _) = compare(&base, &slightly, &out, &["--gate"]);
     assert_eq!(code, 0, "2% is within max_regression_pct 3%: {stdout}");
@@ -147,9 +151,12 @@ fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
 #[test]
 fn junit_and_the_github_summary_carry_the_verdicts() {
     let dir = tempfile::tempdir().unwrap();
-    let base = cpu_run(&dir.path().join("results"), &[]);
+    let run = cpu_run(&dir.path().join("results"), &[]);
+    let base = edited_copy(&run, &dir.path().join("base"), |p, _| {
+        steady_timings(p, 1.0)
+    });
     let slow = edited_copy(&base, &dir.path().join("slow"), |p, _| {
-        scale_timings(p, 1.2)
+        steady_timings(p, 1.2)
     });
     let junit = dir.path().join("ci/junit.xml");
     let summary = dir.path().join("summary.md");
@@ -264,4 +271,24 @@ fn runs_that_cannot_be_compared_exit_2_and_write_nothing() {
 
     let missing = dir.path().join("nowhere");
     refused(&base, &missing, &[], &["nowhere", "no perf.json"]);
+}
+
+#[test]
+fn the_committed_baseline_loads_and_passes_the_gate_against_itself() {
+    let root = common::project_root();
+    let baselines: Vec<PathBuf> = std::fs::read_dir(root.join("results/baselines"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("perf.json").is_file())
+        .collect();
+    assert!(!baselines.is_empty(), "a committed baseline exists");
+    let dir = tempfile::tempdir().unwrap();
+    for b in baselines {
+        let (code, stdout, stderr) = compare(&b, &b, &dir.path().join("C.md"), &["--gate"]);
+        assert_eq!(code, 0, "{}: {stdout}{stderr}", b.display());
+        assert!(
+            stdout.contains("[mission] cp1 vs cp1: speedup +0.00%") && stdout.contains("SAME"),
+            "{stdout}"
+        );
+    }
 }

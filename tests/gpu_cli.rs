@@ -18,7 +18,10 @@ fn use_cp_async_1_in_the_environment_runs_only_cp1() {
         results.path().to_str().unwrap(),
     ]));
     assert_eq!(code, 0, "{stdout}{stderr}");
-    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('[')).collect();
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains("max_err="))
+        .collect();
     assert_eq!(rows.len(), 1, "{stdout}");
     assert!(
         rows[0].contains(" cp1 ") && rows[0].ends_with("PASS"),
