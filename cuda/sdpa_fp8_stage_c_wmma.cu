@@ -11,6 +11,9 @@
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
 //                   N clock cycles at the end, a fixed planted slowdown that proves the
 //                   runner's SLOWER verdict. Unset, it compiles to nothing.
+//   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
+//                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
+//                   identical with those blocks removed. Their names say what they break.
 //
 // Launch: grid (ceil(S / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES of dynamic shared
 // memory. The host reads the SDPA_* constants below from the module instead of repeating them.
@@ -187,7 +190,11 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
     const u8* q_bh = q + head_off;
     const u8* k_bh = k + head_off;
     const u8* v_bh = v + head_off;
+#ifdef MUTANT_K_SCALE_TWICE
+    const float qk_scale = (q_scale[bh] * k_scale[bh] * k_scale[bh]) * (softmax_scale * 1.4426950408889634f);
+#else
     const float qk_scale = (q_scale[bh] * k_scale[bh]) * (softmax_scale * 1.4426950408889634f);
+#endif
 
     // Q: this warp's 16 rows, decoded into the scratch (as f16), then held as A fragments.
     wmma::fragment<wmma::matrix_a, WM, WM, WM, __half, wmma::row_major> qa[HEAD_DIM / WM];
@@ -221,13 +228,18 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
     float l_run = 0.0f;
 
     const int n_tiles = (S + BLOCK_N - 1) / BLOCK_N;
+#ifdef MUTANT_SKIP_LAST_KV_TILE
+    const int tiles_run = n_tiles - 1;
+#else
+    const int tiles_run = n_tiles;
+#endif
 #if USE_CP_ASYNC
     u8* stage = smem + OFF_STAGE; // [stage][K = 0, V = 1][BLOCK_N][HEAD_DIM]
     copy_tile_async(k_bh, v_bh, 0, min(BLOCK_N, S), stage, stage + TILE_BYTES);
     __pipeline_commit();
 #endif
 
-    for (int t = 0; t < n_tiles; ++t) {
+    for (int t = 0; t < tiles_run; ++t) {
         const int kv0 = t * BLOCK_N;
         const int valid = min(BLOCK_N, S - kv0);
 
@@ -238,14 +250,22 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
             copy_tile_async(k_bh, v_bh, kv0 + BLOCK_N, min(BLOCK_N, S - kv0 - BLOCK_N), next, next + TILE_BYTES);
         }
         __pipeline_commit();       // one group per iteration (maybe empty) keeps the count uniform
+#ifndef MUTANT_SKIP_CP_WAIT
         __pipeline_wait_prior(1);  // every group but the newest has landed: tile t is here
+#endif
         __syncthreads();
+#ifdef MUTANT_WRONG_STAGE
+        const u8* cur = stage + ((t + 1) & 1) * 2 * TILE_BYTES;
+#else
         const u8* cur = stage + (t & 1) * 2 * TILE_BYTES;
+#endif
         decode_stage(cur, cur + TILE_BYTES, valid, sK, sV);
 #else
         load_tile(k_bh, v_bh, kv0, valid, sK, sV);
 #endif
+#ifndef MUTANT_NO_DEQUANT_BARRIER
         __syncthreads();
+#endif
 
         // 2. S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys.
 #pragma unroll
@@ -263,21 +283,30 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
         __syncwarp();
 
         // 3. Online softmax (base 2). Keys past S score -inf, so their P is exactly 0.
+#ifdef MUTANT_NO_PARTIAL_MASK
+        const int unmasked = BLOCK_N;
+#else
+        const int unmasked = valid;
+#endif
         const float* srow = scratch + r * LDF + c0;
         float tile_max = NEG_INF;
 #pragma unroll 8
         for (int j = 0; j < 32; ++j) {
-            const float s = (c0 + j < valid) ? __fmul_rn(srow[j], qk_scale) : NEG_INF;
+            const float s = (c0 + j < unmasked) ? __fmul_rn(srow[j], qk_scale) : NEG_INF;
             tile_max = fmaxf(tile_max, s);
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         const float m_new = fmaxf(m_run, tile_max);
+#ifdef MUTANT_NO_RESCALE
+        const float alpha = 1.0f;
+#else
         const float alpha = exp2f(m_run - m_new);
+#endif
         __half* prow = sP + r * LDH + c0;
         float row_sum = 0.0f;
 #pragma unroll 8
         for (int j = 0; j < 32; ++j) {
-            const float s = (c0 + j < valid) ? __fmul_rn(srow[j], qk_scale) : NEG_INF;
+            const float s = (c0 + j < unmasked) ? __fmul_rn(srow[j], qk_scale) : NEG_INF;
             const __half p = __float2half_rn(exp2f(s - m_new));
             prow[j] = p;
             row_sum += __half2float(p);
@@ -323,7 +352,11 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
     for (int n = 0; n < HEAD_DIM / WM; ++n)
         wmma::store_matrix_sync(scratch + n * WM, o_acc[n], LDF, wmma::mem_row_major);
     __syncwarp();
+#ifdef MUTANT_STORE_ROW_OFF_BY_ONE
+    const int row = q0 + r + 1;
+#else
     const int row = q0 + r;
+#endif
     if (row < S) {
         const float f = v_scale[bh] / l_run;
         const float* src = scratch + r * LDF + c0;
@@ -341,6 +374,11 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
             dst[j / 8] = pack.u;
         }
     }
+#ifdef MUTANT_K_READ_PAST_END
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        (void)*(volatile const u8*)(k_bh + (size_t)S * HEAD_DIM); // past the last head's K
+    }
+#endif
 #if SDPA_DELAY_CYCLES > 0
     if (threadIdx.x == 0) {
         const long long t0 = clock64();

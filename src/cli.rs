@@ -8,6 +8,7 @@ use crate::backend::BackendKind;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::config::parse_seeds;
 use crate::emulation::Defect;
+use crate::stress::StressMode;
 use crate::timing::L2Mode;
 
 const EXAMPLES: &str = "\
@@ -25,6 +26,8 @@ Examples:
                                                        diff two saved runs; exit 1 on a regression
   sdpa-runner --cp-async 1 --candidate-define SDPA_DELAY_CYCLES=1000 --shapes mission
                                                        A/B a define against the same variant without it
+  sdpa-runner stress --shapes all --repeats 1000       race detection: bit-identical relaunches
+  sdpa-runner selftest                                 every planted MUTANT_* bug must be caught
 
 Exit codes: 0 all gates passed, 1 a gate failed, 2 usage or configuration error,
 3 environment error (no GPU, driver, NVRTC or headers), 4 kernel compile error or fault.";
@@ -59,6 +62,10 @@ pub enum Command {
     Calibrate(CalibrateArgs),
     /// Compare the timings of two saved runs (run directories or perf.json files).
     Compare(CompareArgs),
+    /// Relaunch each variant many times and demand bit-identical outputs (race detection).
+    Stress(StressArgs),
+    /// Prove the checks catch planted bugs: every MUTANT_* kernel must be caught.
+    Selftest(SelftestArgs),
 }
 
 /// A comma-separated seed list (`0,1,2`, `0-4`).
@@ -227,6 +234,53 @@ pub struct CompareArgs {
     pub cand_variant: Option<String>,
     #[command(flatten)]
     pub ci: CiArgs,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StressArgs {
+    /// Shapes: names, inline BxHxSxD, or `all`
+    #[arg(long, default_value = "all")]
+    pub shapes: String,
+    #[arg(long, default_value = "0", value_parser = seed_list)]
+    pub seeds: SeedList,
+    /// Repeats per (shape, seed, variant, mode); the first is the reference
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(2..))]
+    pub repeats: u32,
+    /// serial: one launch per repeat; two-streams: two concurrent launches per repeat
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "serial,two-streams"
+    )]
+    pub modes: Vec<StressMode>,
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub backend: BackendKind,
+    /// Where run directories go [default: <root>/results]
+    #[arg(long, value_name = "DIR")]
+    pub results_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SelftestArgs {
+    /// Stress repeats per variant and mode for mutants that pass the correctness gates
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..))]
+    pub repeats: u32,
+    /// Only these mutants (comma-separated MUTANT_* names) [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "MUTANT_NAME")]
+    pub only: Vec<String>,
+    /// Where run directories go [default: <root>/results]
+    #[arg(long, value_name = "DIR")]
+    pub results_dir: Option<PathBuf>,
+    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_wmma.cu]
+    #[arg(long, value_name = "FILE")]
+    pub kernel: Option<PathBuf>,
     #[command(flatten)]
     pub project: ProjectArgs,
 }

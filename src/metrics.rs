@@ -76,7 +76,7 @@ pub fn measure(out: &[f16], reference: &[f64], rule: BadRule, shape: &Shape) -> 
     }
 }
 
-fn unflatten(i: usize, shape: &Shape) -> [usize; 4] {
+pub fn unflatten(i: usize, shape: &Shape) -> [usize; 4] {
     let d = i % shape.d;
     let s = (i / shape.d) % shape.s;
     let h = (i / (shape.d * shape.s)) % shape.h;

@@ -48,6 +48,12 @@ pub trait Backend {
     /// Poisons the output, runs `variant` once on the loaded problem, and returns the output.
     fn run_checked(&mut self, variant: usize) -> Result<Vec<f16>, BackendError>;
 
+    /// Two checked runs of `variant` launched at once (on two streams, for a GPU), so races
+    /// that only show under load get their chance.
+    fn run_concurrent(&mut self, variant: usize) -> Result<[Vec<f16>; 2], BackendError> {
+        Ok([self.run_checked(variant)?, self.run_checked(variant)?])
+    }
+
     /// Untimed launches of `variant` on the loaded problem.
     fn warm_up(&mut self, variant: usize, launches: usize) -> Result<(), BackendError>;
 

@@ -7,16 +7,24 @@ mod calibrate;
 mod compare;
 mod publish;
 mod run;
+mod selftest;
 mod shapes;
+pub(crate) mod stress;
 
 use std::path::PathBuf;
 
+use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::kernel::KernelSource;
 use crate::backend::cuda::variant::{self, VariantSpec};
+use crate::backend::{Backend, BackendKind};
 use crate::cli::{Cli, Command, KernelArgs, ProjectArgs};
 use crate::config::ConfigError;
+use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::GateFile;
 use crate::paths::ProjectRoot;
+use crate::report::{self, BuildMeta, SCHEMA_VERSION};
 use crate::shapes::ShapeCatalog;
 
 pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
@@ -28,6 +36,8 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Bench(args)) => bench::bench(&args),
         Some(Command::Calibrate(args)) => calibrate::calibrate(&args),
         Some(Command::Compare(args)) => compare::compare(&args),
+        Some(Command::Stress(args)) => stress::stress(&args),
+        Some(Command::Selftest(args)) => selftest::selftest(&args),
     }
 }
 
@@ -82,5 +92,49 @@ pub fn variant_specs(args: &KernelArgs) -> Result<Vec<VariantSpec>, ConfigError>
              with --cp-async 0 or 1"
                 .into(),
         )),
+    }
+}
+
+/// Opens the chosen backend: the CPU emulation (with an optional planted defect), or the GPU
+/// with the variants the kernel arguments select.
+pub fn open_backend(
+    kind: BackendKind,
+    kernel: &KernelArgs,
+    defect: Defect,
+    project: &Project,
+) -> Result<Box<dyn Backend>, AppError> {
+    Ok(match kind {
+        BackendKind::Cpu => {
+            if !kernel.candidate_defines.is_empty() || !kernel.defines.is_empty() {
+                return Err(ConfigError::Usage(
+                    "--define and --candidate-define change the GPU kernel; they need --backend cuda".into(),
+                )
+                .into());
+            }
+            Box::new(CpuBackend::new(defect))
+        }
+        BackendKind::Cuda => {
+            let specs = variant_specs(kernel)?;
+            let source =
+                KernelSource::load(&project.kernel_path(kernel), &project.root.cuda_dir())?;
+            Box::new(CudaBackend::new(source, &specs)?)
+        }
+    })
+}
+
+/// build_meta.json of a run.
+pub fn build_meta(project: &Project, backend: &dyn Backend, started_at: String) -> BuildMeta {
+    BuildMeta {
+        schema_version: SCHEMA_VERSION,
+        tool: report::tool_info(),
+        git: report::git_info(),
+        backend: backend.name().to_string(),
+        host: report::host_info(),
+        command_line: std::env::args().collect(),
+        started_at,
+        project_root: project.root.path().display().to_string(),
+        shapes_file: report::file_ref(project.catalog.path()),
+        gates_file: report::file_ref(&project.gates.path),
+        backend_details: backend.details(),
     }
 }

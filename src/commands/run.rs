@@ -4,21 +4,17 @@
 
 use std::collections::BTreeMap;
 
-use super::{Project, publish, variant_specs};
-use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::CudaBackend;
-use crate::backend::cuda::kernel::KernelSource;
+use super::{Project, build_meta, open_backend, publish};
 use crate::backend::{Backend, BackendKind};
 use crate::cli::{RunArgs, TimingArgs};
 use crate::clocks::{self, ClockReading};
-use crate::config::ConfigError;
 use crate::console::{self, Widths};
 use crate::error::{AppError, Outcome};
 use crate::perf::compare::{TargetStatus, regressions, targets};
 use crate::perf::markdown::{CompareDoc, Side};
 use crate::perf::{self, PERF_SCHEMA_VERSION, PerfFile, VariantMeta};
 use crate::progress::ConsoleProgress;
-use crate::report::{self, BuildMeta, CorrectnessFile, RunDir, SCHEMA_VERSION};
+use crate::report::{self, CorrectnessFile, RunDir, SCHEMA_VERSION};
 use crate::runner;
 use crate::shapes;
 use crate::timing::TimingPlan;
@@ -31,7 +27,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     shapes::check_host_memory(&selected, shapes::available_host_memory())?;
     let plan = timing_plan(&args.timing, args.backend);
     plan.validate()?;
-    let mut backend = open_backend(args, &project)?;
+    let mut backend = open_backend(args.backend, &args.kernel, args.emulation_defect, &project)?;
     let results_root = args
         .results_dir
         .clone()
@@ -206,42 +202,6 @@ fn timing_plan(t: &TimingArgs, backend: BackendKind) -> TimingPlan {
         rounds: t.rounds,
         batch: t.batch,
         l2: t.l2,
-    }
-}
-
-fn open_backend(args: &RunArgs, project: &Project) -> Result<Box<dyn Backend>, AppError> {
-    Ok(match args.backend {
-        BackendKind::Cpu => {
-            if !args.kernel.candidate_defines.is_empty() || !args.kernel.defines.is_empty() {
-                return Err(ConfigError::Usage(
-                    "--define and --candidate-define change the GPU kernel; they need --backend cuda".into(),
-                )
-                .into());
-            }
-            Box::new(CpuBackend::new(args.emulation_defect))
-        }
-        BackendKind::Cuda => {
-            let specs = variant_specs(&args.kernel)?;
-            let source =
-                KernelSource::load(&project.kernel_path(&args.kernel), &project.root.cuda_dir())?;
-            Box::new(CudaBackend::new(source, &specs)?)
-        }
-    })
-}
-
-fn build_meta(project: &Project, backend: &dyn Backend, started_at: String) -> BuildMeta {
-    BuildMeta {
-        schema_version: SCHEMA_VERSION,
-        tool: report::tool_info(),
-        git: report::git_info(),
-        backend: backend.name().to_string(),
-        host: report::host_info(),
-        command_line: std::env::args().collect(),
-        started_at,
-        project_root: project.root.path().display().to_string(),
-        shapes_file: report::file_ref(project.catalog.path()),
-        gates_file: report::file_ref(&project.gates.path),
-        backend_details: backend.details(),
     }
 }
 

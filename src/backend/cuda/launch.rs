@@ -19,7 +19,8 @@ pub struct DeviceProblem {
     q_scale: CudaSlice<f32>,
     k_scale: CudaSlice<f32>,
     v_scale: CudaSlice<f32>,
-    pub out: CudaSlice<f16>,
+    /// Output buffers: one, or two for concurrent launches on two streams.
+    outs: Vec<CudaSlice<f16>>,
     b: i32,
     h: i32,
     s: i32,
@@ -41,7 +42,7 @@ impl DeviceProblem {
             q_scale: stream.clone_htod(&p.q.scales)?,
             k_scale: stream.clone_htod(&p.k.scales)?,
             v_scale: stream.clone_htod(&p.v.scales)?,
-            out: unsafe { stream.alloc::<f16>(p.output_len())? },
+            outs: vec![unsafe { stream.alloc::<f16>(p.output_len())? }],
             b: p.shape.b as i32,
             h: p.shape.h as i32,
             s: p.shape.s as i32,
@@ -49,23 +50,38 @@ impl DeviceProblem {
         })
     }
 
-    /// Fills the output with the poison pattern, so unwritten elements are detectable.
-    pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
-        let len = self.out.len();
-        let (ptr, _sync) = self.out.device_ptr_mut(stream);
+    /// Makes sure `count` output buffers exist.
+    pub fn ensure_outputs(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        count: usize,
+    ) -> Result<(), DriverError> {
+        while self.outs.len() < count {
+            let len = self.outs[0].len();
+            self.outs.push(unsafe { stream.alloc::<f16>(len)? });
+        }
+        Ok(())
+    }
+
+    /// Fills output `slot` with the poison pattern, so unwritten elements are detectable.
+    pub fn poison(&mut self, stream: &Arc<CudaStream>, slot: usize) -> Result<(), DriverError> {
+        let out = &mut self.outs[slot];
+        let len = out.len();
+        let (ptr, _sync) = out.device_ptr_mut(stream);
         unsafe {
             cudarc::driver::sys::cuMemsetD16Async(ptr, POISON.to_bits(), len, stream.cu_stream())
         }
         .result()
     }
 
-    /// Enqueues one launch of `function` on `stream` (asynchronous; errors of the launch
-    /// itself are returned, faults surface at the next synchronization).
+    /// Enqueues one launch of `function` on `stream` writing output `slot` (asynchronous;
+    /// errors of the launch itself are returned, faults surface at the next synchronization).
     pub fn launch(
         &mut self,
         stream: &Arc<CudaStream>,
         function: &CudaFunction,
         consts: &KernelConstants,
+        slot: usize,
     ) -> Result<(), DriverError> {
         let cfg = LaunchConfig {
             grid_dim: (
@@ -83,7 +99,7 @@ impl DeviceProblem {
             .arg(&self.q_scale)
             .arg(&self.k_scale)
             .arg(&self.v_scale)
-            .arg(&mut self.out)
+            .arg(&mut self.outs[slot])
             .arg(&self.b)
             .arg(&self.h)
             .arg(&self.s)
@@ -91,7 +107,7 @@ impl DeviceProblem {
         unsafe { args.launch(cfg) }.map(|_| ())
     }
 
-    pub fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<f16>, DriverError> {
-        stream.clone_dtoh(&self.out)
+    pub fn download(&self, stream: &Arc<CudaStream>, slot: usize) -> Result<Vec<f16>, DriverError> {
+        stream.clone_dtoh(&self.outs[slot])
     }
 }

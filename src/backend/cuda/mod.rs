@@ -46,6 +46,8 @@ struct Gpu {
     variants: Vec<LoadedVariant>,
     problem: Option<DeviceProblem>,
     timer: timer::Timer,
+    /// Two non-blocking streams for concurrent launches (created on first use).
+    pair: Option<[Arc<CudaStream>; 2]>,
 }
 
 pub struct CudaBackend {
@@ -84,6 +86,7 @@ impl CudaBackend {
                 variants,
                 problem: None,
                 timer: timer::Timer::default(),
+                pair: None,
             }),
             faulted: false,
             device,
@@ -223,22 +226,54 @@ impl Backend for CudaBackend {
         let gpu = &mut *self.gpu;
         let dp = gpu.problem.as_mut().expect("load() before run_checked()");
         let v = &gpu.variants[variant];
-        let result = dp
-            .poison(&gpu.stream)
-            .map_err(|e| ("poisoning the output", e))
-            .and_then(|_| {
-                dp.launch(&gpu.stream, &v.function, &v.identity.constants)
-                    .map_err(|e| ("launching", e))
-            })
-            .and_then(|_| {
-                gpu.stream
+        let result = (|| {
+            dp.poison(&gpu.stream, 0)
+                .map_err(|e| ("poisoning the output", e))?;
+            dp.launch(&gpu.stream, &v.function, &v.identity.constants, 0)
+                .map_err(|e| ("launching", e))?;
+            gpu.stream
+                .synchronize()
+                .map_err(|e| ("running (fault in the kernel)", e))?;
+            dp.download(&gpu.stream, 0)
+                .map_err(|e| ("reading the output back", e))
+        })();
+        result.map_err(|(what, e)| self.fault(variant, what, e))
+    }
+
+    /// Poisons two outputs and launches the variant into both at once on two streams.
+    fn run_concurrent(&mut self, variant: usize) -> Result<[Vec<f16>; 2], BackendError> {
+        let gpu = &mut *self.gpu;
+        let result = (|| -> Result<[Vec<f16>; 2], (&'static str, DriverError)> {
+            if gpu.pair.is_none() {
+                let made = |_| gpu.ctx.new_stream().map_err(|e| ("creating streams", e));
+                gpu.pair = Some([made(0)?, made(1)?]);
+            }
+            let pair = gpu.pair.as_ref().expect("created above");
+            let dp = gpu
+                .problem
+                .as_mut()
+                .expect("load() before run_concurrent()");
+            let v = &gpu.variants[variant];
+            dp.ensure_outputs(&gpu.stream, 2)
+                .map_err(|e| ("allocating", e))?;
+            gpu.stream.synchronize().map_err(|e| ("synchronizing", e))?;
+            for (slot, stream) in pair.iter().enumerate() {
+                dp.poison(stream, slot)
+                    .map_err(|e| ("poisoning the outputs", e))?;
+                dp.launch(stream, &v.function, &v.identity.constants, slot)
+                    .map_err(|e| ("launching", e))?;
+            }
+            for stream in pair {
+                stream
                     .synchronize()
-                    .map_err(|e| ("running (fault in the kernel)", e))
-            })
-            .and_then(|_| {
-                dp.download(&gpu.stream)
-                    .map_err(|e| ("reading the output back", e))
-            });
+                    .map_err(|e| ("running (fault in the kernel)", e))?;
+            }
+            let read = |slot: usize| {
+                dp.download(&pair[slot], slot)
+                    .map_err(|e| ("reading the outputs back", e))
+            };
+            Ok([read(0)?, read(1)?])
+        })();
         result.map_err(|(what, e)| self.fault(variant, what, e))
     }
 
@@ -247,7 +282,7 @@ impl Backend for CudaBackend {
         let dp = gpu.problem.as_mut().expect("load() before warm_up()");
         let v = &gpu.variants[variant];
         let result = (0..launches)
-            .try_for_each(|_| dp.launch(&gpu.stream, &v.function, &v.identity.constants))
+            .try_for_each(|_| dp.launch(&gpu.stream, &v.function, &v.identity.constants, 0))
             .and_then(|_| gpu.stream.synchronize());
         result.map_err(|e| self.fault(variant, "warming up", e))
     }

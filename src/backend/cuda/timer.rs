@@ -46,7 +46,7 @@ impl Timer {
             }
             start.record(stream)?;
             for _ in 0..plan.batch {
-                problem.launch(stream, function, consts)?;
+                problem.launch(stream, function, consts, 0)?;
             }
             end.record(stream)?;
         }

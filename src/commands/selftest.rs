@@ -1,0 +1,502 @@
+//! `sdpa-runner selftest`: proves the harness catches real bugs. Each planted `MUTANT_*` kernel
+//! goes down a ladder of checks, each a run of this same binary in a child process (a fault
+//! poisons a CUDA context for good, so every mutant gets a fresh one): the correctness and
+//! resource gates (including the unwritten count), then stress determinism, then
+//! compute-sanitizer. A mutant that passes every rung survives. The clean kernel must pass
+//! all of them, and its PTX must be identical with the mutant blocks stripped from the source.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use super::Project;
+use crate::backend::BackendError;
+use crate::backend::cuda::headers;
+use crate::backend::cuda::kernel::{self, KERNEL_FILE, KernelSource};
+use crate::backend::cuda::variant::VariantSpec;
+use crate::cli::SelftestArgs;
+use crate::config::ConfigError;
+use crate::error::{AppError, EXIT_ENVIRONMENT, EXIT_GATE_FAILED, EXIT_KERNEL, EXIT_PASS, Outcome};
+use crate::mutants::{self, MUTANTS, Mutant};
+use crate::report::{CorrectnessFile, RunDir, SCHEMA_VERSION};
+
+/// selftest.json
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SelftestFile {
+    pub schema_version: u32,
+    pub ptx_identity: Vec<PtxIdentity>,
+    pub clean_kernel_pass: bool,
+    pub mutants: Vec<MutantResult>,
+    pub score: String,
+    pub all_pass: bool,
+}
+
+/// The clean build's PTX with the mutant code present and stripped.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PtxIdentity {
+    pub variant: String,
+    pub shipped_ptx_sha256: String,
+    pub stripped_ptx_sha256: String,
+    pub identical: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MutantResult {
+    pub define: String,
+    pub breaks: String,
+    pub variants: String,
+    pub shapes: String,
+    /// The check that caught it, or None if it survived.
+    pub caught_by: Option<String>,
+    /// The figure that caught it (or why it survived).
+    pub figure: String,
+}
+
+pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
+    let project = Project::load(&args.project)?;
+    let chosen = choose(&args.only)?;
+    let kernel_path = args
+        .kernel
+        .clone()
+        .unwrap_or_else(|| project.root.cuda_dir().join(KERNEL_FILE));
+    let source = KernelSource::load(&kernel_path, &project.root.cuda_dir())?;
+
+    let identity = ptx_identity(&source)?;
+    for i in &identity {
+        println!(
+            "clean {} PTX with mutant code {} / stripped {}: {}",
+            i.variant,
+            &i.shipped_ptx_sha256[..12],
+            &i.stripped_ptx_sha256[..12],
+            if i.identical {
+                "identical"
+            } else {
+                "DIFFERENT"
+            }
+        );
+    }
+
+    let results_root = args
+        .results_dir
+        .clone()
+        .unwrap_or_else(|| project.root.path().join("results"));
+    let run_dir = RunDir::create(&results_root)?;
+    let child = Child {
+        exe: std::env::current_exe()
+            .map_err(|e| ConfigError::Usage(format!("cannot find this executable: {e}")))?,
+        root: project.root.path().to_path_buf(),
+        kernel: args.kernel.clone(),
+        work: run_dir.staging().join("runs"),
+    };
+    let repeats = args.repeats.to_string();
+
+    let all_shapes = union_of_shapes(&chosen);
+    let clean_run = child.run(
+        "clean",
+        &[],
+        &["--shapes", &all_shapes, "--seeds", "0", "--iters", "0"],
+    )?;
+    let clean_stress = child.run(
+        "clean-stress",
+        &["stress"],
+        &[
+            "--shapes",
+            &all_shapes,
+            "--seeds",
+            "0",
+            "--repeats",
+            &repeats,
+        ],
+    )?;
+    let clean_pass = clean_run.code == EXIT_PASS as i32 && clean_stress.code == EXIT_PASS as i32;
+    println!(
+        "clean kernel on {all_shapes}: gates {}, stress x{repeats} {}",
+        verdict_word(clean_run.code),
+        verdict_word(clean_stress.code)
+    );
+
+    let mut results = Vec::new();
+    for m in &chosen {
+        let r = check_mutant(&child, m, &repeats)?;
+        println!(
+            "{:<30} {:<22} {}",
+            m.define,
+            r.caught_by.as_deref().unwrap_or("SURVIVED"),
+            r.figure
+        );
+        results.push(r);
+    }
+    let caught = results.iter().filter(|r| r.caught_by.is_some()).count();
+    let score = format!("{caught}/{}", results.len());
+    let all_pass = clean_pass && caught == results.len() && identity.iter().all(|i| i.identical);
+    println!("\n{}", table(&results));
+    println!(
+        "mutation score {score} ({:.0}%); clean kernel {}; clean PTX {}",
+        100.0 * caught as f64 / results.len().max(1) as f64,
+        if clean_pass { "PASS" } else { "FAIL" },
+        if identity.iter().all(|i| i.identical) {
+            "identical without mutant code"
+        } else {
+            "DIFFERS without mutant code"
+        }
+    );
+    let file = SelftestFile {
+        schema_version: SCHEMA_VERSION,
+        ptx_identity: identity,
+        clean_kernel_pass: clean_pass,
+        mutants: results,
+        score,
+        all_pass,
+    };
+    run_dir.write_json("selftest.json", &file)?;
+    let path = run_dir.commit()?;
+    println!("results: {}", path.display());
+    Ok(Outcome::from_pass(all_pass))
+}
+
+fn choose(only: &[String]) -> Result<Vec<Mutant>, ConfigError> {
+    if only.is_empty() {
+        return Ok(MUTANTS.to_vec());
+    }
+    only.iter()
+        .map(|name| {
+            MUTANTS
+                .iter()
+                .find(|m| m.define == name)
+                .copied()
+                .ok_or_else(|| {
+                    let known: Vec<&str> = MUTANTS.iter().map(|m| m.define).collect();
+                    ConfigError::Usage(format!(
+                        "--only {name}: the mutants are {}",
+                        known.join(", ")
+                    ))
+                })
+        })
+        .collect()
+}
+
+fn union_of_shapes(chosen: &[Mutant]) -> String {
+    let mut shapes: Vec<&str> = Vec::new();
+    for s in chosen.iter().flat_map(|m| m.shapes.split(',')) {
+        if !shapes.contains(&s) {
+            shapes.push(s);
+        }
+    }
+    shapes.join(",")
+}
+
+/// Compiles both clean variants from the shipped source and from the source with every
+/// mutant block stripped, and compares the PTX.
+fn ptx_identity(source: &KernelSource) -> Result<Vec<PtxIdentity>, AppError> {
+    kernel::require_nvrtc()?;
+    let include =
+        headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
+    let stripped_text = mutants::strip(&source.text).map_err(|e| {
+        BackendError::Kernel(format!(
+            "cannot strip the mutant blocks of {}: {e}",
+            source.path.display()
+        ))
+    })?;
+    let stripped = KernelSource {
+        text: stripped_text,
+        ..source.clone()
+    };
+    [false, true]
+        .iter()
+        .map(|&on| {
+            let spec = VariantSpec::new(on, &[]);
+            let a = kernel::build_variant(source, &include, "sm_90", &spec)?
+                .identity
+                .ptx_sha256;
+            let b = kernel::build_variant(&stripped, &include, "sm_90", &spec)?
+                .identity
+                .ptx_sha256;
+            Ok(PtxIdentity {
+                variant: spec.name,
+                identical: a == b,
+                shipped_ptx_sha256: a,
+                stripped_ptx_sha256: b,
+            })
+        })
+        .collect()
+}
+
+/// Runs this binary as a child process, each run in its own results folder.
+struct Child {
+    exe: PathBuf,
+    root: PathBuf,
+    kernel: Option<PathBuf>,
+    work: PathBuf,
+}
+
+struct ChildRun {
+    code: i32,
+    stderr: String,
+    stdout: String,
+    /// The run directory the child wrote, if any.
+    dir: Option<PathBuf>,
+}
+
+impl Child {
+    /// `sdpa-runner [subcommand] ARGS --root R --results-dir W/<label> [--kernel K]`, optionally
+    /// under compute-sanitizer.
+    fn command(&self, label: &str, subcommand: &[&str], args: &[&str]) -> (Command, PathBuf) {
+        let results = self.work.join(label);
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(subcommand)
+            .args(args)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--results-dir")
+            .arg(&results);
+        if let Some(k) = &self.kernel {
+            cmd.arg("--kernel").arg(k);
+        }
+        cmd.env_remove("USE_CP_ASYNC");
+        (cmd, results)
+    }
+
+    fn run(&self, label: &str, subcommand: &[&str], args: &[&str]) -> Result<ChildRun, AppError> {
+        let (mut cmd, results) = self.command(label, subcommand, args);
+        finish(&mut cmd, &results)
+    }
+
+    fn sanitized(
+        &self,
+        label: &str,
+        tool: &str,
+        args: &[&str],
+    ) -> Result<Option<ChildRun>, AppError> {
+        let (inner, results) = self.command(label, &[], args);
+        let mut cmd = Command::new("compute-sanitizer");
+        cmd.args(["--tool", tool, "--error-exitcode", "9"])
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        cmd.env_remove("USE_CP_ASYNC");
+        match cmd.output() {
+            Err(_) => Ok(None),
+            Ok(_) => finish(&mut cmd, &results).map(Some),
+        }
+    }
+}
+
+fn finish(cmd: &mut Command, results: &Path) -> Result<ChildRun, AppError> {
+    let out = cmd
+        .output()
+        .map_err(|e| ConfigError::Usage(format!("cannot start {:?}: {e}", cmd.get_program())))?;
+    let run = ChildRun {
+        code: out.status.code().unwrap_or(-1),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        dir: std::fs::read_dir(results)
+            .ok()
+            .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path()))),
+    };
+    if run.code == EXIT_ENVIRONMENT as i32 {
+        let why = run.stderr.trim().trim_start_matches("error: ");
+        return Err(BackendError::Environment(why.to_string()).into());
+    }
+    Ok(run)
+}
+
+fn verdict_word(code: i32) -> &'static str {
+    if code == EXIT_PASS as i32 {
+        "PASS"
+    } else {
+        "FAIL"
+    }
+}
+
+/// The ladder: gates, then stress, then the sanitizers; the first rung that fails catches it.
+fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult, AppError> {
+    let cp = if m.cp_async_only { "1" } else { "both" };
+    let first_shape = m.shapes.split(',').next().unwrap_or(m.shapes);
+    let label = m.define.to_lowercase();
+    let base = ["--seeds", "0", "--cp-async", cp, "--define", m.define];
+    let result = |caught_by: Option<&str>, figure: String| MutantResult {
+        define: m.define.into(),
+        breaks: m.breaks.into(),
+        variants: if m.cp_async_only {
+            "cp1".into()
+        } else {
+            "cp0, cp1".into()
+        },
+        shapes: m.shapes.into(),
+        caught_by: caught_by.map(String::from),
+        figure,
+    };
+
+    let mut gates_args = vec!["--shapes", m.shapes, "--iters", "0"];
+    gates_args.extend(base);
+    let run = child.run(&label, &[], &gates_args)?;
+    if run.code == EXIT_KERNEL as i32 {
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.contains("failed"))
+            .unwrap_or(run.stderr.trim());
+        return Ok(result(Some("kernel fault (exit 4)"), line.to_string()));
+    }
+    if run.code == EXIT_GATE_FAILED as i32 {
+        let (by, figure) = gate_figure(run.dir.as_deref())?;
+        return Ok(result(Some(by), figure));
+    }
+    expect_pass(&run, m.define)?;
+
+    let mut stress_args = vec!["--shapes", m.shapes, "--repeats", repeats];
+    stress_args.extend(base);
+    let stress = child.run(&format!("{label}-stress"), &["stress"], &stress_args)?;
+    if stress.code == EXIT_GATE_FAILED as i32 {
+        return Ok(result(
+            Some("stress determinism"),
+            stress_figure(stress.dir.as_deref())?,
+        ));
+    }
+    expect_pass(&stress, m.define)?;
+
+    let mut san_args = vec!["--shapes", first_shape, "--iters", "0"];
+    san_args.extend(base);
+    for tool in ["memcheck", "racecheck"] {
+        match child.sanitized(&format!("{label}-{tool}"), tool, &san_args)? {
+            None => {
+                return Ok(result(
+                    None,
+                    "compute-sanitizer is not on PATH; it alone could catch this".into(),
+                ));
+            }
+            Some(run) if run.code == 9 => {
+                let all = format!("{}{}", run.stdout, run.stderr);
+                let summary = all
+                    .lines()
+                    .find(|l| l.contains("ERROR SUMMARY") || l.contains("RACECHECK SUMMARY"))
+                    .unwrap_or("findings reported")
+                    .trim_start_matches("========= ")
+                    .to_string();
+                return Ok(result(
+                    Some(if tool == "memcheck" {
+                        "sanitizer memcheck"
+                    } else {
+                        "sanitizer racecheck"
+                    }),
+                    summary,
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(result(
+        None,
+        format!("passed gates, stress x{repeats} and memcheck/racecheck"),
+    ))
+}
+
+fn expect_pass(run: &ChildRun, define: &str) -> Result<(), AppError> {
+    if run.code == EXIT_PASS as i32 {
+        return Ok(());
+    }
+    Err(ConfigError::Usage(format!(
+        "{define}: a check run ended with exit {} instead of a verdict: {}",
+        run.code,
+        run.stderr.trim()
+    ))
+    .into())
+}
+
+/// Which gate failed first, and by how much.
+fn gate_figure(dir: Option<&Path>) -> Result<(&'static str, String), AppError> {
+    let path = dir.map(|d| d.join("correctness.json")).unwrap_or_default();
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let file: CorrectnessFile = crate::json::from_str_with_path(&path, &text)?;
+    if let Some((variant, v)) = file.resources.iter().find(|(_, v)| !v.pass()) {
+        return Ok((
+            "resource gate",
+            format!("{variant}: {}", v.failures().join("; ")),
+        ));
+    }
+    let r = file
+        .results
+        .iter()
+        .find(|r| !r.pass)
+        .expect("a failing run has a failing row");
+    let place = format!("{} seed {} {}", r.shape, r.seed, r.variant);
+    if r.kernel_ref.unwritten > 0 {
+        return Ok((
+            "unwritten count",
+            format!("{} unwritten elements ({place})", r.kernel_ref.unwritten),
+        ));
+    }
+    let (gate, c) = r
+        .gates
+        .iter()
+        .find(|(_, c)| !c.pass)
+        .expect("a failing row has a failing gate");
+    Ok((
+        "correctness gate",
+        format!("{gate} {:.2e} > {:.2e} ({place})", c.value, c.limit),
+    ))
+}
+
+fn stress_figure(dir: Option<&Path>) -> Result<String, AppError> {
+    let path = dir.map(|d| d.join("stress.json")).unwrap_or_default();
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let file: super::stress::StressFile = crate::json::from_str_with_path(&path, &text)?;
+    let r = file
+        .results
+        .iter()
+        .find(|r| !r.pass)
+        .expect("a failing stress run has a failing row");
+    Ok(format!(
+        "{}/{} repeats diverged ({} seed {} {} {:?})",
+        r.divergent_repeats, r.repeats, r.shape, r.seed, r.variant, r.mode
+    ))
+}
+
+fn table(results: &[MutantResult]) -> String {
+    let mut s = String::from(
+        "| mutant | breaks | variants | shapes | caught by | figure |\n|---|---|---|---|---|---|\n",
+    );
+    for r in results {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.define,
+            r.breaks,
+            r.variants,
+            r.shapes,
+            r.caught_by.as_deref().unwrap_or("**SURVIVED**"),
+            r.figure
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_mutant_names_are_refused_with_the_list() {
+        let err = choose(&["MUTANT_NOPE".into()]).unwrap_err().to_string();
+        assert!(
+            err.contains("MUTANT_NOPE") && err.contains("MUTANT_WRONG_STAGE"),
+            "{err}"
+        );
+        assert_eq!(choose(&[]).unwrap().len(), MUTANTS.len());
+    }
+
+    #[test]
+    fn the_shapes_of_all_mutants_are_listed_once() {
+        let all = union_of_shapes(MUTANTS);
+        let names: Vec<&str> = all.split(',').collect();
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(names.len(), unique.len());
+        assert!(names.contains(&"partial77") && names.contains(&"wide"));
+    }
+}

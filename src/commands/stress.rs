@@ -1,0 +1,86 @@
+//! `sdpa-runner stress`: every variant relaunched `--repeats` times per (shape, seed) and mode,
+//! each output compared bit for bit with the first; writes stress.json; exit 1 on any
+//! divergence or gate failure.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Project, build_meta, open_backend};
+use crate::cli::StressArgs;
+use crate::console::Widths;
+use crate::emulation::Defect;
+use crate::error::{AppError, Outcome};
+use crate::problem::Problem;
+use crate::report::{self, RunDir, SCHEMA_VERSION};
+use crate::runner::Yardsticks;
+use crate::shapes;
+use crate::stress::{self, StressRecord};
+
+/// stress.json
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StressFile {
+    pub schema_version: u32,
+    pub backend: String,
+    pub all_pass: bool,
+    pub results: Vec<StressRecord>,
+}
+
+pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
+    let started_at = report::now_rfc3339();
+    let project = Project::load(&args.project)?;
+    let selected = project.catalog.select(&args.shapes)?;
+    shapes::check_host_memory(&selected, shapes::available_host_memory())?;
+    let mut backend = open_backend(args.backend, &args.kernel, Defect::None, &project)?;
+    let results_root = args
+        .results_dir
+        .clone()
+        .unwrap_or_else(|| project.root.path().join("results"));
+    let run_dir = RunDir::create(&results_root)?;
+    println!("{}", backend.describe());
+    let widths = Widths::of(
+        selected.iter().map(|s| s.name.as_str()),
+        backend.variants().iter().map(String::as_str),
+    );
+    let gates = &project.gates.gates;
+    let mut results = Vec::new();
+    for shape in &selected {
+        for &seed in &args.seeds.0 {
+            let p = Problem::new(shape, seed);
+            let y = Yardsticks::compute(&p, gates);
+            backend.load(&p)?;
+            for v in 0..backend.variants().len() {
+                for &mode in &args.modes {
+                    let r = stress::stress_variant(
+                        backend.as_mut(),
+                        v,
+                        &p,
+                        &y,
+                        gates,
+                        args.repeats as usize,
+                        mode,
+                    )?;
+                    println!("{}", stress::line(&r, &widths));
+                    for failure in r.failed_gates.iter().take(3) {
+                        println!("    {failure}");
+                    }
+                    results.push(r);
+                }
+            }
+        }
+    }
+    let file = StressFile {
+        schema_version: SCHEMA_VERSION,
+        backend: backend.name().to_string(),
+        all_pass: results.iter().all(|r| r.pass),
+        results,
+    };
+    run_dir.write_json(
+        "build_meta.json",
+        &build_meta(&project, backend.as_ref(), started_at),
+    )?;
+    run_dir.write_json("stress.json", &file)?;
+    let path = run_dir.commit()?;
+    let passed = file.results.iter().filter(|r| r.pass).count();
+    println!("{passed}/{} PASS", file.results.len());
+    println!("results: {}", path.display());
+    Ok(Outcome::from_pass(file.all_pass))
+}
