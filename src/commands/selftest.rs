@@ -285,6 +285,11 @@ fn finish(cmd: &mut Command, results: &Path) -> Result<ChildRun, AppError> {
     let out = cmd
         .output()
         .map_err(|e| ConfigError::Usage(format!("cannot start {:?}: {e}", cmd.get_program())))?;
+    collect(out, results)
+}
+
+/// A finished child: its exit code, output and run directory; exit 3 becomes an error.
+fn collect(out: std::process::Output, results: &Path) -> Result<ChildRun, AppError> {
     let run = ChildRun {
         code: out.status.code().unwrap_or(-1),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
