@@ -55,6 +55,7 @@ validate() {
   step selftest "$runner" selftest --results-dir "$work/selftest"
   step sanitize_clean env SANITIZE_LOGS="$work/sanitize-clean" scripts/sanitize.sh
   step sanitize_oob_mutant env SANITIZE_LOGS="$work/sanitize-oob" scripts/sanitize.sh --define MUTANT_K_READ_PAST_END
+  step sanitize_oob_small sh -c "compute-sanitizer --tool memcheck --padding 256 --error-exitcode 9 '$runner' --shapes small --seeds 0 --iters 0 --define MUTANT_K_READ_PAST_END --results-dir '$work/oob-small'; echo exit \$?"
   step profile_ncu_mission env RESULTS_DIR="$work/ncu" scripts/profile_ncu.sh mission 0
   keep+=("$work/selftest.log" "$work/profile_ncu_mission.log")
 }

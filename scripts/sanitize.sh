@@ -12,7 +12,11 @@ mkdir -p "$logs"
 status=0
 for tool in memcheck racecheck synccheck initcheck; do
   log="$logs/$tool.log"
-  compute-sanitizer --tool "$tool" --error-exitcode 9 "$runner" --shapes small,mission,partial77 \
+  # Padding after every allocation: an overrun otherwise goes unseen when it lands in the
+  # next allocation (memcheck only flags accesses outside every allocation).
+  padding=()
+  [ "$tool" = memcheck ] && padding=(--padding 256)
+  compute-sanitizer --tool "$tool" "${padding[@]}" --error-exitcode 9 "$runner" --shapes small,mission,partial77 \
     --seeds 0 --iters 0 --results-dir "$logs/runs" "$@" >"$log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1 | sed 's/^========= //')

@@ -143,6 +143,12 @@ fn read_correctness(run: &Path) -> Result<CorrectnessFile, ConfigError> {
     } else {
         run.to_path_buf()
     };
+    if path.extension().is_none_or(|e| e != "json") {
+        return Err(ConfigError::Usage(format!(
+            "{}: not a run directory or a correctness.json file",
+            run.display()
+        )));
+    }
     let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
         path: path.clone(),
         source,

@@ -262,6 +262,7 @@ impl Child {
         finish(&mut cmd, &results)
     }
 
+    /// The same run under compute-sanitizer; None when compute-sanitizer is not installed.
     fn sanitized(
         &self,
         label: &str,
@@ -270,13 +271,19 @@ impl Child {
     ) -> Result<Option<ChildRun>, AppError> {
         let (inner, results) = self.command(label, &[], args);
         let mut cmd = Command::new("compute-sanitizer");
-        cmd.args(["--tool", tool, "--error-exitcode", "9"])
-            .arg(inner.get_program())
-            .args(inner.get_args());
+        cmd.args(["--tool", tool, "--error-exitcode", "9"]);
+        if tool == "memcheck" {
+            // An overrun into the next allocation is invisible without padding.
+            cmd.args(["--padding", "256"]);
+        }
+        cmd.arg(inner.get_program()).args(inner.get_args());
         cmd.env_remove("USE_CP_ASYNC");
         match cmd.output() {
-            Err(_) => Ok(None),
-            Ok(_) => finish(&mut cmd, &results).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => {
+                Err(ConfigError::Usage(format!("cannot start compute-sanitizer: {e}")).into())
+            }
+            Ok(out) => collect(out, &results).map(Some),
         }
     }
 }
@@ -434,10 +441,18 @@ fn gate_figure(dir: Option<&Path>) -> Result<(&'static str, String), AppError> {
             format!("{} unwritten elements ({place})", r.kernel_ref.unwritten),
         ));
     }
+    // The most telling gate first: the kernel's own error, then relative, then end to end.
+    let rank = |g: &str| {
+        ["nonfinite", "kernel.", "relative.", "end_to_end."]
+            .iter()
+            .position(|p| g.starts_with(p))
+            .unwrap_or(usize::MAX)
+    };
     let (gate, c) = r
         .gates
         .iter()
-        .find(|(_, c)| !c.pass)
+        .filter(|(_, c)| !c.pass)
+        .min_by_key(|(g, _)| rank(g))
         .expect("a failing row has a failing gate");
     Ok((
         "correctness gate",
