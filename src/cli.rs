@@ -90,6 +90,30 @@ pub struct ProjectArgs {
     pub gates: Option<PathBuf>,
 }
 
+/// What runs and where its results go (shared by `run` and `stress`).
+#[derive(Args, Debug, Clone)]
+pub struct SetupArgs {
+    /// cuda runs the kernel on the GPU; cpu runs the emulation of its algorithm
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub backend: BackendKind,
+    /// Where run directories go [default: <root>/results]
+    #[arg(long, value_name = "DIR")]
+    pub results_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+}
+
+impl SetupArgs {
+    /// The folder run directories go into.
+    pub fn results_root(&self, project_root: &std::path::Path) -> PathBuf {
+        self.results_dir
+            .clone()
+            .unwrap_or_else(|| project_root.join("results"))
+    }
+}
+
 /// Which kernel, and which of its variants.
 #[derive(Args, Debug, Clone, Default)]
 pub struct KernelArgs {
@@ -145,16 +169,8 @@ pub struct RunArgs {
     /// Seeds: comma-separated integers or ranges, e.g. 0,1,2 or 0-4
     #[arg(long, default_value = "0,1,2", value_parser = seed_list)]
     pub seeds: SeedList,
-    /// cuda runs the kernel on the GPU; cpu runs the emulation of its algorithm
-    #[arg(long, value_enum, default_value = "cuda")]
-    pub backend: BackendKind,
-    /// Where run directories go [default: <root>/results]
-    #[arg(long, value_name = "DIR")]
-    pub results_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub project: ProjectArgs,
-    #[command(flatten)]
-    pub kernel: KernelArgs,
+    pub setup: SetupArgs,
     #[command(flatten)]
     pub timing: TimingArgs,
     #[command(flatten)]
@@ -256,15 +272,8 @@ pub struct StressArgs {
         default_value = "serial,two-streams"
     )]
     pub modes: Vec<StressMode>,
-    #[arg(long, value_enum, default_value = "cuda")]
-    pub backend: BackendKind,
-    /// Where run directories go [default: <root>/results]
-    #[arg(long, value_name = "DIR")]
-    pub results_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub project: ProjectArgs,
-    #[command(flatten)]
-    pub kernel: KernelArgs,
+    pub setup: SetupArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -309,7 +318,7 @@ mod tests {
         .unwrap();
         assert!(cli.command.is_none());
         assert_eq!(cli.run.seeds.0, vec![0, 1, 2]);
-        assert_eq!(cli.run.backend, BackendKind::Cpu);
+        assert_eq!(cli.run.setup.backend, BackendKind::Cpu);
     }
 
     #[test]

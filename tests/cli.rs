@@ -3,21 +3,15 @@
 
 mod common;
 
-use common::{output, read_json, run_dirs, runner};
+use common::{cpu, output, read_json, run_dirs, runner};
 
 #[test]
 fn cpu_backend_main_job_passes_writes_files_and_prints_the_path_last() {
     let results = tempfile::tempdir().unwrap();
-    let (code, stdout, stderr) = output(runner().args([
-        "--backend",
-        "cpu",
-        "--shapes",
-        "small,mission",
-        "--seeds",
-        "0,1,2",
-        "--results-dir",
-        results.path().to_str().unwrap(),
-    ]));
+    let (code, stdout, stderr) = cpu(
+        &["--shapes", "small,mission", "--seeds", "0,1,2"],
+        results.path(),
+    );
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
         stdout.contains("cpu") && stdout.contains("no GPU was used"),
@@ -106,16 +100,7 @@ fn cpu_backend_main_job_passes_writes_files_and_prints_the_path_last() {
 fn two_runs_give_identical_checksums_and_metrics() {
     let results = tempfile::tempdir().unwrap();
     for _ in 0..2 {
-        let (code, out, err) = output(runner().args([
-            "--backend",
-            "cpu",
-            "--shapes",
-            "partial77",
-            "--seeds",
-            "0,1",
-            "--results-dir",
-            results.path().to_str().unwrap(),
-        ]));
+        let (code, out, err) = cpu(&["--shapes", "partial77", "--seeds", "0,1"], results.path());
         assert_eq!(code, 0, "{out}{err}");
     }
     let dirs = run_dirs(results.path());
@@ -131,18 +116,17 @@ fn two_runs_give_identical_checksums_and_metrics() {
 #[test]
 fn a_planted_skip_of_the_last_kv_tile_fails_the_gates_with_exit_1() {
     let results = tempfile::tempdir().unwrap();
-    let (code, stdout, _) = output(runner().args([
-        "--backend",
-        "cpu",
-        "--shapes",
-        "partial300",
-        "--seeds",
-        "0",
-        "--emulation-defect",
-        "skip-last-kv-tile",
-        "--results-dir",
-        results.path().to_str().unwrap(),
-    ]));
+    let (code, stdout, _) = cpu(
+        &[
+            "--shapes",
+            "partial300",
+            "--seeds",
+            "0",
+            "--emulation-defect",
+            "skip-last-kv-tile",
+        ],
+        results.path(),
+    );
     assert_eq!(code, 1, "{stdout}");
     assert!(
         stdout.contains("FAIL (") && stdout.contains("kernel.max_abs_err"),
@@ -159,18 +143,17 @@ fn a_planted_skip_of_the_last_kv_tile_fails_the_gates_with_exit_1() {
 #[test]
 fn a_planted_unwritten_row_is_counted_and_fails_with_exit_1() {
     let results = tempfile::tempdir().unwrap();
-    let (code, stdout, _) = output(runner().args([
-        "--backend",
-        "cpu",
-        "--shapes",
-        "small",
-        "--seeds",
-        "0",
-        "--emulation-defect",
-        "leave-row-unwritten",
-        "--results-dir",
-        results.path().to_str().unwrap(),
-    ]));
+    let (code, stdout, _) = cpu(
+        &[
+            "--shapes",
+            "small",
+            "--seeds",
+            "0",
+            "--emulation-defect",
+            "leave-row-unwritten",
+        ],
+        results.path(),
+    );
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("unwritten=64"), "{stdout}");
 }
@@ -393,18 +376,10 @@ fn too_few_timing_iterations_exit_2() {
 #[test]
 fn a_correctness_only_run_writes_no_perf_json() {
     let results = tempfile::tempdir().unwrap();
-    let (code, out, err) = output(runner().args([
-        "--backend",
-        "cpu",
-        "--shapes",
-        "small",
-        "--seeds",
-        "0",
-        "--iters",
-        "0",
-        "--results-dir",
-        results.path().to_str().unwrap(),
-    ]));
+    let (code, out, err) = cpu(
+        &["--shapes", "small", "--seeds", "0", "--iters", "0"],
+        results.path(),
+    );
     assert_eq!(code, 0, "{out}{err}");
     let dir = &run_dirs(results.path())[0];
     assert!(dir.join("correctness.json").is_file() && !dir.join("perf.json").exists());

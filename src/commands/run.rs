@@ -22,16 +22,18 @@ use crate::verdict::Verdict;
 
 pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
-    let project = Project::load(&args.project)?;
+    let project = Project::load(&args.setup.project)?;
     let selected = project.catalog.select(&args.shapes)?;
     shapes::check_host_memory(&selected, shapes::available_host_memory())?;
-    let plan = timing_plan(&args.timing, args.backend);
+    let plan = timing_plan(&args.timing, args.setup.backend);
     plan.validate()?;
-    let mut backend = open_backend(args.backend, &args.kernel, args.emulation_defect, &project)?;
-    let results_root = args
-        .results_dir
-        .clone()
-        .unwrap_or_else(|| project.root.path().join("results"));
+    let mut backend = open_backend(
+        args.setup.backend,
+        &args.setup.kernel,
+        args.emulation_defect,
+        &project,
+    )?;
+    let results_root = args.setup.results_root(project.root.path());
     let run_dir = RunDir::create(&results_root)?;
     let gates = &project.gates.gates;
 
@@ -48,7 +50,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
         selected.iter().map(|s| s.name.as_str()),
         backend.variants().iter().map(String::as_str),
     );
-    let gpu_clocks = || match args.backend {
+    let gpu_clocks = || match args.setup.backend {
         BackendKind::Cuda if plan.enabled() => clocks::read_gpu(),
         _ => ClockReading::unknown("not a timed GPU run"),
     };

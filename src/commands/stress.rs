@@ -26,14 +26,16 @@ pub struct StressFile {
 
 pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
-    let project = Project::load(&args.project)?;
+    let project = Project::load(&args.setup.project)?;
     let selected = project.catalog.select(&args.shapes)?;
     shapes::check_host_memory(&selected, shapes::available_host_memory())?;
-    let mut backend = open_backend(args.backend, &args.kernel, Defect::None, &project)?;
-    let results_root = args
-        .results_dir
-        .clone()
-        .unwrap_or_else(|| project.root.path().join("results"));
+    let mut backend = open_backend(
+        args.setup.backend,
+        &args.setup.kernel,
+        Defect::None,
+        &project,
+    )?;
+    let results_root = args.setup.results_root(project.root.path());
     let run_dir = RunDir::create(&results_root)?;
     println!("{}", backend.describe());
     let widths = Widths::of(

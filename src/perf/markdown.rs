@@ -150,30 +150,16 @@ fn variants(s: &mut String, b: &VariantMeta, c: &VariantMeta) {
             .map_or("-".to_string(), |h| format!("`{}`", &h[..12.min(h.len())]))
     };
     let _ = writeln!(s, "| PTX sha256 | {} | {} |", hash(b), hash(c));
-    let _ = writeln!(
-        s,
-        "| registers / thread | {} | {} |",
-        opt(b.registers),
-        opt(c.registers)
-    );
-    let _ = writeln!(
-        s,
-        "| shared memory, bytes | {} | {} |",
-        opt(b.smem_bytes),
-        opt(c.smem_bytes)
-    );
-    let _ = writeln!(
-        s,
-        "| spills, bytes | {} | {} |",
-        opt(b.spill_bytes),
-        opt(c.spill_bytes)
-    );
-    let _ = writeln!(
-        s,
-        "| blocks / SM | {} | {} |",
-        opt(b.blocks_per_sm),
-        opt(c.blocks_per_sm)
-    );
+    type Field = fn(&VariantMeta) -> Option<u32>;
+    let rows: [(&str, Field); 4] = [
+        ("registers / thread", |v| v.registers),
+        ("shared memory, bytes", |v| v.smem_bytes),
+        ("spills, bytes", |v| v.spill_bytes),
+        ("blocks / SM", |v| v.blocks_per_sm),
+    ];
+    for (label, field) in rows {
+        let _ = writeln!(s, "| {label} | {} | {} |", opt(field(b)), opt(field(c)));
+    }
 }
 
 fn timings(s: &mut String, doc: &CompareDoc) {

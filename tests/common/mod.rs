@@ -27,6 +27,17 @@ pub fn project_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Runs the runner on the cpu backend with `args`, writing under `results`.
+pub fn cpu(args: &[&str], results: &std::path::Path) -> (i32, String, String) {
+    output(
+        runner()
+            .args(["--backend", "cpu"])
+            .args(args)
+            .arg("--results-dir")
+            .arg(results),
+    )
+}
+
 /// Runs `cmd` and returns (exit code, stdout, stderr).
 pub fn output(cmd: &mut Command) -> (i32, String, String) {
     let out = cmd.output().expect("runner starts");
