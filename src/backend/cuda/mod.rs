@@ -73,6 +73,7 @@ impl CudaBackend {
         let include_dir =
             headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
         let stream = ctx.default_stream();
+        let timer = timer::Timer::new(&ctx, &include_dir, &device.arch(), device.max_sm_clock_mhz)?;
         let mut variants = Vec::new();
         for spec in specs {
             let built = kernel::build_variant(&kernel, &include_dir, &device.arch(), spec)?;
@@ -85,7 +86,7 @@ impl CudaBackend {
                 stream,
                 variants,
                 problem: None,
-                timer: timer::Timer::default(),
+                timer,
                 pair: None,
             }),
             faulted: false,
