@@ -132,7 +132,7 @@ pub fn verdict_lines(cmps: &[ShapeComparison], w: &Widths) -> String {
     cmps.iter()
         .map(|c| {
             format!(
-                "[{:<ws$}] {} vs {}: speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e} {}\n",
+                "[{:<ws$}] {} vs {}: speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e} {} (noise floor ±{:.1}%)\n",
                 c.shape,
                 c.candidate,
                 c.baseline,
@@ -141,6 +141,7 @@ pub fn verdict_lines(cmps: &[ShapeComparison], w: &Widths) -> String {
                 c.speedup_ci_pct[1],
                 c.estimate.p_value,
                 c.verdict,
+                c.noise_floor_pct,
                 ws = w.shape
             )
         })

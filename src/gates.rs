@@ -82,9 +82,25 @@ pub struct PerformanceGates {
     pub max_regression_pct: f64,
     /// Confidence level of the interval on the median ratio.
     pub confidence: f64,
-    /// Differences smaller than this are SAME, however significant.
+    /// Differences smaller than this are SAME, however significant (in-run A/B, paired).
     pub noise_floor_pct: f64,
+    /// The same for two saved runs compared (unpaired): separate processes add their own
+    /// variation, measured by the two-run A/A of scripts/prove_verdicts.sh.
+    pub unpaired_noise_floor_pct: f64,
+    /// Unpaired floors of shapes noisier across processes than the default.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unpaired_noise_floor_by_shape: BTreeMap<String, f64>,
     pub target_shapes: Vec<String>,
+}
+
+impl PerformanceGates {
+    /// The noise floor of an unpaired comparison of `shape`.
+    pub fn unpaired_floor(&self, shape: &str) -> f64 {
+        self.unpaired_noise_floor_by_shape
+            .get(shape)
+            .copied()
+            .unwrap_or(self.unpaired_noise_floor_pct)
+    }
 }
 
 /// A loaded gates file and where it came from.
@@ -163,6 +179,16 @@ impl Gates {
             p.max_regression_pct,
         ));
         numbers.push(("performance.noise_floor_pct".into(), p.noise_floor_pct));
+        numbers.push((
+            "performance.unpaired_noise_floor_pct".into(),
+            p.unpaired_noise_floor_pct,
+        ));
+        for (shape, floor) in &p.unpaired_noise_floor_by_shape {
+            numbers.push((
+                format!("performance.unpaired_noise_floor_by_shape.{shape}"),
+                *floor,
+            ));
+        }
         for (key, value) in numbers {
             if !(value.is_finite() && value >= 0.0) {
                 return Err((key, format!("{value} must be a finite number >= 0")));
@@ -222,7 +248,7 @@ mod tests {
         "relative":   { "factor": 2.0, "max_abs_eps": 0.001, "mean_abs_eps": 0.0001 } },
       "resources":   { "max_regs_per_thread": 128, "max_smem_bytes": 65536, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
       "performance": { "min_speedup_pct": 10.0, "max_regression_pct": 3.0, "confidence": 0.95,
-                       "noise_floor_pct": 1.0, "target_shapes": ["mission"] } }"#;
+                       "noise_floor_pct": 1.0, "unpaired_noise_floor_pct": 1.0, "target_shapes": ["mission"] } }"#;
 
     fn parse(text: &str) -> Result<GateFile, String> {
         GateFile::parse(Path::new("gates/x.json"), text).map_err(|e| e.to_string())

@@ -24,13 +24,7 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
         args.cand_variant.as_deref(),
     )?;
     let warnings = check_comparable(&base.perf, &cand.perf, (&bv, &cv), args.allow_mismatch)?;
-    let cmps = unpaired_comparisons(
-        &base.perf,
-        &cand.perf,
-        (&bv, &cv),
-        gates.confidence,
-        gates.noise_floor_pct,
-    );
+    let cmps = unpaired_comparisons(&base.perf, &cand.perf, (&bv, &cv), gates);
 
     let out = args
         .out

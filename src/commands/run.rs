@@ -172,8 +172,8 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
         print!("{}", console::timing_table(&p.measurements, &widths));
         if !cmps.is_empty() {
             println!(
-                "A/B verdicts ({} confidence, noise floor ±{:.2}%):",
-                gates.performance.confidence, gates.performance.noise_floor_pct
+                "A/B verdicts ({} confidence, paired):",
+                gates.performance.confidence
             );
             print!("{}", console::verdict_lines(cmps, &widths));
         }

@@ -170,13 +170,12 @@ pub fn check_comparable(
 }
 
 /// The verdict per shape of CAND's variant against BASE's, from per-round medians pooled over
-/// seeds (the runs are independent: unpaired).
+/// seeds (the runs are independent: unpaired), with each shape's unpaired noise floor.
 pub fn unpaired_comparisons(
     base: &PerfFile,
     cand: &PerfFile,
     (bv, cv): (&str, &str),
-    confidence: f64,
-    noise_floor_pct: f64,
+    gates: &PerformanceGates,
 ) -> Vec<ShapeComparison> {
     base.shapes()
         .iter()
@@ -192,14 +191,14 @@ pub fn unpaired_comparisons(
             };
             let (b_rounds, b_all, seeds) = gather(base, bv);
             let (c_rounds, c_all, _) = gather(cand, cv);
-            let estimate = crate::stats::unpaired_ratio(&b_rounds, &c_rounds, confidence);
+            let estimate = crate::stats::unpaired_ratio(&b_rounds, &c_rounds, gates.confidence);
             ShapeComparison::new(
                 shape,
                 seeds,
                 (bv, cv),
                 (&b_all, &c_all),
                 estimate,
-                noise_floor_pct,
+                gates.unpaired_floor(shape),
             )
         })
         .collect()
@@ -267,6 +266,8 @@ mod tests {
             max_regression_pct: 3.0,
             confidence: 0.95,
             noise_floor_pct: 1.0,
+            unpaired_noise_floor_pct: 1.0,
+            unpaired_noise_floor_by_shape: [("small".to_string(), 4.0)].into(),
             target_shapes: vec!["mission".into()],
         }
     }
@@ -279,7 +280,7 @@ mod tests {
             pick_variants(&a, &b, None, None).unwrap(),
             ("cp0".into(), "cp1".into())
         );
-        let cmps = unpaired_comparisons(&a, &b, ("cp0", "cp1"), 0.95, 1.0);
+        let cmps = unpaired_comparisons(&a, &b, ("cp0", "cp1"), &gates());
         assert_eq!(cmps[0].verdict, PerfVerdict::Faster);
         assert_eq!(
             targets(&cmps, &gates()),
@@ -353,12 +354,23 @@ mod tests {
     fn the_gate_refuses_slowdowns_beyond_the_allowed_regression_only() {
         let base = perf_file("H200", &["small", "mission"], &[0], &[("cp1", 1.0)]);
         let slow = perf_file("H200", &["small", "mission"], &[0], &[("cp1", 1.05)]);
-        let cmps = unpaired_comparisons(&base, &slow, ("cp1", "cp1"), 0.95, 1.0);
+        let cmps = unpaired_comparisons(&base, &slow, ("cp1", "cp1"), &gates());
         assert!(cmps.iter().all(|c| c.verdict == PerfVerdict::Slower));
         assert_eq!(regressions(&cmps, &gates()).len(), 2);
         let slightly = perf_file("H200", &["small", "mission"], &[0], &[("cp1", 1.02)]);
-        let cmps = unpaired_comparisons(&base, &slightly, ("cp1", "cp1"), 0.95, 1.0);
-        assert!(cmps.iter().all(|c| c.verdict == PerfVerdict::Slower));
+        let cmps = unpaired_comparisons(&base, &slightly, ("cp1", "cp1"), &gates());
+        let verdicts: Vec<_> = cmps
+            .iter()
+            .map(|c| (c.shape.as_str(), c.verdict, c.noise_floor_pct))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("small", PerfVerdict::Same, 4.0),
+                ("mission", PerfVerdict::Slower, 1.0)
+            ],
+            "2% is inside small's 4% unpaired floor and outside mission's 1%"
+        );
         assert!(
             regressions(&cmps, &gates()).is_empty(),
             "2% is within the allowed 3%"

@@ -170,14 +170,14 @@ fn timings(s: &mut String, doc: &CompareDoc) {
     let _ = writeln!(s, "\n## Timing, µs per launch\n");
     let _ = writeln!(
         s,
-        "| shape | seeds | p50 base | p50 cand | p90 base | p90 cand | mean base | mean cand | speedup | {conf:.0}% CI | p | verdict |"
+        "| shape | seeds | p50 base | p50 cand | p90 base | p90 cand | mean base | mean cand | speedup | {conf:.0}% CI | p | floor | verdict |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for c in doc.comparisons {
         let (bs, cs) = (&c.baseline_summary, &c.candidate_summary);
         let _ = writeln!(
             s,
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | **{}** |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.1}% | **{}** |",
             c.shape,
             c.seeds.len(),
             bs.p50,
@@ -190,19 +190,19 @@ fn timings(s: &mut String, doc: &CompareDoc) {
             c.speedup_ci_pct[0],
             c.speedup_ci_pct[1],
             c.estimate.p_value,
+            c.noise_floor_pct,
             c.verdict
         );
     }
     let _ = writeln!(
         s,
         "\nSpeedup = baseline time / candidate time − 1 (median of {} ratios); a verdict other than SAME \
-         needs the whole interval beyond the ±{:.2}% noise floor and p < {:.2}.",
+         needs the whole interval beyond the shape's noise floor and p < {:.2}.",
         if doc.design.starts_with("paired") {
             "per-round"
         } else {
             "round-median"
         },
-        doc.gates.noise_floor_pct,
         1.0 - doc.gates.confidence
     );
     if let Some(svg) = doc.svg {
@@ -255,6 +255,8 @@ mod tests {
             max_regression_pct: 3.0,
             confidence: 0.95,
             noise_floor_pct: 1.0,
+            unpaired_noise_floor_pct: 1.0,
+            unpaired_noise_floor_by_shape: Default::default(),
             target_shapes: vec!["mission".into()],
         };
         let doc = CompareDoc {

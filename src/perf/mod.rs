@@ -82,6 +82,8 @@ pub struct ShapeComparison {
     pub estimate: RatioEstimate,
     pub speedup_pct: f64,
     pub speedup_ci_pct: [f64; 2],
+    /// The noise floor the verdict used, percent.
+    pub noise_floor_pct: f64,
     pub verdict: PerfVerdict,
 }
 
@@ -104,6 +106,7 @@ impl ShapeComparison {
             candidate_summary: Summary::of(cand_samples),
             speedup_pct: estimate.speedup_pct(),
             speedup_ci_pct: [lo, hi],
+            noise_floor_pct,
             verdict: crate::stats::verdict(&estimate, noise_floor_pct),
             estimate,
         }
