@@ -112,11 +112,7 @@ pub struct GateFile {
 
 impl GateFile {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(path, &text)
+        Self::parse(path, &crate::json::read_text(path)?)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {

@@ -6,6 +6,19 @@ use serde::de::DeserializeOwned;
 
 use crate::config::ConfigError;
 
+/// Reads and deserializes the JSON file at `path`; errors name the file (and key).
+pub fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    from_str_with_path(path, &read_text(path)?)
+}
+
+/// Reads a file the user pointed at; the error names it.
+pub fn read_text(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Deserializes `text`; on failure the error names `path` and the dotted key path.
 pub fn from_str_with_path<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
     let de = &mut serde_json::Deserializer::from_str(text);

@@ -164,11 +164,7 @@ pub struct ShapeCatalog {
 
 impl ShapeCatalog {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(path, &text)
+        Self::parse(path, &crate::json::read_text(path)?)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {

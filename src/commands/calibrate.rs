@@ -149,9 +149,5 @@ fn read_correctness(run: &Path) -> Result<CorrectnessFile, ConfigError> {
             run.display()
         )));
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    crate::json::from_str_with_path(&path, &text)
+    crate::json::read_file(&path)
 }

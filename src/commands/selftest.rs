@@ -418,11 +418,7 @@ fn expect_pass(run: &ChildRun, define: &str) -> Result<(), AppError> {
 /// Which gate failed first, and by how much.
 fn gate_figure(dir: Option<&Path>) -> Result<(&'static str, String), AppError> {
     let path = dir.map(|d| d.join("correctness.json")).unwrap_or_default();
-    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    let file: CorrectnessFile = crate::json::from_str_with_path(&path, &text)?;
+    let file: CorrectnessFile = crate::json::read_file(&path)?;
     if let Some((variant, v)) = file.resources.iter().find(|(_, v)| !v.pass()) {
         return Ok((
             "resource gate",
@@ -462,11 +458,7 @@ fn gate_figure(dir: Option<&Path>) -> Result<(&'static str, String), AppError> {
 
 fn stress_figure(dir: Option<&Path>) -> Result<String, AppError> {
     let path = dir.map(|d| d.join("stress.json")).unwrap_or_default();
-    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    let file: super::stress::StressFile = crate::json::from_str_with_path(&path, &text)?;
+    let file: super::stress::StressFile = crate::json::read_file(&path)?;
     let r = file
         .results
         .iter()

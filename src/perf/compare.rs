@@ -40,11 +40,7 @@ impl SavedRun {
                 path.display()
             )));
         }
-        let text = std::fs::read_to_string(&perf_path).map_err(|source| ConfigError::Read {
-            path: perf_path.clone(),
-            source,
-        })?;
-        let perf: PerfFile = crate::json::from_str_with_path(&perf_path, &text)?;
+        let perf: PerfFile = crate::json::read_file(&perf_path)?;
         if perf.schema_version != PERF_SCHEMA_VERSION {
             return Err(ConfigError::invalid_key(
                 &perf_path,
@@ -56,9 +52,11 @@ impl SavedRun {
             ));
         }
         let correctness_path = dir.join("correctness.json");
-        let correctness = match std::fs::read_to_string(&correctness_path) {
-            Ok(text) => Some(crate::json::from_str_with_path(&correctness_path, &text)?),
-            Err(_) => None,
+        // Optional: a run without correctness.json still compares; --gate then refuses it.
+        let correctness = if correctness_path.is_file() {
+            Some(crate::json::read_file(&correctness_path)?)
+        } else {
+            None
         };
         Ok(SavedRun {
             perf_path,
