@@ -62,7 +62,7 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
         warnings: &warnings,
         svg: Some(&svg_name),
     };
-    let markdown = publish::compare_markdown(&doc);
+    let markdown = crate::perf::markdown::render(&doc);
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| crate::report::ReportError::Unwritable {
             path: dir.to_path_buf(),

@@ -4,7 +4,6 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::perf::markdown::{self, CompareDoc};
 use crate::perf::{PerfFile, ShapeComparison, svg};
 use crate::report::{ReportError, write_atomic};
 
@@ -45,11 +44,6 @@ pub fn latency_svg(cmps: &[ShapeComparison], base: &PerfFile, cand: &PerfFile) -
         })
         .unwrap_or_default();
     svg::render(&panels, &bl, &cl, &cand.clock)
-}
-
-/// Renders COMPARE.md.
-pub fn compare_markdown(doc: &CompareDoc) -> String {
-    markdown::render(doc)
 }
 
 /// Refreshes `<results>/COMPARE.md` with the newest comparison; `run_dir_name` is where the

@@ -129,7 +129,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
                 warnings: &[],
                 svg: Some("latency.svg"),
             };
-            let md = publish::compare_markdown(&doc);
+            let md = crate::perf::markdown::render(&doc);
             run_dir.write_text("latency.svg", &publish::latency_svg(&p.comparisons, p, p))?;
             run_dir.write_text("COMPARE.md", &md)?;
             compare_md = Some(md);

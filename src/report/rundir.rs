@@ -66,11 +66,6 @@ impl RunDir {
         )))
     }
 
-    /// The path the run will have once committed.
-    pub fn target(&self) -> &Path {
-        &self.target
-    }
-
     /// Where files go before the commit.
     pub fn staging(&self) -> &Path {
         &self.staging

@@ -98,14 +98,6 @@ impl CudaBackend {
         })
     }
 
-    pub fn device(&self) -> &DeviceInfo {
-        &self.device
-    }
-
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.gpu.ctx
-    }
-
     /// Maps a driver error during a run to exit 4, and marks the context as unusable.
     fn fault(&mut self, variant: usize, what: &str, e: DriverError) -> BackendError {
         self.faulted = true;
