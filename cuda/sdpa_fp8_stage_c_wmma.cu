@@ -1,4 +1,4 @@
-// sdpa_fp8_stage_c_wmma.cu — Stage-C FP8 scaled-dot-product attention with WMMA tensor cores.
+// sdpa_fp8_stage_c_wmma.cu — Stage-C FP8 scaled-dot-product attention on the tensor cores.
 //
 // O = softmax(softmax_scale · Q Kᵀ) V for Q, K, V of shape [B, H, S, D] (row-major, D = 64),
 // given as FP8 E4M3 codes with one f32 scale per (batch, head) per tensor. O is f16 [B, H, S, D].
@@ -6,8 +6,11 @@
 //
 // Switches (build-time defines only; the runner passes them to NVRTC and records them):
 //   USE_CP_ASYNC=0  K/V tiles are loaded synchronously (16-byte loads, decoded on the fly).
-//   USE_CP_ASYNC=1  a two-stage (ping-pong) cp.async pipeline copies the codes of tile t+1
-//                   into shared memory while tile t is computed. Numerics are identical.
+//   USE_CP_ASYNC=1  a two-stage (ping-pong) cp.async pipeline copies the codes of step j+1
+//                   into shared memory while step j is computed. Numerics are identical.
+//   ROW_WARPS=R, KV_SPLIT=K  the warp grid (defaults 2 x 2, chosen by measurement:
+//                   docs/PERF.md). K changes the summation order; src/emulation.rs follows
+//                   the published SDPA_KV_SPLIT.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
 //                   N clock cycles at the end, a fixed planted slowdown that proves the
 //                   runner's SLOWER verdict. Unset, it compiles to nothing.
@@ -18,39 +21,44 @@
 // Launch: grid (ceil(S / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES of dynamic shared
 // memory. The host reads the SDPA_* constants below from the module instead of repeating them.
 //
-// Tiles and warps: a CTA owns BLOCK_M = 64 query rows of one (b, h); warp w (of 4) owns rows
-// [16w, 16w + 16). Keys come in tiles of BLOCK_N = 64. Each warp keeps its Q fragments
-// (4 k-steps) and its O accumulators (4 fragments of 16 columns) in registers.
+// Warps: a CTA owns BLOCK_M = 16·R query rows of one (b, h) and has R·K warps. Warp w owns the
+// 16 rows [16·(w % R), +16) and KV split w / R: split k takes KV tiles k, k + K, k + 2K, ...
+// of BLOCK_N = 64 keys, so one CTA step brings STEP_KEYS = 64·K keys into shared memory and
+// each warp eats one tile of it. Splitting the keys shortens each warp's serial chain K-fold
+// and puts K times more warps on the SMs; the splits are merged once, at the end.
 //
-// Per KV tile:
-//   1. K, V codes -> f16 in sK, sV, decoded exactly (every E4M3 value is an f16); rows past S
-//      are zero.
-//   2. S = Q Kᵀ: WMMA 16x16x16, f16 in, f32 accumulate; per warp 4 key fragments x 4 k-steps,
-//      stored to the warp's scratch.
-//   3. Online softmax in base 2, two lanes per row (32 columns each): s = acc * qk_scale,
-//      m_new = max(m, rowmax s), alpha = exp2(m - m_new), P = f16(exp2(s - m_new)) into sP,
-//      l = fma(l, alpha, rowsum P).
-//   4. O *= alpha (through the scratch, whose layout is defined, unlike a fragment's), then
-//      O += P V with WMMA.
-// Finally O * (v_scale / l) is rounded to f16 and stored.
+// Per tile, in registers (FlashAttention-2 style; mma.sync m16n8k16, f16 in, f32 accumulate —
+// the instruction a WMMA 16x16x16 compiles to, used directly so the fragment layouts are the
+// documented PTX ones and the softmax never leaves registers):
+//   1. K, V codes -> f16 in sK, sV (every E4M3 value is an f16, so decoding is exact); rows
+//      past S are zero.
+//   2. S = Q Kᵀ: 8 key blocks of 8 x 4 k-steps of 16; K fragments by ldmatrix.
+//   3. Online softmax in base 2 on the accumulators: s = acc · qk_scale, m_new = max(m, rowmax),
+//      alpha = exp2(m - m_new), P = f16(exp2(s - m_new)); each lane of a row's quad keeps its
+//      own partial sum l_q = fma(l_q, alpha, sum of its 16 P values).
+//   4. O *= alpha; O += P V with P taken straight from the accumulators as A fragments and V
+//      fragments by ldmatrix.trans.
+// End: l = (l_0 + l_1) + (l_2 + l_3) over the quad; splits 1..K-1 park (m, l, O) in shared
+// memory; split 0 merges: M = max m_k, a_k = exp2(m_k - M), O = O_0·a_0 then fma(O_k, a_k, O),
+// likewise l; stores f16(O · (v_scale / l)).
 //
 // Scales: codes are decoded exactly and the scales applied in f32 where it is cheapest:
 //   qk_scale = (q_scale * k_scale) * (softmax_scale * log2 e) on the scores, v_scale at the end.
-// src/emulation.rs mirrors steps 1-4 in the same precisions; keep the two in step.
+// src/emulation.rs mirrors every step above in the same precisions and order; keep them in step.
 //
-// Shared memory (dynamic; LDH/LDF = padded row strides in elements, against bank conflicts):
-//   offset  region                                              bytes
-//        0  sK       f16 [BLOCK_N][LDH = 72]                     9216
-//     9216  sV       f16 [BLOCK_N][LDH = 72]                     9216
-//    18432  scratch  f32 [NUM_WARPS][16][LDF = 68]   4 x 4352 = 17408  Q staging, S, O rescale
-//    35840  sP       f16 [NUM_WARPS][16][LDH = 72]   4 x 2304 =  9216
-//    45056  stage    u8  [2 stages][K, V][BLOCK_N][64]          16384  (USE_CP_ASYNC=1 only)
-//   total: 45056 bytes (USE_CP_ASYNC=0), 61440 bytes (USE_CP_ASYNC=1).
-// Every region starts on a 32-byte boundary, as WMMA loads and stores require.
+// Shared memory (dynamic). sK, sV rows are 128 bytes (64 f16) with no padding; the 16-byte
+// chunk c of row r lives at chunk c ^ (r & 7), so the 8 rows an ldmatrix reads hit 8 different
+// bank groups (conflict-free) without padding.
+//   offset            region                                           bytes (R = K = 2)
+//   0                 sK     f16 [STEP_KEYS][64], swizzled             STEP_KEYS·128 = 16384
+//   STEP_KEYS·128     sV     f16 [STEP_KEYS][64], swizzled             STEP_KEYS·128 = 16384
+//   STEP_KEYS·256     stage  u8  [2 stages][K, V][STEP_KEYS][64]       STEP_KEYS·256 = 32768
+//                            (USE_CP_ASYNC=1 only)
+//   total (R = K = 2): 32768 bytes (USE_CP_ASYNC=0), 65536 bytes (USE_CP_ASYNC=1).
+//   After the last step, sK/sV are reused to park the splits' (m, l, O) for the merge.
 
 #include <cuda_fp16.h>
 #include <cuda_pipeline_primitives.h>
-#include <mma.h>
 
 #include "fp8_e4m3.cuh"
 
@@ -63,45 +71,89 @@
 #ifndef SDPA_DELAY_CYCLES
 #define SDPA_DELAY_CYCLES 0
 #endif
-
-using namespace nvcuda;
+#ifndef ROW_WARPS
+#define ROW_WARPS 2
+#endif
+#ifndef KV_SPLIT
+#define KV_SPLIT 2
+#endif
 
 typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 #define HEAD_DIM 64
-#define BLOCK_M 64
-#define BLOCK_N 64
-#define NUM_WARPS 4
-#define THREADS (32 * NUM_WARPS)
-#define WM 16  // WMMA tile edge
-#define LDH 72 // f16 row stride: 64 + 8
-#define LDF 68 // f32 row stride: 64 + 4
-
-constexpr int TILE_BYTES = BLOCK_N * HEAD_DIM;          // codes of one K or V tile
-constexpr int CHUNKS_PER_THREAD = TILE_BYTES / 16 / THREADS;
-constexpr int SCRATCH_WARP_FLOATS = WM * LDF;
-constexpr int SP_WARP_HALVES = WM * LDH;
+#define BLOCK_N 64 // keys per tile (one warp's share of a step)
+constexpr int NUM_WARPS = ROW_WARPS * KV_SPLIT;
+constexpr int THREADS = 32 * NUM_WARPS;
+constexpr int BLOCK_M = 16 * ROW_WARPS;
+constexpr int STEP_KEYS = BLOCK_N * KV_SPLIT;
+constexpr int ROW_BYTES = HEAD_DIM * 2;                 // one f16 row of sK / sV
+constexpr int STEP_CODE_BYTES = STEP_KEYS * HEAD_DIM;   // codes of one step of K (or V)
+constexpr int CHUNKS_PER_THREAD = STEP_CODE_BYTES / 16 / THREADS;
 constexpr int OFF_SK = 0;
-constexpr int OFF_SV = OFF_SK + BLOCK_N * LDH * 2;
-constexpr int OFF_SCRATCH = OFF_SV + BLOCK_N * LDH * 2;
-constexpr int OFF_SP = OFF_SCRATCH + NUM_WARPS * SCRATCH_WARP_FLOATS * 4;
-constexpr int OFF_STAGE = OFF_SP + NUM_WARPS * SP_WARP_HALVES * 2;
-constexpr int SMEM_BYTES = OFF_STAGE + (USE_CP_ASYNC ? 2 * 2 * TILE_BYTES : 0);
+constexpr int OFF_SV = OFF_SK + STEP_KEYS * ROW_BYTES;
+constexpr int OFF_STAGE = OFF_SV + STEP_KEYS * ROW_BYTES;
+constexpr int SMEM_BYTES = OFF_STAGE + (USE_CP_ASYNC ? 2 * 2 * STEP_CODE_BYTES : 0);
+// A parked split: per lane 32 O values, then m[2], l[2]; stored lane-major (conflict-free).
+constexpr int PARK_FLOATS = 36 * 32;
 
-static_assert(TILE_BYTES % (16 * THREADS) == 0, "each thread moves whole 16-byte chunks");
-static_assert(OFF_SV % 32 == 0 && OFF_SCRATCH % 32 == 0 && OFF_SP % 32 == 0 && OFF_STAGE % 32 == 0,
-              "WMMA needs 32-byte aligned tiles");
+static_assert(ROW_WARPS >= 1 && KV_SPLIT >= 1 && NUM_WARPS <= 16, "1..16 warps");
+static_assert(STEP_CODE_BYTES % (16 * THREADS) == 0, "each thread moves whole 16-byte chunks");
+static_assert((KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4 <= OFF_STAGE, "parking fits in sK/sV");
 
 // Read by the host after loading the module: launch geometry and identity of this build.
 extern "C" __constant__ int SDPA_HEAD_DIM = HEAD_DIM;
 extern "C" __constant__ int SDPA_BLOCK_M = BLOCK_M;
 extern "C" __constant__ int SDPA_BLOCK_N = BLOCK_N;
+extern "C" __constant__ int SDPA_KV_SPLIT = KV_SPLIT;
 extern "C" __constant__ int SDPA_THREADS = THREADS;
 extern "C" __constant__ int SDPA_SMEM_BYTES = SMEM_BYTES;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = USE_CP_ASYNC;
 
-// Chunk i of a thread within a tile of codes: 16 bytes at (row, col).
+// ---- tensor-core and shared-memory primitives (PTX ISA fragment layouts) -----------------
+
+// D = A·B + D, m16n8k16, f16 inputs, f32 accumulators. Lane (g = lane/4, q = lane%4) holds
+// A rows g, g+8 x cols 2q, 2q+1 (+8); B col g x rows 2q, 2q+1 (+8); C/D rows g, g+8 x cols 2q, 2q+1.
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 f16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a swizzled sK / sV.
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+    return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
+    return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
+}
+
+// Two adjacent E4M3 codes -> one f16x2 register (lower column in the low half).
+__device__ __forceinline__ unsigned decode2_e4m3(unsigned short codes) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)codes, __NV_E4M3);
+    return (unsigned)h.x | ((unsigned)h.y << 16);
+}
+
+// ---- K/V steps: codes -> f16 in sK, sV ---------------------------------------------------
+
+// Chunk i of a thread within a step of codes: 16 codes at (row, col).
 struct Chunk {
     int row, col;
 };
@@ -110,16 +162,15 @@ __device__ __forceinline__ Chunk chunk_of(int i) {
     return {c >> 2, (c & 3) << 4};
 }
 
-// Stores 16 decoded values (or zeros) at dst[row * LDH + col].
-__device__ __forceinline__ void store16(__half* dst, Chunk ch, uint4 lo, uint4 hi) {
-    uint4* d = reinterpret_cast<uint4*>(dst + ch.row * LDH + ch.col);
-    d[0] = lo;
-    d[1] = hi;
+// Stores 16 decoded values (two 16-byte chunks) of row ch.row.
+__device__ __forceinline__ void store16(u8* dst, Chunk ch, uint4 lo, uint4 hi) {
+    *reinterpret_cast<uint4*>(dst + swizzled(ch.row, ch.col >> 3)) = lo;
+    *reinterpret_cast<uint4*>(dst + swizzled(ch.row, (ch.col >> 3) + 1)) = hi;
 }
 
 #if USE_CP_ASYNC
-// Starts the copy of one tile of K and V codes into a stage (rows < valid only).
-__device__ __forceinline__ void copy_tile_async(const u8* __restrict__ k_bh,
+// Starts the copy of one step of K and V codes into a stage (rows < valid only).
+__device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
                                                 const u8* __restrict__ v_bh, int kv0, int valid,
                                                 u8* stage_k, u8* stage_v) {
 #pragma unroll
@@ -135,7 +186,7 @@ __device__ __forceinline__ void copy_tile_async(const u8* __restrict__ k_bh,
 
 // Decodes a landed stage into sK, sV.
 __device__ __forceinline__ void decode_stage(const u8* stage_k, const u8* stage_v, int valid,
-                                             __half* sK, __half* sV) {
+                                             u8* sK, u8* sV) {
 #pragma unroll
     for (int i = 0; i < CHUNKS_PER_THREAD; ++i) {
         const Chunk ch = chunk_of(i);
@@ -149,42 +200,52 @@ __device__ __forceinline__ void decode_stage(const u8* stage_k, const u8* stage_
     }
 }
 #else
-// Loads one tile of K and V codes from global memory and decodes it into sK, sV.
-__device__ __forceinline__ void load_tile(const u8* __restrict__ k_bh, const u8* __restrict__ v_bh,
-                                          int kv0, int valid, __half* sK, __half* sV) {
+// Loads one step of K and V codes from global memory and decodes it into sK, sV.
+__device__ __forceinline__ void load_step(const u8* __restrict__ k_bh, const u8* __restrict__ v_bh,
+                                          int kv0, int valid, u8* sK, u8* sV) {
+    uint4 kc[CHUNKS_PER_THREAD], vc[CHUNKS_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < CHUNKS_PER_THREAD; ++i) { // all loads first: one memory latency, not N
+        const Chunk ch = chunk_of(i);
+        kc[i] = vc[i] = make_uint4(0, 0, 0, 0);
+        if (ch.row < valid) {
+            const size_t src = (size_t)(kv0 + ch.row) * HEAD_DIM + ch.col;
+            kc[i] = *reinterpret_cast<const uint4*>(k_bh + src);
+            vc[i] = *reinterpret_cast<const uint4*>(v_bh + src);
+        }
+    }
 #pragma unroll
     for (int i = 0; i < CHUNKS_PER_THREAD; ++i) {
         const Chunk ch = chunk_of(i);
-        uint4 klo = {0, 0, 0, 0}, khi = klo, vlo = klo, vhi = klo;
-        if (ch.row < valid) {
-            const size_t src = (size_t)(kv0 + ch.row) * HEAD_DIM + ch.col;
-            const uint4 kc = *reinterpret_cast<const uint4*>(k_bh + src);
-            const uint4 vc = *reinterpret_cast<const uint4*>(v_bh + src);
-            decode16_e4m3(kc, klo, khi);
-            decode16_e4m3(vc, vlo, vhi);
-        }
+        uint4 klo, khi, vlo, vhi;
+        decode16_e4m3(kc[i], klo, khi); // a zero code decodes to +0: rows past S are zero
+        decode16_e4m3(vc[i], vlo, vhi);
         store16(sK, ch, klo, khi);
         store16(sV, ch, vlo, vhi);
     }
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+// ---- the kernel --------------------------------------------------------------------------
+
+// At most 128 registers (the resource gate): 4 CTAs of 128 threads fit in 64K registers.
+extern "C" __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 128))
 sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
                       const u8* __restrict__ v, const float* __restrict__ q_scale,
                       const float* __restrict__ k_scale, const float* __restrict__ v_scale,
                       __half* __restrict__ out, int B, int H, int S, float softmax_scale) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    __half* sK = reinterpret_cast<__half*>(smem + OFF_SK);
-    __half* sV = reinterpret_cast<__half*>(smem + OFF_SV);
+    extern __shared__ __align__(128) u8 smem[];
+    u8* sK = smem + OFF_SK;
+    u8* sV = smem + OFF_SV;
 
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
+    const int g = lane >> 2; // fragment row (and row + 8)
+    const int qd = lane & 3; // fragment column pair 2qd, 2qd + 1
+    const int split = warp / ROW_WARPS;
     const int bh = blockIdx.y;
     if (bh >= B * H) return;
-    const int q0 = blockIdx.x * BLOCK_M + warp * WM; // this warp's first query row
-    float* scratch = reinterpret_cast<float*>(smem + OFF_SCRATCH) + warp * SCRATCH_WARP_FLOATS;
-    __half* sP = reinterpret_cast<__half*>(smem + OFF_SP) + warp * SP_WARP_HALVES;
+    const int q0 = blockIdx.x * BLOCK_M + (warp % ROW_WARPS) * 16; // this warp's first row
 
     const size_t head_off = (size_t)bh * S * HEAD_DIM;
     const u8* q_bh = q + head_off;
@@ -196,36 +257,26 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
     const float qk_scale = (q_scale[bh] * k_scale[bh]) * (softmax_scale * 1.4426950408889634f);
 #endif
 
-    // Q: this warp's 16 rows, decoded into the scratch (as f16), then held as A fragments.
-    wmma::fragment<wmma::matrix_a, WM, WM, WM, __half, wmma::row_major> qa[HEAD_DIM / WM];
-    {
-        __half* qs = reinterpret_cast<__half*>(scratch);
+    // Q: this warp's 16 rows as A fragments, decoded straight from global memory.
+    unsigned qa[HEAD_DIM / 16][4];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int c = lane + 32 * i;
-            const Chunk ch = {c >> 2, (c & 3) << 4};
-            uint4 lo = {0, 0, 0, 0}, hi = lo;
-            if (q0 + ch.row < S) {
-                decode16_e4m3(*reinterpret_cast<const uint4*>(q_bh + (size_t)(q0 + ch.row) * HEAD_DIM + ch.col),
-                              lo, hi);
-            }
-            store16(qs, ch, lo, hi);
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = q0 + g + (i & 1) * 8;
+            const int col = kk * 16 + (i >> 1) * 8 + 2 * qd;
+            unsigned short codes = 0;
+            if (row < S) codes = *reinterpret_cast<const unsigned short*>(q_bh + (size_t)row * HEAD_DIM + col);
+            qa[kk][i] = decode2_e4m3(codes);
         }
-        __syncwarp();
-#pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / WM; ++kk) wmma::load_matrix_sync(qa[kk], qs + kk * WM, LDH);
-        __syncwarp();
     }
 
-    wmma::fragment<wmma::accumulator, WM, WM, WM, float> o_acc[HEAD_DIM / WM];
+    // Per lane: rows g (index 0) and g + 8 (index 1) of the warp's 16.
+    float o[HEAD_DIM / 8][4];
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / WM; ++n) wmma::fill_fragment(o_acc[n], 0.0f);
-
-    // Softmax state: lane pair (2r, 2r+1) owns row r, columns [c0, c0 + 32).
-    const int r = lane >> 1;
-    const int c0 = (lane & 1) * 32;
-    float m_run = NEG_INF;
-    float l_run = 0.0f;
+    for (int n = 0; n < HEAD_DIM / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {NEG_INF, NEG_INF};
+    float l_run[2] = {0.0f, 0.0f}; // this lane's share of the row sums
 
     const int n_tiles = (S + BLOCK_N - 1) / BLOCK_N;
 #ifdef MUTANT_SKIP_LAST_KV_TILE
@@ -233,145 +284,214 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
 #else
     const int tiles_run = n_tiles;
 #endif
+    const int n_steps = (n_tiles + KV_SPLIT - 1) / KV_SPLIT;
+    const unsigned sK_addr = (unsigned)__cvta_generic_to_shared(sK);
+    const unsigned sV_addr = (unsigned)__cvta_generic_to_shared(sV);
+    const int tile_row0 = split * BLOCK_N; // this warp's tile within a step
 #if USE_CP_ASYNC
-    u8* stage = smem + OFF_STAGE; // [stage][K = 0, V = 1][BLOCK_N][HEAD_DIM]
-    copy_tile_async(k_bh, v_bh, 0, min(BLOCK_N, S), stage, stage + TILE_BYTES);
+    u8* stage = smem + OFF_STAGE; // [stage][K = 0, V = 1][STEP_KEYS][HEAD_DIM]
+    copy_step_async(k_bh, v_bh, 0, min(STEP_KEYS, S), stage, stage + STEP_CODE_BYTES);
     __pipeline_commit();
 #endif
 
-    for (int t = 0; t < tiles_run; ++t) {
-        const int kv0 = t * BLOCK_N;
-        const int valid = min(BLOCK_N, S - kv0);
+    for (int j = 0; j < n_steps; ++j) {
+        const int kv0 = j * STEP_KEYS;
 
-        // 1. This tile's K and V, decoded into sK and sV.
+        // 1. This step's K and V, decoded into sK and sV.
 #if USE_CP_ASYNC
-        if (t + 1 < n_tiles) {
-            u8* next = stage + ((t + 1) & 1) * 2 * TILE_BYTES;
-            copy_tile_async(k_bh, v_bh, kv0 + BLOCK_N, min(BLOCK_N, S - kv0 - BLOCK_N), next, next + TILE_BYTES);
+        if (j + 1 < n_steps) {
+            u8* next = stage + ((j + 1) & 1) * 2 * STEP_CODE_BYTES;
+            copy_step_async(k_bh, v_bh, kv0 + STEP_KEYS, min(STEP_KEYS, S - kv0 - STEP_KEYS), next,
+                            next + STEP_CODE_BYTES);
         }
         __pipeline_commit();       // one group per iteration (maybe empty) keeps the count uniform
 #ifndef MUTANT_SKIP_CP_WAIT
-        __pipeline_wait_prior(1);  // every group but the newest has landed: tile t is here
+        __pipeline_wait_prior(1);  // every group but the newest has landed: step j is here
 #endif
         __syncthreads();
 #ifdef MUTANT_WRONG_STAGE
-        const u8* cur = stage + ((t + 1) & 1) * 2 * TILE_BYTES;
+        const u8* cur = stage + ((j + 1) & 1) * 2 * STEP_CODE_BYTES;
 #else
-        const u8* cur = stage + (t & 1) * 2 * TILE_BYTES;
+        const u8* cur = stage + (j & 1) * 2 * STEP_CODE_BYTES;
 #endif
-        decode_stage(cur, cur + TILE_BYTES, valid, sK, sV);
+        decode_stage(cur, cur + STEP_CODE_BYTES, min(STEP_KEYS, S - kv0), sK, sV);
 #else
-        load_tile(k_bh, v_bh, kv0, valid, sK, sV);
+        load_step(k_bh, v_bh, kv0, min(STEP_KEYS, S - kv0), sK, sV);
 #endif
 #ifndef MUTANT_NO_DEQUANT_BARRIER
         __syncthreads();
 #endif
 
-        // 2. S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys.
-#pragma unroll
-        for (int n = 0; n < BLOCK_N / WM; ++n) {
-            wmma::fragment<wmma::accumulator, WM, WM, WM, float> s_acc;
-            wmma::fill_fragment(s_acc, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HEAD_DIM / WM; ++kk) {
-                wmma::fragment<wmma::matrix_b, WM, WM, WM, __half, wmma::col_major> kb;
-                wmma::load_matrix_sync(kb, sK + n * WM * LDH + kk * WM, LDH);
-                wmma::mma_sync(s_acc, qa[kk], kb, s_acc);
-            }
-            wmma::store_matrix_sync(scratch + n * WM, s_acc, LDF, wmma::mem_row_major);
-        }
-        __syncwarp();
+        const int t = j * KV_SPLIT + split; // this warp's tile
+        if (t < tiles_run) {
+            const int valid = min(BLOCK_N, S - t * BLOCK_N);
 
-        // 3. Online softmax (base 2). Keys past S score -inf, so their P is exactly 0.
+            // 2. S = Q Kᵀ: 8 key blocks x 4 k-steps. ldmatrix matrix i of a pair: key block
+            //    nb + (i >> 1), d chunk 2kk + (i & 1) -> b0, b1 of key blocks nb and nb + 1.
+            float s[BLOCK_N / 8][4];
+#pragma unroll
+            for (int nb = 0; nb < BLOCK_N / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+#pragma unroll
+                for (int nb = 0; nb < BLOCK_N / 8; nb += 2) {
+                    const int i = lane >> 3;
+                    const int row = tile_row0 + (nb + (i >> 1)) * 8 + (lane & 7);
+                    unsigned b[4];
+                    ldmatrix_x4(b, sK_addr + swizzled(row, 2 * kk + (i & 1)));
+                    mma16816(s[nb], qa[kk], b[0], b[1]);
+                    mma16816(s[nb + 1], qa[kk], b[2], b[3]);
+                }
+            }
+
+            // 3. Online softmax (base 2). Keys past S score -inf, so their P is exactly 0.
 #ifdef MUTANT_NO_PARTIAL_MASK
-        const int unmasked = BLOCK_N;
+            const int unmasked = BLOCK_N;
 #else
-        const int unmasked = valid;
+            const int unmasked = valid;
 #endif
-        const float* srow = scratch + r * LDF + c0;
-        float tile_max = NEG_INF;
-#pragma unroll 8
-        for (int j = 0; j < 32; ++j) {
-            const float s = (c0 + j < unmasked) ? __fmul_rn(srow[j], qk_scale) : NEG_INF;
-            tile_max = fmaxf(tile_max, s);
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        const float m_new = fmaxf(m_run, tile_max);
-#ifdef MUTANT_NO_RESCALE
-        const float alpha = 1.0f;
-#else
-        const float alpha = exp2f(m_run - m_new);
-#endif
-        __half* prow = sP + r * LDH + c0;
-        float row_sum = 0.0f;
-#pragma unroll 8
-        for (int j = 0; j < 32; ++j) {
-            const float s = (c0 + j < unmasked) ? __fmul_rn(srow[j], qk_scale) : NEG_INF;
-            const __half p = __float2half_rn(exp2f(s - m_new));
-            prow[j] = p;
-            row_sum += __half2float(p);
-        }
-        row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
-        l_run = __fmaf_rn(l_run, alpha, row_sum);
-        m_run = m_new;
-        __syncwarp();
-
-        // 4. O *= alpha through the scratch, then O += P V.
+            float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int n = 0; n < HEAD_DIM / WM; ++n)
-            wmma::store_matrix_sync(scratch + n * WM, o_acc[n], LDF, wmma::mem_row_major);
-        __syncwarp();
-        float* orow = scratch + r * LDF + c0;
-#pragma unroll 8
-        for (int j = 0; j < 32; ++j) orow[j] = __fmul_rn(orow[j], alpha);
-        __syncwarp();
+            for (int nb = 0; nb < BLOCK_N / 8; ++nb) {
 #pragma unroll
-        for (int n = 0; n < HEAD_DIM / WM; ++n)
-            wmma::load_matrix_sync(o_acc[n], scratch + n * WM, LDF, wmma::mem_row_major);
-
-        wmma::fragment<wmma::matrix_a, WM, WM, WM, __half, wmma::row_major> pa[BLOCK_N / WM];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / WM; ++kk) wmma::load_matrix_sync(pa[kk], sP + kk * WM, LDH);
-#pragma unroll
-        for (int n = 0; n < HEAD_DIM / WM; ++n) {
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / WM; ++kk) {
-                wmma::fragment<wmma::matrix_b, WM, WM, WM, __half, wmma::row_major> vb;
-                wmma::load_matrix_sync(vb, sV + kk * WM * LDH + n * WM, LDH);
-                wmma::mma_sync(o_acc[n], pa[kk], vb, o_acc[n]);
+                for (int e = 0; e < 4; ++e) {
+                    const int col = nb * 8 + 2 * qd + (e & 1);
+                    s[nb][e] = (col < unmasked) ? __fmul_rn(s[nb][e], qk_scale) : NEG_INF;
+                    tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nb][e]);
+                }
             }
+            float alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+                tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+                const float m_new = fmaxf(m_run[i], tile_max[i]);
+#ifdef MUTANT_NO_RESCALE
+                alpha[i] = 1.0f;
+#else
+                alpha[i] = exp2f(m_run[i] - m_new);
+#endif
+                m_run[i] = m_new;
+            }
+            // 4. O *= alpha, then O += P V, one k-step of 16 keys at a time (so only that
+            //    k-step's P is live). P comes straight from the score accumulators as the A
+            //    fragment: key block 2kk gives a0 (row g), a1 (row g+8); block 2kk+1 gives a2, a3.
+            //    ldmatrix.trans matrix i: keys 16kk + (i & 1)·8, d chunk n + (i >> 1)
+            //    -> b0, b1 of d blocks n and n + 1.
+#pragma unroll
+            for (int n = 0; n < HEAD_DIM / 8; ++n) {
+                o[n][0] = __fmul_rn(o[n][0], alpha[0]);
+                o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+                o[n][2] = __fmul_rn(o[n][2], alpha[1]);
+                o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+            }
+            float part[2] = {0.0f, 0.0f}; // this lane's P sums, key blocks in order
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                unsigned pa[4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int nb = 2 * kk + h;
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const __half p0 = __float2half_rn(exp2f(s[nb][2 * i] - m_run[i]));
+                        const __half p1 = __float2half_rn(exp2f(s[nb][2 * i + 1] - m_run[i]));
+                        part[i] += __half2float(p0);
+                        part[i] += __half2float(p1);
+                        pa[h * 2 + i] = pack_half2(p0, p1);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < HEAD_DIM / 8; n += 2) {
+                    const int i = lane >> 3;
+                    const int row = tile_row0 + kk * 16 + (i & 1) * 8 + (lane & 7);
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, sV_addr + swizzled(row, n + (i >> 1)));
+                    mma16816(o[n], pa, b[0], b[1]);
+                    mma16816(o[n + 1], pa, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) l_run[i] = __fmaf_rn(l_run[i], alpha[i], part[i]);
         }
-        __syncthreads(); // every warp is done with sK, sV before the next tile overwrites them
+        __syncthreads(); // every warp is done with sK, sV before the next step overwrites them
     }
 #if USE_CP_ASYNC
     __pipeline_wait_prior(0);
 #endif
 
-    // Normalize and store: lane pair (2r, 2r+1) writes row r, 32 columns each.
+    // Row sums over the quad: (l_0 + l_1) + (l_2 + l_3), the same on every lane.
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / WM; ++n)
-        wmma::store_matrix_sync(scratch + n * WM, o_acc[n], LDF, wmma::mem_row_major);
-    __syncwarp();
-#ifdef MUTANT_STORE_ROW_OFF_BY_ONE
-    const int row = q0 + r + 1;
-#else
-    const int row = q0 + r;
+    for (int i = 0; i < 2; ++i) {
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+    }
+
+    // Merge the KV splits into split 0 (sK/sV are free: the loop ended on a barrier).
+#if KV_SPLIT > 1
+    float* park = reinterpret_cast<float*>(smem);
+    const int rw = warp % ROW_WARPS;
+    if (split > 0) {
+        float* mine = park + ((split - 1) * ROW_WARPS + rw) * PARK_FLOATS + lane;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32] = o[n][e];
+        mine[32 * 32] = m_run[0];
+        mine[33 * 32] = m_run[1];
+        mine[34 * 32] = l_run[0];
+        mine[35 * 32] = l_run[1];
+    }
+    __syncthreads();
+    if (split > 0) return;
+    float m_all[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
+        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * PARK_FLOATS + lane;
+        m_all[0] = fmaxf(m_all[0], theirs[32 * 32]);
+        m_all[1] = fmaxf(m_all[1], theirs[33 * 32]);
+    }
+    float f[2]; // split 0's weight exp2(m_0 - M)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        f[i] = exp2f(m_run[i] - m_all[i]);
+        l_run[i] = __fmul_rn(l_run[i], f[i]);
+    }
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] = __fmul_rn(o[n][e], f[e >> 1]);
+#pragma unroll
+    for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
+        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * PARK_FLOATS + lane;
+        float a[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            a[i] = exp2f(theirs[(32 + i) * 32] - m_all[i]);
+            l_run[i] = __fmaf_rn(theirs[(34 + i) * 32], a[i], l_run[i]);
+        }
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[n][e] = __fmaf_rn(theirs[(n * 4 + e) * 32], a[e >> 1], o[n][e]);
+    }
 #endif
-    if (row < S) {
-        const float f = v_scale[bh] / l_run;
-        const float* src = scratch + r * LDF + c0;
-        uint4* dst = reinterpret_cast<uint4*>(out + head_off + (size_t)row * HEAD_DIM + c0);
+
+    // Normalize and store: each lane writes 2 columns of rows g and g + 8 per d block.
 #pragma unroll
-        for (int j = 0; j < 32; j += 8) {
-            union {
-                uint4 u;
-                __half2 h[4];
-            } pack;
+    for (int i = 0; i < 2; ++i) {
+#ifdef MUTANT_STORE_ROW_OFF_BY_ONE
+        const int row = q0 + g + i * 8 + 1;
+#else
+        const int row = q0 + g + i * 8;
+#endif
+        if (row < S) {
+            const float scale = v_scale[bh] / l_run[i];
+            __half2* dst = reinterpret_cast<__half2*>(out + head_off + (size_t)row * HEAD_DIM + 2 * qd);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                pack.h[e] = __halves2half2(__float2half_rn(__fmul_rn(src[j + 2 * e], f)),
-                                           __float2half_rn(__fmul_rn(src[j + 2 * e + 1], f)));
-            dst[j / 8] = pack.u;
+            for (int n = 0; n < HEAD_DIM / 8; ++n)
+                dst[n * 4] = __halves2half2(__float2half_rn(__fmul_rn(o[n][2 * i], scale)),
+                                            __float2half_rn(__fmul_rn(o[n][2 * i + 1], scale)));
         }
     }
 #ifdef MUTANT_K_READ_PAST_END

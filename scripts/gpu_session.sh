@@ -8,12 +8,14 @@
 #   verdicts  the A/A and planted-slowdown proof of the performance verdicts
 #   validate  stress --repeats 1000 on every shape, the mutation self-test, sanitize.sh on the
 #             clean kernel and on the out-of-bounds mutant, the ncu profile of mission
+#   perf      issue 6: our kernel beside PyTorch SDPA (scripts/peer_torch_sdpa.py) on mission,
+#             long, large; the warp grids ROW_WARPS x KV_SPLIT; the kernel before (if staged)
 #   tests     every test executable with --include-ignored, and compute-sanitizer on small shapes
 # Full logs and result directories go into OUT_DIR/session.tgz; a short table is printed last.
 set -u
 out=${1:-${OUT:-./gpu-session}}
 shift || true
-sections=${*:-check verdicts validate tests}
+sections=${*:-check verdicts validate perf tests}
 mkdir -p "$out"
 work=$(mktemp -d)
 export SDPA_RUNNER_BIN=$PWD/.device/sdpa-runner
@@ -58,6 +60,39 @@ validate() {
   step sanitize_oob_small sh -c "compute-sanitizer --tool memcheck --padding 256 --error-exitcode 9 '$runner' --shapes small --seeds 0 --iters 0 --define MUTANT_K_READ_PAST_END --results-dir '$work/oob-small'; echo exit \$?"
   step profile_ncu_mission env RESULTS_DIR="$work/ncu" scripts/profile_ncu.sh mission 0
   keep+=("$work/selftest.log" "$work/profile_ncu_mission.log")
+}
+
+perf() { # issue 6: the kernel beside PyTorch, warp-grid choices, before/after
+  local shp=${PERF_SHAPES:-mission,long,large}
+  step perf_ours "$runner" --shapes "$shp" --seeds 0 --results-dir "$work/perf/ours"
+  step perf_peer_torch python3 scripts/peer_torch_sdpa.py --shapes "$shp" --seeds 0 --results-dir "$work/perf/peer"
+  local ours peer
+  ours=$(ls -d "$work"/perf/ours/2* | head -1)
+  peer=$(ls -d "$work"/perf/peer/2*-peer-torch-* | head -1)
+  for b in cudnn flash efficient; do
+    step "perf_vs_torch_$b" "$runner" compare "$peer" "$ours" --base-variant "torch-$b" --cand-variant cp1 --out "$work/perf/COMPARE-torch-$b-vs-cp1.md"
+  done
+  step perf_vs_torch_cudnn_cp0 "$runner" compare "$peer" "$ours" --base-variant torch-cudnn --cand-variant cp0 --out "$work/perf/COMPARE-torch-cudnn-vs-cp0.md"
+  # Warp grids (ROW_WARPS x KV_SPLIT), each its own run, compared with the default (2 x 2).
+  for grid in "4 1" "4 2" "1 2"; do
+    set -- $grid
+    step "perf_grid_${1}x${2}" "$runner" --shapes "$shp" --seeds 0 --define "ROW_WARPS=$1" --define "KV_SPLIT=$2" --results-dir "$work/perf/grid-${1}x${2}"
+    for v in cp0 cp1; do
+      step "perf_grid_${1}x${2}_vs_default_$v" "$runner" compare "$ours" "$work"/perf/grid-${1}x${2}/2* --base-variant $v --cand-variant $v --out "$work/perf/COMPARE-grid-${1}x${2}-vs-2x2-$v.md"
+    done
+  done
+  # The kernel before this work (kept under .device/ by stage_device.sh, when present).
+  if [ -f .device/kernel_before.cu ]; then
+    step perf_before "$runner" --shapes "$shp" --seeds 0 --kernel .device/kernel_before.cu --results-dir "$work/perf/before"
+    for v in cp0 cp1; do
+      step "perf_before_vs_now_$v" "$runner" compare "$work"/perf/before/2* "$ours" --base-variant $v --cand-variant $v --out "$work/perf/COMPARE-before-vs-now-$v.md"
+    done
+  fi
+  for f in "$work"/perf/COMPARE-*.md; do
+    echo "=== $(basename "$f")"
+    grep -E '^\| *(mission|long|large|small)|WARNING|verdict' "$f" | head -12
+  done >"$work/perf_digest.txt"
+  keep+=("$work/perf_digest.txt" "$work/perf_ours.log" "$work/perf_peer_torch.log")
 }
 
 tests() {

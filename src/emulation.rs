@@ -1,14 +1,18 @@
 //! The Stage-C algorithm on the CPU, in the kernel's precisions. It mirrors
 //! cuda/sdpa_fp8_stage_c_wmma.cu step for step; keep the two in step.
 //!
-//! Per query row, for each KV tile of [`KV_TILE`] keys:
+//! Per query row, the KV tiles of [`KV_TILE`] keys are dealt to `kv_split` splits (split k
+//! takes tiles k, k + kv_split, ...). Within a split, for each of its tiles:
 //! 1. scores: FP8 codes decoded exactly to f16; Q·Kᵀ in f32, one 16-wide k-step at a time
-//!    (as one WMMA 16x16x16 per step), then `acc * ((q_scale * k_scale) * (softmax_scale * log2 e))`;
+//!    (one tensor-core MMA per step), then `acc * ((q_scale * k_scale) * (softmax_scale * log2 e))`;
 //! 2. online softmax in base 2: running max `m`, `alpha = exp2(m_old - m_new)`,
-//!    `p = f16(exp2(s - m_new))`, `l = fma(l, alpha, sum(p[0..32]) + sum(p[32..64]))`;
-//! 3. `O = O * alpha`, then `O += P·V` one 16-key step at a time, f32 accumulation;
+//!    `p = f16(exp2(s - m_new))`; four partial sums, one per lane of the row's quad
+//!    (lane q owns columns 8·nb + 2q, 8·nb + 2q + 1), each `l_q = fma(l_q, alpha, its P sum)`;
+//! 3. `O = O * alpha`, then `O += P·V` one 16-key step at a time, f32 accumulation.
 //!
-//! and finally `O * (v_scale / l)` rounded to f16. Keys past S score -inf (masked).
+//! A split ends with `l = (l_0 + l_1) + (l_2 + l_3)`. The splits merge as the kernel does:
+//! `M = max m_k`, `O = O_0 * exp2(m_0 - M)` then `O = fma(O_k, exp2(m_k - M), O)`, likewise `l`;
+//! finally `O * (v_scale / l)` rounded to f16. Keys past S score -inf (masked).
 //! Two roles: the `cpu` backend, and the same-precision yardstick of the relative gate.
 
 use half::f16;
@@ -20,6 +24,11 @@ use crate::shapes::HEAD_DIM;
 
 /// Keys per KV tile; the kernel's BLOCK_N, checked against the compiled kernel at run time.
 pub const KV_TILE: usize = 64;
+/// The kernel's default KV_SPLIT. A GPU run emulates the split its kernel publishes
+/// (`SDPA_KV_SPLIT`); the CPU backend uses this one.
+pub const KV_SPLIT: usize = 2;
+/// Lanes that share one row of an MMA accumulator (a quad), each with its own partial sum.
+const QUAD: usize = 4;
 /// Depth of one WMMA step (16x16x16).
 const K_STEP: usize = 16;
 /// Query rows per parallel work item (not a numerical parameter: rows are independent).
@@ -38,7 +47,8 @@ pub enum Defect {
 
 /// Runs the emulation into `out` (`[B, H, S, D]` f16). Elements the algorithm does not write
 /// keep whatever `out` held, so a poisoned buffer exposes unwritten rows.
-pub fn run(p: &Problem, defect: Defect, out: &mut [f16]) {
+pub fn run(p: &Problem, kv_split: usize, defect: Defect, out: &mut [f16]) {
+    assert!(kv_split >= 1);
     let (s, d) = (p.shape.s, p.shape.d);
     assert_eq!(d, HEAD_DIM);
     assert_eq!(out.len(), p.output_len());
@@ -70,9 +80,9 @@ pub fn run(p: &Problem, defect: Defect, out: &mut [f16]) {
             let qk_scale =
                 (p.q.scales[bh] * p.k.scales[bh]) * (p.softmax_scale * std::f32::consts::LOG2_E);
             let v_scale = p.v.scales[bh];
-            let tiles = match defect {
-                Defect::SkipLastKvTile => 0..n_tiles - 1,
-                _ => 0..n_tiles,
+            let tiles_run = match defect {
+                Defect::SkipLastKvTile => n_tiles - 1,
+                _ => n_tiles,
             };
             out_head
                 .par_chunks_mut(ROW_CHUNK * d)
@@ -94,7 +104,7 @@ pub fn run(p: &Problem, defect: Defect, out: &mut [f16]) {
                             s,
                             s_pad,
                         };
-                        row.attend(tiles.clone(), qk_scale, v_scale, out_row);
+                        row.attend(tiles_run, kv_split, qk_scale, v_scale, out_row);
                     }
                 });
         });
@@ -109,15 +119,41 @@ struct Row<'a> {
     s_pad: usize,
 }
 
+/// One split's online-softmax state for one row.
+struct SplitState {
+    m: f32,
+    l: f32,
+    o: [f32; HEAD_DIM],
+}
+
 impl Row<'_> {
-    fn attend(&self, tiles: std::ops::Range<usize>, qk_scale: f32, v_scale: f32, out: &mut [f16]) {
+    fn attend(
+        &self,
+        tiles_run: usize,
+        kv_split: usize,
+        qk_scale: f32,
+        v_scale: f32,
+        out: &mut [f16],
+    ) {
+        let splits: Vec<SplitState> = (0..kv_split)
+            .map(|k| self.split(k, tiles_run, kv_split, qk_scale))
+            .collect();
+        let (l, o) = merge(&splits);
+        let f = v_scale / l;
+        for (dst, x) in out.iter_mut().zip(o) {
+            *dst = f16::from_f32(x * f);
+        }
+    }
+
+    /// Split `k`: tiles k, k + kv_split, ... below `tiles_run`.
+    fn split(&self, k: usize, tiles_run: usize, kv_split: usize, qk_scale: f32) -> SplitState {
         const D: usize = HEAD_DIM;
         let mut m = f32::NEG_INFINITY;
-        let mut l = 0f32;
+        let mut l_quad = [0f32; QUAD];
         let mut o = [0f32; D];
-        for t in tiles {
+        for t in (k..tiles_run).step_by(kv_split) {
             let base = t * KV_TILE;
-            // 1. Scores, one WMMA k-step at a time.
+            // 1. Scores, one MMA k-step at a time.
             let mut acc = [0f32; KV_TILE];
             for ks in (0..D).step_by(K_STEP) {
                 let mut part = [0f32; KV_TILE];
@@ -137,7 +173,7 @@ impl Row<'_> {
             for (sc, a) in scores.iter_mut().zip(acc).take(valid) {
                 *sc = a * qk_scale;
             }
-            // 2. Online softmax (base 2), P rounded to f16.
+            // 2. Online softmax (base 2), P rounded to f16, one partial sum per quad lane.
             let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let m_new = m.max(tile_max);
             let alpha = (m - m_new).exp2();
@@ -145,9 +181,14 @@ impl Row<'_> {
             for (pj, sc) in p.iter_mut().zip(scores) {
                 *pj = f16::from_f32((sc - m_new).exp2()).to_f32();
             }
-            let half = KV_TILE / 2;
-            let sum = p[..half].iter().sum::<f32>() + p[half..].iter().sum::<f32>();
-            l = l.mul_add(alpha, sum);
+            for (q, lq) in l_quad.iter_mut().enumerate() {
+                let mut part = 0f32;
+                for block in p.chunks(8) {
+                    part += block[2 * q];
+                    part += block[2 * q + 1];
+                }
+                *lq = lq.mul_add(alpha, part);
+            }
             m = m_new;
             // 3. Rescale, then P·V one 16-key step at a time.
             for x in o.iter_mut() {
@@ -166,11 +207,30 @@ impl Row<'_> {
                 }
             }
         }
-        let f = v_scale / l;
-        for (dst, x) in out.iter_mut().zip(o) {
-            *dst = f16::from_f32(x * f);
+        let l = (l_quad[0] + l_quad[1]) + (l_quad[2] + l_quad[3]);
+        SplitState { m, l, o }
+    }
+}
+
+/// Merges the splits' states into (l, O) as the kernel's split 0 does. One split is taken
+/// as is (the kernel skips the merge then).
+fn merge(splits: &[SplitState]) -> (f32, [f32; HEAD_DIM]) {
+    let first = &splits[0];
+    if splits.len() == 1 {
+        return (first.l, first.o);
+    }
+    let m_all = splits.iter().map(|s| s.m).fold(f32::NEG_INFINITY, f32::max);
+    let f = (first.m - m_all).exp2();
+    let mut l = first.l * f;
+    let mut o = first.o.map(|x| x * f);
+    for other in &splits[1..] {
+        let a = (other.m - m_all).exp2();
+        l = other.l.mul_add(a, l);
+        for (x, &y) in o.iter_mut().zip(&other.o) {
+            *x = y.mul_add(a, *x);
         }
     }
+    (l, o)
 }
 
 #[cfg(test)]
@@ -195,7 +255,7 @@ mod tests {
 
     fn emulate(p: &Problem, defect: Defect) -> Vec<f16> {
         let mut out = vec![POISON; p.output_len()];
-        run(p, defect, &mut out);
+        run(p, KV_SPLIT, defect, &mut out);
         out
     }
 
@@ -232,6 +292,29 @@ mod tests {
         let refs = References::compute(&p);
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 1e-2, "max err {err}");
+    }
+
+    #[test]
+    fn every_kv_split_gives_the_same_answer_up_to_rounding() {
+        // S = 300: five tiles, so 2 and 3 splits get unequal shares and a split may be empty.
+        let p = problem(1, 2, 300, 1.0);
+        let refs = References::compute(&p);
+        let outs: Vec<Vec<f16>> = [1, 2, 3, 8]
+            .iter()
+            .map(|&k| {
+                let mut out = vec![POISON; p.output_len()];
+                run(&p, k, Defect::None, &mut out);
+                out
+            })
+            .collect();
+        for out in &outs {
+            assert!(max_err(out, &refs.kernel) < 4e-3);
+        }
+        let differing = outs[0].iter().zip(&outs[1]).filter(|(a, b)| a != b).count();
+        assert!(
+            differing > 0,
+            "the split must change the summation order somewhere"
+        );
     }
 
     #[test]

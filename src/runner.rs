@@ -26,10 +26,11 @@ pub struct Yardsticks {
 }
 
 impl Yardsticks {
-    pub fn compute(p: &Problem, gates: &Gates) -> Self {
+    /// `kv_split`: the backend's ([`Backend::kv_split`]), so the emulation sums as it does.
+    pub fn compute(p: &Problem, gates: &Gates, kv_split: usize) -> Self {
         let refs = References::compute(p);
         let mut emulation_out = vec![POISON; p.output_len()];
-        emulation::run(p, Defect::None, &mut emulation_out);
+        emulation::run(p, kv_split, Defect::None, &mut emulation_out);
         let emulation =
             metrics::measure(&emulation_out, &refs.kernel, kernel_rule(gates), &p.shape);
         Yardsticks {
@@ -145,7 +146,7 @@ pub fn run_all(
     for shape in shapes {
         for &seed in seeds {
             let p = Problem::new(shape, seed);
-            let y = Yardsticks::compute(&p, gates);
+            let y = Yardsticks::compute(&p, gates, backend.kv_split());
             backend.load(&p)?;
             let variants = backend.variants().to_vec();
             for (i, variant) in variants.iter().enumerate() {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use half::f16;
 
 use super::{Backend, BackendError};
-use crate::emulation::{self, Defect, KV_TILE};
+use crate::emulation::{self, Defect, KV_SPLIT, KV_TILE};
 use crate::metrics::POISON;
 use crate::problem::Problem;
 use crate::timing::TimingPlan;
@@ -47,7 +47,7 @@ impl Backend for CpuBackend {
     fn run_checked(&mut self, _variant: usize) -> Result<Vec<f16>, BackendError> {
         let p = self.problem.as_ref().expect("load() before run_checked()");
         let mut out = vec![POISON; p.output_len()];
-        emulation::run(p, self.defect, &mut out);
+        emulation::run(p, KV_SPLIT, self.defect, &mut out);
         Ok(out)
     }
 
@@ -106,6 +106,7 @@ impl Backend for CpuBackend {
         serde_json::json!({
             "kind": "CPU emulation of the Stage-C algorithm (not the GPU kernel)",
             "kv_tile": KV_TILE,
+            "kv_split": KV_SPLIT,
             "k_step": 16,
             "planted_defect": format!("{:?}", self.defect),
         })

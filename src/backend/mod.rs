@@ -82,6 +82,12 @@ pub trait Backend {
     /// One line that says plainly what runs: the GPU and its software, or the emulation.
     fn describe(&self) -> String;
 
+    /// The KV split whose summation order the runs follow, so the emulation yardstick
+    /// follows the same one.
+    fn kv_split(&self) -> usize {
+        crate::emulation::KV_SPLIT
+    }
+
     /// The compiled variants' identities; empty where nothing is compiled.
     fn identities(&self) -> Vec<VariantIdentity> {
         Vec::new()

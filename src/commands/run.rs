@@ -83,6 +83,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     run_dir.write_json("correctness.json", &correctness)?;
 
     let perf = plan.enabled().then(|| PerfFile {
+        peer: None,
         schema_version: PERF_SCHEMA_VERSION,
         backend: backend.name().to_string(),
         clock: backend.clock().to_string(),

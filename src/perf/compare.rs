@@ -119,6 +119,15 @@ pub fn check_comparable(
     allow_mismatch: bool,
 ) -> Result<Vec<String>, ConfigError> {
     let mut warnings = Vec::new();
+    // A peer (another library on the same GPU) has its own backend and its own inputs of
+    // the same shapes: expected, and said in the report, but a different GPU still refuses.
+    let peer = [base, cand].iter().find_map(|f| f.peer.as_ref());
+    if let Some(p) = peer {
+        warnings.push(format!(
+            "peer comparison: one side is not this kernel but {p} on the same GPU, timed with \
+             the runner's rules on its own fp16 inputs of the same shapes (timings only)"
+        ));
+    }
     let mut mismatch = |what: String| -> Result<(), ConfigError> {
         if allow_mismatch {
             warnings.push(format!(
@@ -131,7 +140,7 @@ pub fn check_comparable(
             )))
         }
     };
-    if base.device_name != cand.device_name || base.backend != cand.backend {
+    if base.device_name != cand.device_name || (peer.is_none() && base.backend != cand.backend) {
         mismatch(format!(
             "BASE was measured on {} ({}), CAND on {} ({})",
             base.device_name, base.backend, cand.device_name, cand.backend
@@ -158,7 +167,7 @@ pub fn check_comparable(
         )));
     }
     for ((shape, seed, a), (_, _, b)) in bk.iter().zip(&ck) {
-        if a != b {
+        if a != b && peer.is_none() {
             mismatch(format!(
                 "the inputs of {shape} seed {seed} differ between BASE and CAND (checksums {a:.12} and {b:.12})"
             ))?;
@@ -333,6 +342,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("inputs of mission seed 0 differ"), "{err}");
+    }
+
+    #[test]
+    fn a_peer_run_compares_on_the_same_gpu_with_a_label_but_not_across_gpus() {
+        let ours = perf_file("NVIDIA H200", &["mission"], &[0], &[("cp1", 1.0)]);
+        let mut peer = perf_file("NVIDIA H200", &["mission"], &[0], &[("torch-cudnn", 1.0)]);
+        peer.backend = "torch".into();
+        peer.measurements[0].input_checksum = "torch fp16 randn".into();
+        peer.peer = Some(serde_json::json!({"library": "torch"}));
+        let warnings = check_comparable(&peer, &ours, ("torch-cudnn", "cp1"), false).unwrap();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("peer comparison"), "{warnings:?}");
+
+        peer.device_name = "NVIDIA H100".into();
+        let err = check_comparable(&peer, &ours, ("torch-cudnn", "cp1"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("H100"), "{err}");
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct PerfFile {
     pub measurements: Vec<Measurement>,
     /// In-run A/B verdicts per shape (the second variant against the first), if two ran.
     pub comparisons: Vec<ShapeComparison>,
+    /// Set when another implementation was timed (scripts/peer_torch_sdpa.py): what it is,
+    /// e.g. `{"library": "torch 2.11", "precision": "fp16"}`. Its inputs are its own draws.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<serde_json::Value>,
 }
 
 /// A variant as reports show it.
@@ -226,6 +230,7 @@ pub(crate) mod fixtures {
             }
         }
         PerfFile {
+            peer: None,
             schema_version: PERF_SCHEMA_VERSION,
             backend: "cuda".into(),
             clock: "test".into(),

@@ -13,9 +13,17 @@ pub struct KernelConstants {
     pub head_dim: u32,
     pub block_m: u32,
     pub block_n: u32,
+    /// KV splits per query-row block (the summation order the emulation must follow);
+    /// kernels from before the split published none and count as 1.
+    #[serde(default = "one")]
+    pub kv_split: u32,
     pub threads: u32,
     pub smem_bytes: u32,
     pub use_cp_async: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl KernelConstants {
@@ -44,6 +52,7 @@ impl KernelConstants {
             head_dim: get("SDPA_HEAD_DIM")?,
             block_m: get("SDPA_BLOCK_M")?,
             block_n: get("SDPA_BLOCK_N")?,
+            kv_split: get("SDPA_KV_SPLIT")?,
             threads: get("SDPA_THREADS")?,
             smem_bytes: get("SDPA_SMEM_BYTES")?,
             use_cp_async: get("SDPA_USE_CP_ASYNC")?,
@@ -262,12 +271,19 @@ ptxas info    : Used 96 registers, used 1 barriers
     #[test]
     fn constants_are_read_from_the_ptx() {
         let ptx = ".const .align 4 .u32 SDPA_HEAD_DIM = 64;\n.const .align 4 .u32 SDPA_BLOCK_M = 64;\n\
-                   .const .align 4 .u32 SDPA_BLOCK_N = 32;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 32;\n\
+                   .const .align 4 .u32 SDPA_KV_SPLIT = 2;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
                    .const .align 4 .u32 SDPA_SMEM_BYTES = 61440;\n.const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
         let c = KernelConstants::from_ptx(ptx).unwrap();
         assert_eq!(
-            (c.block_n, c.threads, c.smem_bytes, c.use_cp_async),
-            (32, 128, 61440, 1)
+            (
+                c.block_n,
+                c.kv_split,
+                c.threads,
+                c.smem_bytes,
+                c.use_cp_async
+            ),
+            (32, 2, 128, 61440, 1)
         );
         let zero = ptx.replace("SDPA_USE_CP_ASYNC = 1;", "SDPA_USE_CP_ASYNC;");
         assert_eq!(
@@ -291,6 +307,7 @@ ptxas info    : Used 96 registers, used 1 barriers
                 head_dim: 64,
                 block_m: 64,
                 block_n: 64,
+                kv_split: 2,
                 threads: 128,
                 smem_bytes: 61440,
                 use_cp_async: published,

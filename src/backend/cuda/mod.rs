@@ -79,6 +79,18 @@ impl CudaBackend {
             let built = kernel::build_variant(&kernel, &include_dir, &device.arch(), spec)?;
             variants.push(load_variant(&ctx, built)?);
         }
+        let splits: Vec<u32> = variants
+            .iter()
+            .map(|v| v.identity.constants.kv_split)
+            .collect();
+        if splits.windows(2).any(|w| w[0] != w[1]) {
+            return Err(BackendError::Config(format!(
+                "the variants {:?} build different KV_SPLIT values {splits:?}, which sum in \
+                 different orders and need different emulation yardsticks; run each in its own \
+                 run and diff them with `sdpa-runner compare`",
+                specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>()
+            )));
+        }
         Ok(CudaBackend {
             names: specs.iter().map(|s| s.name.clone()).collect(),
             gpu: ManuallyDrop::new(Gpu {
@@ -174,6 +186,10 @@ impl Backend for CudaBackend {
 
     fn variants(&self) -> &[String] {
         &self.names
+    }
+
+    fn kv_split(&self) -> usize {
+        self.gpu.variants[0].identity.constants.kv_split as usize
     }
 
     fn load(&mut self, p: &Problem) -> Result<(), BackendError> {

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""peer_torch_sdpa.py — times PyTorch's fp16 SDPA backends with the runner's timing rules.
+
+Writes results/<UTC>-peer-torch-<id>/perf.json in the runner's perf.json schema (with a
+"peer" block saying what was timed), so that
+
+    sdpa-runner compare results/<peer run> results/<our run> \
+        --base-variant torch-cudnn --cand-variant cp1
+
+puts PyTorch beside the kernel in one COMPARE.md. compare labels the peer and still refuses
+a run from another GPU. The peer's inputs are its own fp16 draws of the same shapes (torch
+seeded per seed), so only timings are compared, never outputs.
+
+Timing rules, as src/timing.rs and src/backend/cuda/timer.rs: per (shape, seed) every
+backend gets --warmup untimed calls, then --iters samples in --rounds rounds with the
+backend order shuffled per round; each block of samples is preceded by a hold kernel
+(torch.cuda._sleep) that keeps the GPU busy while the host enqueues the block, so each
+sample (CUDA events around one call) measures GPU time, not host launch latency.
+--l2 flush zeroes a buffer twice the L2 size before each sample, outside the events.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import random
+import secrets
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+HOLD_BASE_US, HOLD_PER_SAMPLE_US = 200, 20  # as the runner's timer
+PERF_SCHEMA_VERSION = 1
+
+
+def parse_args():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="small,mission")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--iters", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--l2", choices=["warm", "flush"], default="warm")
+    ap.add_argument("--shapes-file", default=os.path.join(root, "shapes/default.json"))
+    ap.add_argument("--results-dir", default=os.path.join(root, "results"))
+    a = ap.parse_args()
+    if a.rounds < 5 or a.iters < a.rounds:
+        sys.exit("error: need --rounds >= 5 and --iters >= --rounds (the runner's rules)")
+    return a, root
+
+
+def load_shapes(path, names):
+    shapes = {s["name"]: s for s in json.load(open(path))["shapes"]}
+    if names == "all":
+        return list(shapes.values())
+    missing = [n for n in names.split(",") if n not in shapes]
+    if missing:
+        sys.exit(f"error: unknown shape(s) {missing} in {path}; known: {sorted(shapes)}")
+    return [shapes[n] for n in names.split(",")]
+
+
+def clocks():
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
+             "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True, text=True, check=True).stdout.split(",")
+        return {"sm_mhz": int(out[0]), "memory_mhz": int(out[1]),
+                "temperature_c": int(out[2]), "power_w": float(out[3]), "source": "nvidia-smi"}
+    except Exception as e:  # noqa: BLE001 — a reading is optional
+        return {"sm_mhz": None, "memory_mhz": None, "temperature_c": None, "power_w": None,
+                "source": f"unavailable: {e}"}
+
+
+def git_info(root):
+    try:
+        sha = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", root, "status", "--porcelain"],
+                                    capture_output=True, text=True).stdout.strip())
+        return {"sha": sha, "dirty": dirty}
+    except Exception:  # noqa: BLE001 — the device copy may have no .git
+        return {"sha": "unknown", "dirty": True}
+
+
+def summary(xs):
+    ys = sorted(xs)
+    q = lambda p: ys[min(len(ys) - 1, int(round(p * (len(ys) - 1))))]  # noqa: E731
+    return {"n": len(xs), "p50": statistics.median(xs), "p90": q(0.9),
+            "mean": statistics.fmean(xs), "std": statistics.pstdev(xs),
+            "min": ys[0], "max": ys[-1]}
+
+
+class Timer:
+    def __init__(self, l2_flush, l2_bytes, clock_mhz):
+        self.flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda") if l2_flush else None
+        self.cycles_per_us = clock_mhz
+
+    def time(self, fn, count):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(count)]
+        torch.cuda._sleep(int((HOLD_BASE_US + HOLD_PER_SAMPLE_US * count) * self.cycles_per_us))
+        for start, end in events:
+            if self.flush is not None:
+                self.flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in events]
+
+
+def main():
+    args, root = parse_args()
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU visible to torch; run this on the GPU machine", file=sys.stderr)
+        sys.exit(3)
+    props = torch.cuda.get_device_properties(0)
+    clock_mhz = getattr(props, "clock_rate", 0) // 1000 or 1980
+    shapes = load_shapes(args.shapes_file, args.shapes)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    wanted = args.backends.split(",")
+    timer = Timer(args.l2 == "flush", props.L2_cache_size, clock_mhz)
+    per_round = [args.iters // args.rounds + (r < args.iters % args.rounds) for r in range(args.rounds)]
+
+    before = clocks()
+    measurements, available, refused = [], [], {}
+    for shape in shapes:
+        B, H, S, D = shape["B"], shape["H"], shape["S"], shape["D"]
+        std = shape.get("qk_std", 1.0)
+        for seed in seeds:
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            q = (torch.randn(B, H, S, D, generator=g, device="cuda") * std).half()
+            k = (torch.randn(B, H, S, D, generator=g, device="cuda") * std).half()
+            v = torch.randn(B, H, S, D, generator=g, device="cuda").half()
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+            fns = {}
+            for name in wanted:
+                if name in refused:
+                    continue
+
+                def call(b=BACKENDS[name]):
+                    with sdpa_kernel([b]):
+                        return F.scaled_dot_product_attention(q, k, v)
+                try:
+                    err = (call().float() - ref).abs().max().item()
+                except RuntimeError as e:
+                    refused[name] = str(e).splitlines()[0]
+                    print(f"[{shape['name']}] torch-{name}: not available here: {refused[name]}")
+                    continue
+                if not err < 2e-2:
+                    sys.exit(f"error: torch-{name} is wrong on {shape['name']} (max err {err}); "
+                             "refusing to time a broken backend")
+                fns[name] = call
+                if name not in available:
+                    available.append(name)
+            names = list(fns)
+            for name in names:
+                for _ in range(args.warmup):
+                    fns[name]()
+            rounds = {n: [] for n in names}
+            for r in range(args.rounds):
+                order = names[:]
+                random.Random(r).shuffle(order)
+                for name in order:
+                    rounds[name].append(timer.time(fns[name], per_round[r]))
+            for name in names:
+                samples = [x for rr in rounds[name] for x in rr]
+                measurements.append({
+                    "shape": shape["name"], "B": B, "H": H, "S": S, "D": D, "seed": seed,
+                    "input_checksum": f"torch fp16 randn (generator seed {seed}, qk_std {std})",
+                    "variant": f"torch-{name}", "summary": summary(samples),
+                    "round_medians_us": [statistics.median(rr) for rr in rounds[name]],
+                    "samples_us": samples})
+                s = measurements[-1]["summary"]
+                print(f"[{shape['name']:<9}] seed={seed} torch-{name:<9} p50={s['p50']:.2f}us p90={s['p90']:.2f}us")
+    after = clocks()
+
+    perf = {
+        "schema_version": PERF_SCHEMA_VERSION,
+        "backend": "torch",
+        "clock": "GPU time per call from CUDA events (PyTorch SDPA, fp16)",
+        "device_name": props.name,
+        "device": {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                   "sm_count": props.multi_processor_count, "l2_bytes": props.L2_cache_size,
+                   "total_memory_bytes": props.total_memory},
+        "git": git_info(root),
+        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "plan": {"warmup": args.warmup, "iters": args.iters, "rounds": args.rounds, "batch": 1,
+                 "l2": args.l2},
+        "clocks_before": before, "clocks_after": after,
+        "variants": [{"name": f"torch-{n}", "defines": [f"SDPBackend.{BACKENDS[n].name}"],
+                      "ptx_sha256": None, "registers": None, "smem_bytes": None,
+                      "spill_bytes": None, "blocks_per_sm": None} for n in available],
+        "measurements": measurements,
+        "comparisons": [],
+        "peer": {"library": f"torch {torch.__version__}", "cuda": torch.version.cuda,
+                 "cudnn": torch.backends.cudnn.version(), "precision": "fp16",
+                 "not_available": refused},
+    }
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = os.path.join(args.results_dir, f"{stamp}-peer-torch-{secrets.token_hex(3)}")
+    staging = out_dir + ".partial"
+    os.makedirs(staging)
+    with open(os.path.join(staging, "perf.json"), "w") as f:
+        json.dump(perf, f, indent=1)
+    os.rename(staging, out_dir)  # all or nothing, as the runner's run directories
+    print(f"results: {out_dir}")
+
+
+if __name__ == "__main__":
+    main()
