@@ -64,15 +64,20 @@ validate() {
 
 perf() { # issue 6: the kernel beside PyTorch, warp-grid choices, before/after
   local shp=${PERF_SHAPES:-mission,long,large}
+  step perf_floors python3 scripts/perf_floors.py --shapes "$shp" --json "$work/perf/floors.json"
   step perf_ours "$runner" --shapes "$shp" --seeds 0 --results-dir "$work/perf/ours"
   step perf_peer_torch python3 scripts/peer_torch_sdpa.py --shapes "$shp" --seeds 0 --results-dir "$work/perf/peer"
   local ours peer
   ours=$(ls -d "$work"/perf/ours/2* | head -1)
   peer=$(ls -d "$work"/perf/peer/2*-peer-torch-* | head -1)
   for b in cudnn flash efficient; do
-    step "perf_vs_torch_$b" "$runner" compare "$peer" "$ours" --base-variant "torch-$b" --cand-variant cp1 --out "$work/perf/COMPARE-torch-$b-vs-cp1.md"
+    for v in cp0 cp1; do
+      step "perf_vs_torch_${b}_$v" "$runner" compare "$peer" "$ours" --base-variant "torch-$b" --cand-variant $v --out "$work/perf/COMPARE-torch-$b-vs-$v.md"
+    done
   done
-  step perf_vs_torch_cudnn_cp0 "$runner" compare "$peer" "$ours" --base-variant torch-cudnn --cand-variant cp0 --out "$work/perf/COMPARE-torch-cudnn-vs-cp0.md"
+  for s in mission long; do
+    step "perf_ncu_$s" env RESULTS_DIR="$work/perf/ncu-$s" scripts/profile_ncu.sh $s 0
+  done
   # Warp grids (ROW_WARPS x KV_SPLIT), each its own run, compared with the default (2 x 2).
   for grid in "4 1" "4 2" "1 2"; do
     set -- $grid
@@ -92,7 +97,7 @@ perf() { # issue 6: the kernel beside PyTorch, warp-grid choices, before/after
     echo "=== $(basename "$f")"
     grep -E '^\| *(mission|long|large|small)|WARNING|verdict' "$f" | head -12
   done >"$work/perf_digest.txt"
-  keep+=("$work/perf_digest.txt" "$work/perf_ours.log" "$work/perf_peer_torch.log")
+  keep+=("$work/perf_digest.txt" "$work/perf_ours.log" "$work/perf_peer_torch.log" "$work/perf_floors.log" "$work/perf_ncu_mission.log")
 }
 
 tests() {

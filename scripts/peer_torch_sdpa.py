@@ -15,7 +15,10 @@ Timing rules, as src/timing.rs and src/backend/cuda/timer.rs: per (shape, seed) 
 backend gets --warmup untimed calls, then --iters samples in --rounds rounds with the
 backend order shuffled per round; each block of samples is preceded by a hold kernel
 (torch.cuda._sleep) that keeps the GPU busy while the host enqueues the block, so each
-sample (CUDA events around one call) measures GPU time, not host launch latency.
+sample (CUDA events around one call) measures GPU time, not host launch latency. Python
+enqueues a call 10x slower than the runner (~30-50 us with the backend selection), so the
+hold is sized from the measured enqueue time of the previous block (twice it, at least the
+runner's), and a block whose enqueue outlasted its hold is measured again.
 --l2 flush zeroes a buffer twice the L2 size before each sample, outside the events.
 """
 
@@ -28,6 +31,7 @@ import secrets
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +43,7 @@ BACKENDS = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "math": SDPBackend.MATH,
 }
-HOLD_BASE_US, HOLD_PER_SAMPLE_US = 200, 20  # as the runner's timer
+HOLD_BASE_US, HOLD_PER_SAMPLE_US = 200, 20  # the runner's timer; a floor here
 PERF_SCHEMA_VERSION = 1
 
 
@@ -107,19 +111,32 @@ class Timer:
     def __init__(self, l2_flush, l2_bytes, clock_mhz):
         self.flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda") if l2_flush else None
         self.cycles_per_us = clock_mhz
+        self.per_sample_us = HOLD_PER_SAMPLE_US
+        self.retries = 0
 
     def time(self, fn, count):
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(count)]
-        torch.cuda._sleep(int((HOLD_BASE_US + HOLD_PER_SAMPLE_US * count) * self.cycles_per_us))
-        for start, end in events:
-            if self.flush is not None:
-                self.flush.zero_()
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in events]
+        """`count` samples of fn in µs, each enqueued while the GPU is still held."""
+        while True:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(count)]
+            hold_us = HOLD_BASE_US + self.per_sample_us * count
+            hold_done = torch.cuda.Event()
+            torch.cuda._sleep(int(hold_us * self.cycles_per_us))
+            hold_done.record()
+            t0 = time.perf_counter()
+            for start, end in events:
+                if self.flush is not None:
+                    self.flush.zero_()
+                start.record()
+                fn()
+                end.record()
+            enqueue_us = (time.perf_counter() - t0) * 1e6
+            held = not hold_done.query()  # still spinning: every sample was enqueued in time
+            torch.cuda.synchronize()
+            self.per_sample_us = max(HOLD_PER_SAMPLE_US, 2 * enqueue_us / count)
+            if held:
+                return [s.elapsed_time(e) * 1e3 for s, e in events]
+            self.retries += 1
 
 
 def main():
@@ -150,12 +167,9 @@ def main():
             for name in wanted:
                 if name in refused:
                     continue
-
-                def call(b=BACKENDS[name]):
-                    with sdpa_kernel([b]):
-                        return F.scaled_dot_product_attention(q, k, v)
                 try:
-                    err = (call().float() - ref).abs().max().item()
+                    with sdpa_kernel([BACKENDS[name]]):
+                        err = (F.scaled_dot_product_attention(q, k, v).float() - ref).abs().max().item()
                 except RuntimeError as e:
                     refused[name] = str(e).splitlines()[0]
                     print(f"[{shape['name']}] torch-{name}: not available here: {refused[name]}")
@@ -163,19 +177,22 @@ def main():
                 if not err < 2e-2:
                     sys.exit(f"error: torch-{name} is wrong on {shape['name']} (max err {err}); "
                              "refusing to time a broken backend")
-                fns[name] = call
+                fns[name] = BACKENDS[name]
                 if name not in available:
                     available.append(name)
             names = list(fns)
+            call = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
             for name in names:
-                for _ in range(args.warmup):
-                    fns[name]()
+                with sdpa_kernel([fns[name]]):
+                    for _ in range(args.warmup):
+                        call()
             rounds = {n: [] for n in names}
             for r in range(args.rounds):
                 order = names[:]
                 random.Random(r).shuffle(order)
                 for name in order:
-                    rounds[name].append(timer.time(fns[name], per_round[r]))
+                    with sdpa_kernel([fns[name]]):  # selected once per block, outside the events
+                        rounds[name].append(timer.time(call, per_round[r]))
             for name in names:
                 samples = [x for rr in rounds[name] for x in rr]
                 measurements.append({
@@ -206,7 +223,7 @@ def main():
                       "spill_bytes": None, "blocks_per_sm": None} for n in available],
         "measurements": measurements,
         "comparisons": [],
-        "peer": {"library": f"torch {torch.__version__}", "cuda": torch.version.cuda,
+        "peer": {"hold_retries": timer.retries, "library": f"torch {torch.__version__}", "cuda": torch.version.cuda,
                  "cudnn": torch.backends.cudnn.version(), "precision": "fp16",
                  "not_available": refused},
     }

@@ -11,7 +11,7 @@ seed=$2
 variant=${3:-both}
 runner=${SDPA_RUNNER_BIN:-./target/release/sdpa-runner}
 results=${RESULTS_DIR:-results}
-metrics=smsp__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
+metrics=smsp__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers
 tmp=$(mktemp -d)
 # Correctness-only: exactly one checked launch per variant, in the order the run lists them.
 ncu --clock-control none --kernel-name sdpa_fp8_stage_c_wmma --metrics "$metrics" \
@@ -36,7 +36,7 @@ with open(f"{run}/ncu_side_by_side.csv", "w", newline="") as f:
 print(f"{'metric':70} {'unit':10} " + " ".join(f"{v:>14}" for v in variants))
 for i in keep:
     name = header[i]
-    if any(k in name for k in ("tensor", "sm__throughput", "dram__bytes", "warps_active", "duration", "stalled")):
+    if any(k in name for k in ("tensor", "sm__throughput", "dram__bytes", "warps_active", "duration", "stalled", "inst_executed", "bank_conflicts", "occupancy_limit")):
         print(f"{name[:70]:70} {units[i][:10]:10} " + " ".join(f"{l[i][:14]:>14}" for l in launches))
 print(f"saved {run}/ncu.csv and {run}/ncu_side_by_side.csv")
 PY
