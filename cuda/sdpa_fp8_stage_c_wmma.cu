@@ -350,16 +350,22 @@ sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
 #else
             const int unmasked = valid;
 #endif
+#pragma unroll
+            for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nb][e] = __fmul_rn(s[nb][e], qk_scale);
+            if (unmasked < BLOCK_N) { // only a last, partial tile pays for the mask
+#pragma unroll
+                for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (nb * 8 + 2 * qd + (e & 1) >= unmasked) s[nb][e] = NEG_INF;
+            }
             float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-            for (int nb = 0; nb < BLOCK_N / 8; ++nb) {
+            for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = nb * 8 + 2 * qd + (e & 1);
-                    s[nb][e] = (col < unmasked) ? __fmul_rn(s[nb][e], qk_scale) : NEG_INF;
-                    tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nb][e]);
-                }
-            }
+                for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nb][e]);
             float alpha[2];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {

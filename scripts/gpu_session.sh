@@ -79,14 +79,15 @@ perf() { # issue 6: the kernel beside PyTorch, warp-grid choices, before/after
     step "perf_ncu_$s" env RESULTS_DIR="$work/perf/ncu-$s" scripts/profile_ncu.sh $s 0
   done
   # Warp grids (ROW_WARPS x KV_SPLIT), each its own run, compared with the default (2 x 2).
-  for grid in "4 1" "4 2" "1 2"; do
+  for grid in ${PERF_GRIDS-"4x1 4x2 1x2"}; do
+    grid=${grid/x/ }
     set -- $grid
     step "perf_grid_${1}x${2}" "$runner" --shapes "$shp" --seeds 0 --define "ROW_WARPS=$1" --define "KV_SPLIT=$2" --results-dir "$work/perf/grid-${1}x${2}"
     for v in cp0 cp1; do
       step "perf_grid_${1}x${2}_vs_default_$v" "$runner" compare "$ours" "$work"/perf/grid-${1}x${2}/2* --base-variant $v --cand-variant $v --out "$work/perf/COMPARE-grid-${1}x${2}-vs-2x2-$v.md"
     done
   done
-  # The kernel before this work (kept under .device/ by stage_device.sh, when present).
+  # An earlier kernel (copied to .device/kernel_before.cu by hand, when present).
   if [ -f .device/kernel_before.cu ]; then
     step perf_before "$runner" --shapes "$shp" --seeds 0 --kernel .device/kernel_before.cu --results-dir "$work/perf/before"
     for v in cp0 cp1; do

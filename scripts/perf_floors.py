@@ -89,6 +89,7 @@ def main():
         print(f"| {name} | {s['B']}·{s['H']}·{s['S']}·{s['D']} | {flops/1e9:.2f} | {bytes_/1e6:.2f} | "
               f"{fc:.2f} | {fm:.2f} | {launch_us:.2f} | {floor:.2f} |")
     if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump({"device": props.name, "tensor_tflops": tflops, "dram_gbps": gbps,
                        "launch_floor_us": launch_us, "shapes": rows}, f, indent=1)

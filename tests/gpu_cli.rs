@@ -70,6 +70,7 @@ const FAULTING_KERNEL: &str = r#"
 extern "C" __constant__ int SDPA_HEAD_DIM = 64;
 extern "C" __constant__ int SDPA_BLOCK_M = 64;
 extern "C" __constant__ int SDPA_BLOCK_N = 64;
+extern "C" __constant__ int SDPA_KV_SPLIT = 1;
 extern "C" __constant__ int SDPA_THREADS = 128;
 extern "C" __constant__ int SDPA_SMEM_BYTES = 0;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = 0;
