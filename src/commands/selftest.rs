@@ -415,21 +415,22 @@ fn expect_pass(run: &ChildRun, define: &str) -> Result<(), AppError> {
     .into())
 }
 
-/// Which gate failed first, and by how much.
+/// Which gate failed, and by how much. A wrong output is named before a resource gate: a
+/// mutant can change register use by chance, but a wrong answer is the catch that matters.
 fn gate_figure(dir: Option<&Path>) -> Result<(&'static str, String), AppError> {
     let path = dir.map(|d| d.join("correctness.json")).unwrap_or_default();
     let file: CorrectnessFile = crate::json::read_file(&path)?;
-    if let Some((variant, v)) = file.resources.iter().find(|(_, v)| !v.pass()) {
+    let Some(r) = file.results.iter().find(|r| !r.pass) else {
+        let (variant, v) = file
+            .resources
+            .iter()
+            .find(|(_, v)| !v.pass())
+            .expect("a failing run has a failing row or resource gate");
         return Ok((
             "resource gate",
             format!("{variant}: {}", v.failures().join("; ")),
         ));
-    }
-    let r = file
-        .results
-        .iter()
-        .find(|r| !r.pass)
-        .expect("a failing run has a failing row");
+    };
     let place = format!("{} seed {} {}", r.shape, r.seed, r.variant);
     if r.kernel_ref.unwritten > 0 {
         return Ok((
