@@ -103,7 +103,7 @@ def summary(xs):
     ys = sorted(xs)
     q = lambda p: ys[min(len(ys) - 1, int(round(p * (len(ys) - 1))))]  # noqa: E731
     return {"n": len(xs), "p50": statistics.median(xs), "p90": q(0.9),
-            "mean": statistics.fmean(xs), "std": statistics.pstdev(xs),
+            "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
             "min": ys[0], "max": ys[-1]}
 
 
@@ -163,7 +163,7 @@ def main():
             k = (torch.randn(B, H, S, D, generator=g, device="cuda") * std).half()
             v = torch.randn(B, H, S, D, generator=g, device="cuda").half()
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
-            fns = {}
+            usable = {}  # name -> SDPBackend, for the backends that ran and were right
             for name in wanted:
                 if name in refused:
                     continue
@@ -177,13 +177,13 @@ def main():
                 if not err < 2e-2:
                     sys.exit(f"error: torch-{name} is wrong on {shape['name']} (max err {err}); "
                              "refusing to time a broken backend")
-                fns[name] = BACKENDS[name]
+                usable[name] = BACKENDS[name]
                 if name not in available:
                     available.append(name)
-            names = list(fns)
+            names = list(usable)
             call = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
             for name in names:
-                with sdpa_kernel([fns[name]]):
+                with sdpa_kernel([usable[name]]):
                     for _ in range(args.warmup):
                         call()
             rounds = {n: [] for n in names}
@@ -191,7 +191,7 @@ def main():
                 order = names[:]
                 random.Random(r).shuffle(order)
                 for name in order:
-                    with sdpa_kernel([fns[name]]):  # selected once per block, outside the events
+                    with sdpa_kernel([usable[name]]):  # selected once per block, outside the events
                         rounds[name].append(timer.time(call, per_round[r]))
             for name in names:
                 samples = [x for rr in rounds[name] for x in rr]

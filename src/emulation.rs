@@ -29,7 +29,7 @@ pub const KV_TILE: usize = 64;
 pub const KV_SPLIT: usize = 2;
 /// Lanes that share one row of an MMA accumulator (a quad), each with its own partial sum.
 const QUAD: usize = 4;
-/// Depth of one WMMA step (16x16x16).
+/// Depth of one tensor-core MMA step (m16n8k16).
 const K_STEP: usize = 16;
 /// Query rows per parallel work item (not a numerical parameter: rows are independent).
 const ROW_CHUNK: usize = 64;

@@ -13,17 +13,11 @@ pub struct KernelConstants {
     pub head_dim: u32,
     pub block_m: u32,
     pub block_n: u32,
-    /// KV splits per query-row block (the summation order the emulation must follow);
-    /// kernels from before the split published none and count as 1.
-    #[serde(default = "one")]
+    /// KV splits per query-row block: the summation order the emulation must follow.
     pub kv_split: u32,
     pub threads: u32,
     pub smem_bytes: u32,
     pub use_cp_async: u32,
-}
-
-fn one() -> u32 {
-    1
 }
 
 impl KernelConstants {
@@ -58,6 +52,25 @@ impl KernelConstants {
             use_cp_async: get("SDPA_USE_CP_ASYNC")?,
         })
     }
+}
+
+/// The KV split all `variants` (name, constants) share: one run checks them against one
+/// emulation yardstick, so variants that sum in different orders cannot share a run.
+pub fn shared_kv_split(variants: &[(&str, KernelConstants)]) -> Result<u32, String> {
+    let first = variants.first().map_or(1, |(_, c)| c.kv_split);
+    if variants.iter().all(|(_, c)| c.kv_split == first) {
+        return Ok(first);
+    }
+    let listed: Vec<String> = variants
+        .iter()
+        .map(|(name, c)| format!("{name} KV_SPLIT={}", c.kv_split))
+        .collect();
+    Err(format!(
+        "the variants build different KV splits ({}), which sum in different orders and need \
+         different emulation yardsticks; run each variant in its own run (--cp-async 0|1 with \
+         its --define) and diff the runs with `sdpa-runner compare`",
+        listed.join(", ")
+    ))
 }
 
 /// Whether any PTX instruction is a `cp.async` (comments and names do not count).
@@ -294,6 +307,25 @@ ptxas info    : Used 96 registers, used 1 barriers
         let err =
             KernelConstants::from_ptx(".const .align 4 .u32 SDPA_HEAD_DIM = 64;").unwrap_err();
         assert!(err.contains("SDPA_BLOCK_M"), "{err}");
+    }
+
+    #[test]
+    fn variants_that_split_the_keys_differently_cannot_share_a_run() {
+        let with_split = |kv_split| KernelConstants {
+            kv_split,
+            ..identity(false, 0).constants
+        };
+        assert_eq!(
+            shared_kv_split(&[("cp0", with_split(2)), ("cp1", with_split(2))]),
+            Ok(2)
+        );
+        let err = shared_kv_split(&[("cp0", with_split(2)), ("cp0+", with_split(1))]).unwrap_err();
+        assert!(
+            err.contains("cp0 KV_SPLIT=2")
+                && err.contains("cp0+ KV_SPLIT=1")
+                && err.contains("sdpa-runner compare"),
+            "{err}"
+        );
     }
 
     fn identity(cp: bool, published: u32) -> VariantIdentity {

@@ -25,7 +25,7 @@ use crate::problem::Problem;
 use crate::timing::TimingPlan;
 use crate::verdict::Verdict;
 use device::DeviceInfo;
-use identity::{DriverResources, VariantIdentity};
+use identity::{DriverResources, KernelConstants, VariantIdentity};
 use kernel::{BuiltVariant, KernelSource};
 use launch::DeviceProblem;
 use variant::VariantSpec;
@@ -60,6 +60,8 @@ pub struct CudaBackend {
     kernel: KernelSource,
     /// (shape, seed) of the loaded problem, for error messages.
     loaded: String,
+    /// The KV split every variant builds (checked at construction).
+    kv_split: usize,
 }
 
 impl CudaBackend {
@@ -79,18 +81,12 @@ impl CudaBackend {
             let built = kernel::build_variant(&kernel, &include_dir, &device.arch(), spec)?;
             variants.push(load_variant(&ctx, built)?);
         }
-        let splits: Vec<u32> = variants
+        let constants: Vec<(&str, KernelConstants)> = variants
             .iter()
-            .map(|v| v.identity.constants.kv_split)
+            .map(|v| (v.identity.name.as_str(), v.identity.constants))
             .collect();
-        if splits.windows(2).any(|w| w[0] != w[1]) {
-            return Err(BackendError::Config(format!(
-                "the variants {:?} build different KV_SPLIT values {splits:?}, which sum in \
-                 different orders and need different emulation yardsticks; run each in its own \
-                 run and diff them with `sdpa-runner compare`",
-                specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>()
-            )));
-        }
+        let kv_split =
+            identity::shared_kv_split(&constants).map_err(BackendError::Config)? as usize;
         Ok(CudaBackend {
             names: specs.iter().map(|s| s.name.clone()).collect(),
             gpu: ManuallyDrop::new(Gpu {
@@ -107,6 +103,7 @@ impl CudaBackend {
             include_dir,
             kernel,
             loaded: String::new(),
+            kv_split,
         })
     }
 
@@ -189,7 +186,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_split(&self) -> usize {
-        self.gpu.variants[0].identity.constants.kv_split as usize
+        self.kv_split
     }
 
     fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
