@@ -8,7 +8,7 @@ use crate::backend::BackendKind;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::config::parse_seeds;
 use crate::emulation::Defect;
-use crate::stress::StressMode;
+use crate::schema::StressMode;
 use crate::timing::L2Mode;
 
 const EXAMPLES: &str = "\
@@ -76,6 +76,44 @@ fn seed_list(text: &str) -> Result<SeedList, String> {
     parse_seeds(text).map(SeedList)
 }
 
+/// A whole number in `lo..=hi`, or a message that names the allowed range.
+fn count(text: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    let n: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number; allowed: {lo} to {hi}"))?;
+    if !(lo..=hi).contains(&n) {
+        return Err(format!("{n} is out of range; allowed: {lo} to {hi}"));
+    }
+    Ok(n)
+}
+
+fn warmup_count(t: &str) -> Result<usize, String> {
+    count(t, 0, 100_000)
+}
+fn iters_count(t: &str) -> Result<usize, String> {
+    count(t, 0, 1_000_000)
+}
+fn rounds_count(t: &str) -> Result<usize, String> {
+    count(t, 1, 10_000)
+}
+fn batch_count(t: &str) -> Result<usize, String> {
+    count(t, 1, 10_000)
+}
+
+/// `calibrate --margin`: at least 1 (a limit below the worst measured value fails correct
+/// kernels) and at most 10 (beyond that a limit stops meaning anything).
+fn margin(text: &str) -> Result<f64, String> {
+    let m: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number; allowed: 1 to 10"))?;
+    if !(1.0..=10.0).contains(&m) {
+        return Err(format!("{m} is out of range; allowed: 1 to 10"));
+    }
+    Ok(m)
+}
+
 /// Where the project's files are.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ProjectArgs {
@@ -137,16 +175,16 @@ pub struct KernelArgs {
 #[derive(Args, Debug, Clone)]
 pub struct TimingArgs {
     /// Untimed launches per variant before timing [default: 100 on cuda, 1 on cpu]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = warmup_count)]
     pub warmup: Option<usize>,
     /// Timed samples per variant; 0 checks correctness only [default: 500 on cuda, 20 on cpu]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = iters_count)]
     pub iters: Option<usize>,
     /// Rounds the samples are split into; variants alternate in shuffled order each round
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = rounds_count)]
     pub rounds: usize,
     /// Launches per sample between two events (1 times each launch; more strips launch overhead)
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = batch_count)]
     pub batch: usize,
     /// warm: inputs stay in L2; flush: overwrite a buffer larger than L2 before each sample
     #[arg(long, value_enum, default_value = "warm")]
@@ -221,7 +259,7 @@ pub struct CalibrateArgs {
     #[arg(required = true, value_name = "RUN")]
     pub runs: Vec<PathBuf>,
     /// Safety margin applied to the worst measured value
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = 1.5, value_parser = margin)]
     pub margin: f64,
 }
 
@@ -262,7 +300,7 @@ pub struct StressArgs {
     #[arg(long, default_value = "0", value_parser = seed_list)]
     pub seeds: SeedList,
     /// Repeats per (shape, seed, variant, mode); the first is the reference
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(2..))]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(2..=1_000_000))]
     pub repeats: u32,
     /// serial: one launch per repeat; two-streams: two concurrent launches per repeat
     #[arg(
@@ -279,7 +317,7 @@ pub struct StressArgs {
 #[derive(Args, Debug, Clone)]
 pub struct SelftestArgs {
     /// Stress repeats per variant and mode for mutants that pass the correctness gates
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..))]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..=100_000))]
     pub repeats: u32,
     /// Only these mutants (comma-separated MUTANT_* names) [default: all]
     #[arg(long, value_delimiter = ',', value_name = "MUTANT_NAME")]

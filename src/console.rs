@@ -1,10 +1,51 @@
 //! What the runner prints: one row per (shape, seed, variant), the variant-identity table,
 //! and the summary. Formatting only; nothing here decides a verdict.
 
-use crate::backend::cuda::identity::VariantIdentity;
-use crate::perf::{Measurement, ShapeComparison};
-use crate::report::CorrectnessRecord;
+use crate::schema::CorrectnessRecord;
+use crate::schema::{Measurement, ShapeComparison, VariantMeta};
 use crate::verdict::Verdict;
+
+/// Writes `text` to stdout. A closed pipe (`| head`) stops the process as SIGPIPE would,
+/// cleaning up first ([`crate::interrupt::broken_pipe`]); any other failure (a full disk
+/// behind a redirect) is said once on stderr, and the run goes on without its printout.
+pub fn emit(text: &str) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static FAILED: AtomicBool = AtomicBool::new(false);
+    if FAILED.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            crate::interrupt::broken_pipe();
+        }
+        FAILED.store(true, Ordering::Relaxed);
+        let _ = writeln!(
+            std::io::stderr(),
+            "warning: cannot write to stdout ({e}); the run goes on and its files are written"
+        );
+    }
+}
+
+/// `println!` through [`emit`].
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::console::emit("\n")
+    };
+    ($($arg:tt)*) => {
+        $crate::console::emit(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` through [`emit`].
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::console::emit(&format!($($arg)*))
+    };
+}
 
 /// Column widths of the shape and variant names, so rows line up.
 #[derive(Debug, Clone, Copy)]
@@ -50,11 +91,8 @@ pub fn correctness_row(r: &CorrectnessRecord, w: &Widths) -> String {
     if r.pass {
         line.push_str(" PASS");
     } else {
-        let failed: Vec<String> = r
-            .gates
-            .iter()
-            .filter(|(_, c)| !c.pass)
-            .map(|(n, c)| format!("{n} {:.3e} > {:.3e}", c.value, c.limit))
+        let failed: Vec<String> = crate::verdict::failed(&r.gates)
+            .map(|f| f.to_string())
             .collect();
         line.push_str(&format!(" FAIL ({})", failed.join("; ")));
     }
@@ -149,7 +187,7 @@ pub fn verdict_lines(cmps: &[ShapeComparison], w: &Widths) -> String {
 }
 
 /// The variant-identity and resource table printed before a GPU run.
-pub fn identity_table(ids: &[&VariantIdentity], verdicts: &[(String, Verdict)]) -> String {
+pub fn identity_table(ids: &[VariantMeta], verdicts: &[(String, Verdict)]) -> String {
     let dw = ids
         .iter()
         .map(|id| id.defines.join(" ").len())
@@ -173,12 +211,18 @@ pub fn identity_table(ids: &[&VariantIdentity], verdicts: &[(String, Verdict)]) 
             "{:<nw$}  {:<dw$}  {:<9} {:<13} {:<5} {:<7} {:<8} {:<10} {}\n",
             id.name,
             id.defines.join(" "),
-            if id.ptx_has_cp_async { "yes" } else { "no" },
-            &id.ptx_sha256[..12.min(id.ptx_sha256.len())],
-            opt(id.registers()),
-            id.smem_bytes(),
-            opt(id.ptxas.spill_bytes()),
-            opt(id.driver.as_ref().map(|d| d.max_blocks_per_sm)),
+            match id.ptx_has_cp_async {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            },
+            id.ptx_sha256
+                .as_deref()
+                .map_or("-", |h| &h[..12.min(h.len())]),
+            opt(id.registers),
+            opt(id.smem_bytes),
+            opt(id.spill_bytes),
+            opt(id.blocks_per_sm),
             status
         ));
     }

@@ -259,6 +259,20 @@ mod tests {
         out
     }
 
+    /// The emulation is the yardstick of the relative gate and the cpu backend: a change to
+    /// its arithmetic (order, precision, rounding) must show here, not pass unnoticed.
+    #[test]
+    fn the_emulation_output_is_pinned_bit_for_bit() {
+        // Two heads, two batches, a partial last tile of 6 keys, wide scores: every path.
+        let p = problem(2, 2, 70, 2.0);
+        let sum = crate::report::f16_checksum(&emulate(&p, Defect::None));
+        assert_eq!(
+            &sum[..16],
+            "c8f380c7f7212abd",
+            "the emulation's output changed"
+        );
+    }
+
     fn max_err(out: &[f16], reference: &[f64]) -> f64 {
         out.iter()
             .zip(reference)

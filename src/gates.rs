@@ -127,6 +127,48 @@ impl GateFile {
     }
 }
 
+impl GateFile {
+    /// Refuses a gates file that names a shape the shapes file does not have (a typo there
+    /// would silently gate nothing).
+    pub fn check_shape_names(
+        &self,
+        known: impl Fn(&str) -> bool,
+        shapes_file: &Path,
+    ) -> Result<(), ConfigError> {
+        let p = &self.gates.performance;
+        let named = p
+            .target_shapes
+            .iter()
+            .map(|s| ("performance.target_shapes".to_string(), s))
+            .chain(
+                p.unpaired_noise_floor_by_shape
+                    .keys()
+                    .map(|s| (format!("performance.unpaired_noise_floor_by_shape.{s}"), s)),
+            )
+            .chain(
+                self.gates
+                    .correctness
+                    .end_to_end_by_shape
+                    .keys()
+                    .map(|s| (format!("correctness.end_to_end_by_shape.{s}"), s)),
+            );
+        for (key, shape) in named {
+            if !known(shape) {
+                return Err(ConfigError::invalid_key(
+                    &self.path,
+                    key,
+                    format!(
+                        "names the shape `{shape}`, which {} does not define; fix the name or \
+                         add the shape",
+                        shapes_file.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Gates {
     /// Range checks serde cannot express; the error is (dotted key, message).
     fn validate(&self) -> Result<(), (String, String)> {
@@ -310,6 +352,23 @@ mod tests {
                 .unwrap_err()
                 .contains("end_to_end_by_shape.wide.max_abs_err")
         );
+    }
+
+    #[test]
+    fn a_shape_name_the_shapes_file_lacks_is_refused_naming_the_key() {
+        let g = parse(&GOOD.replace("[\"mission\"]", "[\"nosuchshape\"]")).unwrap();
+        let err = g
+            .check_shape_names(|s| s == "mission", Path::new("shapes/x.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("performance.target_shapes") && err.contains("nosuchshape"),
+            "{err}"
+        );
+        parse(GOOD)
+            .unwrap()
+            .check_shape_names(|s| s == "mission", Path::new("shapes/x.json"))
+            .unwrap();
     }
 
     #[test]

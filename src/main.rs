@@ -1,30 +1,21 @@
 //! The `sdpa-runner` binary: parse, dispatch, and exit with the documented code.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
 use sdpa_runner::cli::Cli;
 
 fn main() -> ExitCode {
-    restore_sigpipe();
     disable_cuda_compute_cache();
+    sdpa_runner::interrupt::install();
     let cli = Cli::parse(); // usage errors exit 2, --help and --version exit 0
     match sdpa_runner::commands::dispatch(cli) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(err) => {
-            eprintln!("error: {err}");
+            let _ = writeln!(std::io::stderr(), "error: {err}");
             ExitCode::from(err.exit_code())
         }
-    }
-}
-
-/// Lets `sdpa-runner ... | head` end quietly, as other Unix tools do, instead of panicking
-/// on a closed pipe (Rust ignores SIGPIPE by default).
-fn restore_sigpipe() {
-    #[cfg(unix)]
-    // SAFETY: resetting a signal to its default action at start-up, before any threads exist.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -12,8 +12,6 @@ pub struct Mutant {
     pub cp_async_only: bool,
     /// Shapes most likely to expose it; the first is the one the sanitizers run on.
     pub shapes: &'static str,
-    /// Only a memory checker can see it (the output stays right).
-    pub needs_sanitizer: bool,
 }
 
 pub const MUTANTS: &[Mutant] = &[
@@ -22,56 +20,48 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "skips the cp.async wait before reading a stage",
         cp_async_only: true,
         shapes: "mission,partial300",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_WRONG_STAGE",
         breaks: "decodes the stage being filled, not the landed one",
         cp_async_only: true,
         shapes: "mission,partial300",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_NO_DEQUANT_BARRIER",
         breaks: "drops the barrier after dequantization",
         cp_async_only: false,
         shapes: "mission,long",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_NO_PARTIAL_MASK",
         breaks: "no mask on the partial last KV tile",
         cp_async_only: false,
         shapes: "partial77,single",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_SKIP_LAST_KV_TILE",
         breaks: "never processes the last KV tile",
         cp_async_only: false,
         shapes: "partial77,mission",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_NO_RESCALE",
         breaks: "drops the online-softmax rescale",
         cp_async_only: false,
         shapes: "wide,mission",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_STORE_ROW_OFF_BY_ONE",
         breaks: "stores every row one row down",
         cp_async_only: false,
         shapes: "small",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_K_SCALE_TWICE",
         breaks: "applies the K scale twice",
         cp_async_only: false,
         shapes: "small",
-        needs_sanitizer: false,
     },
     Mutant {
         define: "MUTANT_K_READ_PAST_END",
@@ -80,7 +70,6 @@ pub const MUTANTS: &[Mutant] = &[
         // Not `small`: its 2048-byte K ends where the next allocation begins, so the stray
         // byte lands in valid memory and memcheck cannot see it; partial77's 9856 bytes do not.
         shapes: "partial77",
-        needs_sanitizer: true,
     },
 ];
 

@@ -6,9 +6,9 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::console;
-use crate::perf::Measurement;
-use crate::report::CorrectnessRecord;
 use crate::runner::Progress;
+use crate::schema::CorrectnessRecord;
+use crate::schema::Measurement;
 use crate::shapes::Shape;
 
 pub struct ConsoleProgress {
@@ -31,7 +31,7 @@ impl ConsoleProgress {
     fn println(&self, line: &str) {
         match &self.bar {
             Some(bar) => bar.println(line),
-            None => println!("{line}"),
+            None => crate::outln!("{line}"),
         }
     }
 }
@@ -78,6 +78,6 @@ impl Progress for ConsoleProgress {
                 )
             })
             .collect();
-        println!("{} {}", self.label, parts.join(" | "));
+        crate::outln!("{} {}", self.label, parts.join(" | "));
     }
 }

@@ -8,13 +8,14 @@ use crate::backend::{Backend, BackendError};
 use crate::emulation::{self, Defect};
 use crate::gates::Gates;
 use crate::metrics::{self, BadRule, ErrorMetrics, POISON};
-use crate::perf::Measurement;
 use crate::problem::Problem;
 use crate::reference::References;
-use crate::report::{CorrectnessRecord, f16_checksum};
+use crate::report::f16_checksum;
+use crate::schema::CorrectnessRecord;
+use crate::schema::Measurement;
 use crate::shapes::Shape;
 use crate::stats::Summary;
-use crate::timing::{self, TimingPlan};
+use crate::timing::{self, TimingPlan, VariantTiming};
 use crate::verdict;
 
 /// What the kernel is held against for one problem, shared by all variants.
@@ -157,7 +158,7 @@ pub fn run_all(
             }
             if plan.enabled() {
                 progress.timing_started(shape, seed, plan.rounds);
-                let timings = timing::measure(backend, plan, |_| progress.timing_round())?;
+                let timings = measure(backend, plan, |_| progress.timing_round())?;
                 let measured: Vec<Measurement> = variants
                     .iter()
                     .zip(timings)
@@ -169,6 +170,27 @@ pub fn run_all(
         }
     }
     Ok(out)
+}
+
+/// Runs the plan on the backend's loaded problem: warm-up, then the rounds.
+fn measure(
+    backend: &mut dyn Backend,
+    plan: &TimingPlan,
+    mut on_round: impl FnMut(usize),
+) -> Result<Vec<VariantTiming>, BackendError> {
+    let n = backend.variants().len();
+    for v in 0..n {
+        backend.warm_up(v, plan.warmup)?;
+    }
+    let mut timings = vec![VariantTiming::default(); n];
+    for round in 0..plan.rounds {
+        for v in plan.order(round, n) {
+            let samples = backend.time_samples(v, plan.samples_in_round(round), plan)?;
+            timings[v].rounds.push(samples);
+        }
+        on_round(round);
+    }
+    Ok(timings)
 }
 
 fn measurement(p: &Problem, variant: &str, t: timing::VariantTiming) -> Measurement {
@@ -268,12 +290,19 @@ mod tests {
     }
 
     #[test]
-    fn the_cpu_backend_reproduces_the_emulation_bit_for_bit_and_a_defect_does_not() {
-        assert!(
-            run(Defect::None, &[shape(70)])
-                .iter()
-                .all(|r| r.emulation_bits_equal_pct == 100.0)
-        );
+    fn bits_equal_counts_the_share_of_identical_f16_bit_patterns() {
+        let a: Vec<f16> = (0..8).map(|i| f16::from_f32(i as f32 * 0.25)).collect();
+        assert_eq!(bits_equal_pct(&a, &a), 100.0);
+        let mut b = a.clone();
+        b[3] = f16::from_bits(b[3].to_bits() ^ 1); // one last-bit difference
+        assert_eq!(bits_equal_pct(&a, &b), 87.5);
+        // +0 and -0 are equal numbers but different bits.
+        let (z, nz) = ([f16::from_f32(0.0)], [f16::from_f32(-0.0)]);
+        assert_eq!(bits_equal_pct(&z, &nz), 0.0);
+    }
+
+    #[test]
+    fn a_defect_lowers_the_share_of_bits_equal_to_the_emulation() {
         let broken = run(Defect::LeaveRowUnwritten, &[shape(70)]);
         assert!(broken.iter().all(|r| r.emulation_bits_equal_pct < 100.0));
     }

@@ -7,6 +7,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
 
+/// The allowed spread of Q and K: the range the checks were proven over. Inputs are drawn in
+/// f32 and scores computed in f32; at qk_std 100 a score reaches about 100² · 6² · 64 / 8 ≈
+/// 3e6, far inside f32 and already a one-hot softmax; at 1e-3 the softmax is uniform to f16's
+/// resolution. Beyond them nothing new is tested, and far beyond, f32 overflows.
+pub const QK_STD_MIN: f64 = 1e-3;
+pub const QK_STD_MAX: f64 = 100.0;
+
 /// The only head dimension the Stage-C kernel supports (its HEAD_DIM).
 pub const HEAD_DIM: usize = 64;
 
@@ -89,8 +96,12 @@ impl Shape {
                 self.d
             ));
         }
-        if !(self.qk_std.is_finite() && self.qk_std > 0.0) {
-            return Err(format!("qk_std={} must be a positive number", self.qk_std));
+        if !(self.qk_std.is_finite() && (QK_STD_MIN..=QK_STD_MAX).contains(&self.qk_std)) {
+            return Err(format!(
+                "qk_std={} is out of range: allowed {QK_STD_MIN} to {QK_STD_MAX} (beyond them \
+                 the f32 inputs or their scores leave the range the kernel computes in)",
+                self.qk_std
+            ));
         }
         if self.elements().is_none() {
             return Err("B*H*S*D overflows".into());

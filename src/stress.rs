@@ -3,49 +3,12 @@
 //! race that one run survives by luck shows up here as a divergent repeat.
 
 use half::f16;
-use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, BackendError};
 use crate::gates::Gates;
 use crate::problem::Problem;
 use crate::runner::{Yardsticks, judge_output};
-
-/// `--mode`: how each repeat launches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum StressMode {
-    /// One launch per repeat.
-    Serial,
-    /// Two launches per repeat, at once on two streams, into two outputs.
-    TwoStreams,
-}
-
-/// Where a repeat first differed from the first output.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Divergence {
-    pub repeat: usize,
-    /// `[b, h, s, d]` of the first differing element.
-    pub at: [usize; 4],
-    pub expected_bits: u16,
-    pub got_bits: u16,
-}
-
-/// The stress result of one (shape, seed, variant, mode).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StressRecord {
-    pub shape: String,
-    pub seed: u64,
-    pub variant: String,
-    pub mode: StressMode,
-    pub repeats: usize,
-    pub launches: usize,
-    /// Repeats whose output differed from the first in at least one bit.
-    pub divergent_repeats: usize,
-    pub first_divergence: Option<Divergence>,
-    /// Gates of the first output and of every divergent one.
-    pub failed_gates: Vec<String>,
-    pub pass: bool,
-}
+use crate::schema::{Divergence, StressMode, StressRecord};
 
 /// Runs `repeats` repeats of `variant` on the loaded problem `p`.
 pub fn stress_variant(
@@ -62,11 +25,8 @@ pub fn stress_variant(
     let mut failed = Vec::new();
     let judge = |out: &[f16], repeat: usize, failed: &mut Vec<String>| {
         let r = judge_output(backend_name, &name, p, y, out, gates);
-        for (gate, c) in r.gates.iter().filter(|(_, c)| !c.pass) {
-            failed.push(format!(
-                "repeat {repeat}: {gate} {:.3e} > {:.3e}",
-                c.value, c.limit
-            ));
+        for f in crate::verdict::failed(&r.gates) {
+            failed.push(format!("repeat {repeat}: {f}"));
         }
     };
     let first = backend.run_checked(variant)?;

@@ -1,13 +1,13 @@
-//! Measuring: the timing plan (warm-up, samples, rounds, batching, cold L2) and the A/B
-//! schedule that interleaves variants in rounds, the order shuffled per round, so drift and
-//! throttling hit every variant alike. Backends supply the clock; `stats` judges the numbers.
+//! The timing plan (warm-up, samples, rounds, batching, cold L2) and the A/B schedule that
+//! interleaves variants in rounds, the order shuffled per round, so drift and throttling hit
+//! every variant alike. [`crate::runner`] carries it out on a backend, whose clock it is;
+//! [`crate::stats`] judges the numbers.
 
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, BackendError};
 use crate::config::ConfigError;
 
 /// Fewest rounds whose per-round ratios support an interval and a test.
@@ -95,27 +95,6 @@ impl VariantTiming {
             .map(|r| crate::stats::median(r))
             .collect()
     }
-}
-
-/// Runs the plan on the backend's loaded problem: warm-up, then the rounds.
-pub fn measure(
-    backend: &mut dyn Backend,
-    plan: &TimingPlan,
-    mut on_round: impl FnMut(usize),
-) -> Result<Vec<VariantTiming>, BackendError> {
-    let n = backend.variants().len();
-    for v in 0..n {
-        backend.warm_up(v, plan.warmup)?;
-    }
-    let mut timings = vec![VariantTiming::default(); n];
-    for round in 0..plan.rounds {
-        for v in plan.order(round, n) {
-            let samples = backend.time_samples(v, plan.samples_in_round(round), plan)?;
-            timings[v].rounds.push(samples);
-        }
-        on_round(round);
-    }
-    Ok(timings)
 }
 
 #[cfg(test)]

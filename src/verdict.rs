@@ -52,16 +52,37 @@ impl Verdict {
         self.checks.values().all(|c| c.pass)
     }
 
-    /// The failing gates, as `name value > limit` (or `<` for lower limits), for the console.
+    /// The failing gates, each as [`Failed`] prints it.
     pub fn failures(&self) -> Vec<String> {
-        self.checks
-            .iter()
-            .filter(|(_, c)| !c.pass)
-            .map(|(name, c)| {
-                let op = if c.rule == ">=" { "<" } else { ">" };
-                format!("{name} {} {op} {}", short(c.value), short(c.limit))
-            })
-            .collect()
+        failed(&self.checks).map(|f| f.to_string()).collect()
+    }
+}
+
+/// The failed checks of a set of named checks, in name order.
+pub fn failed(checks: &BTreeMap<String, Check>) -> impl Iterator<Item = Failed<'_>> {
+    checks
+        .iter()
+        .filter(|(_, c)| !c.pass)
+        .map(|(gate, check)| Failed { gate, check })
+}
+
+/// A failed check as every report writes it (console, JUnit, stress, selftest):
+/// `kernel.max_abs_err 2.100e-3 > 1.600e-3`, or `<` for a lower limit.
+pub struct Failed<'a> {
+    pub gate: &'a str,
+    pub check: &'a Check,
+}
+
+impl std::fmt::Display for Failed<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let op = if self.check.rule == ">=" { "<" } else { ">" };
+        write!(
+            f,
+            "{} {} {op} {}",
+            self.gate,
+            short(self.check.value),
+            short(self.check.limit)
+        )
     }
 }
 

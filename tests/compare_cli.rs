@@ -121,7 +121,7 @@ fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
     let (code, stdout, _) = compare(&base, &slow, &out, &["--gate"]);
     assert_eq!(code, 1, "{stdout}");
     assert!(
-        stdout.contains("GATE FAILED: small is SLOWER by 20.0%"),
+        stdout.contains("GATE FAILED: performance gate, small: small is SLOWER by 20.0%"),
         "{stdout}"
     );
     let (code, _, _) = compare(&base, &slow, &out, &[]);
@@ -143,7 +143,7 @@ fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
     let (code, stdout, _) = compare(&base, &broken, &out, &["--gate"]);
     assert_eq!(code, 1);
     assert!(
-        stdout.contains("GATE FAILED: candidate cpu-emu: 1/2 correctness rows PASS"),
+        stdout.contains("GATE FAILED: correctness gate, small seed=0 cpu-emu: marked FAIL"),
         "{stdout}"
     );
 }
@@ -274,7 +274,7 @@ fn runs_that_cannot_be_compared_exit_2_and_write_nothing() {
 }
 
 #[test]
-fn the_committed_baseline_loads_and_passes_the_gate_against_itself() {
+fn a_committed_baseline_loads_and_the_gate_refuses_a_planted_slowdown_of_it() {
     let root = common::project_root();
     let baselines: Vec<PathBuf> = std::fs::read_dir(root.join("results/baselines"))
         .unwrap()
@@ -283,12 +283,116 @@ fn the_committed_baseline_loads_and_passes_the_gate_against_itself() {
         .collect();
     assert!(!baselines.is_empty(), "a committed baseline exists");
     let dir = tempfile::tempdir().unwrap();
-    for b in baselines {
-        let (code, stdout, stderr) = compare(&b, &b, &dir.path().join("C.md"), &["--gate"]);
-        assert_eq!(code, 0, "{}: {stdout}{stderr}", b.display());
+    for (i, b) in baselines.iter().enumerate() {
+        // The same measurements 5% slower: beyond the 3% allowed and every noise floor.
+        let slower = edited_copy(b, &dir.path().join(format!("slow{i}")), |perf, _| {
+            for m in perf["measurements"].as_array_mut().unwrap() {
+                for key in ["round_medians_us", "samples_us"] {
+                    for x in m[key].as_array_mut().unwrap() {
+                        *x = (x.as_f64().unwrap() * 1.05).into();
+                    }
+                }
+            }
+        });
+        let (code, stdout, stderr) = compare(b, &slower, &dir.path().join("C.md"), &["--gate"]);
+        assert_eq!(code, 1, "{}: {stdout}{stderr}", b.display());
         assert!(
-            stdout.contains("[mission] cp1 vs cp1: speedup +0.00%") && stdout.contains("SAME"),
+            stdout.contains("[mission] cp1 vs cp1: speedup -4.7") && stdout.contains("SLOWER"),
             "{stdout}"
         );
+        assert!(
+            stdout.contains("GATE FAILED: performance gate, mission"),
+            "{stdout}"
+        );
+        let copy = edited_copy(b, &dir.path().join(format!("same{i}")), |_, _| {});
+        let (code, stdout, stderr) = compare(b, &copy, &dir.path().join("C.md"), &["--gate"]);
+        assert_eq!(code, 0, "{}: {stdout}{stderr}", b.display());
     }
+}
+
+/// The holes of `compare --gate` found by editing run files: each must be closed.
+#[test]
+fn a_candidate_whose_resources_failed_does_not_pass_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = cpu_run(&dir.path().join("results"), &[]);
+    // Rows all pass, but a variant's resource gate failed (48 spill bytes): all_pass false.
+    let spilled = edited_copy(&base, &dir.path().join("spill"), |_, c| {
+        c["all_pass"] = false.into();
+        c["resources"] = serde_json::json!({"cpu-emu": {"checks": {"resources.spill_bytes":
+            {"value": 48.0, "limit": 0.0, "rule": "<=", "pass": false}}}});
+    });
+    let (code, stdout, stderr) = compare(&base, &spilled, &dir.path().join("C.md"), &["--gate"]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("GATE FAILED: resources gate, cpu-emu: resources.spill_bytes 48 > 0"),
+        "{stdout}"
+    );
+    // all_pass false with no named cause still fails.
+    let unexplained = edited_copy(&base, &dir.path().join("allpass"), |_, c| {
+        c["all_pass"] = false.into();
+    });
+    let (code, stdout, _) = compare(&base, &unexplained, &dir.path().join("C.md"), &["--gate"]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("all_pass: false"), "{stdout}");
+}
+
+#[test]
+fn impossible_timings_and_unknown_schema_versions_are_refused_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = cpu_run(&dir.path().join("results"), &[]);
+    let negative = edited_copy(&base, &dir.path().join("neg"), |p, _| {
+        steady_timings(p, -1.0)
+    });
+    refused(
+        &base,
+        &negative,
+        &[],
+        &["perf.json", "finite number above 0"],
+    );
+    let zero = edited_copy(&base, &dir.path().join("zero"), |p, _| {
+        steady_timings(p, 0.0)
+    });
+    refused(&base, &zero, &[], &["finite number above 0"]);
+    let empty = edited_copy(&base, &dir.path().join("empty"), |p, _| {
+        p["measurements"][0]["samples_us"] = serde_json::json!([]);
+    });
+    refused(&base, &empty, &[], &["no samples"]);
+    let future = edited_copy(&base, &dir.path().join("future"), |_, c| {
+        c["schema_version"] = 999.into();
+    });
+    refused(
+        &base,
+        &future,
+        &[],
+        &["correctness.json", "schema_version 999"],
+    );
+}
+
+#[test]
+fn unwritable_outputs_of_compare_exit_2_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = cpu_run(&dir.path().join("results"), &[]);
+    let cand = edited_copy(&base, &dir.path().join("cand"), |_, _| {});
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, "x").unwrap();
+    let out = dir.path().join("out/COMPARE.md");
+    let (code, _, stderr) = compare(
+        &base,
+        &cand,
+        &out,
+        &["--junit", file.join("j.xml").to_str().unwrap()],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(!out.exists() && !dir.path().join("out/COMPARE-latency.svg").exists());
+    // --out naming a directory.
+    let out_dir = dir.path().join("a-dir");
+    std::fs::create_dir(&out_dir).unwrap();
+    let (code, _, stderr) = compare(&base, &cand, &out_dir, &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("is a directory"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        5,
+        "nothing new beside the inputs"
+    );
 }

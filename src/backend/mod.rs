@@ -8,9 +8,9 @@ use half::f16;
 
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
+use crate::schema::VariantMeta;
 use crate::timing::TimingPlan;
 use crate::verdict::Verdict;
-use cuda::identity::VariantIdentity;
 
 /// `--backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -88,9 +88,16 @@ pub trait Backend {
         crate::emulation::KV_SPLIT
     }
 
-    /// The compiled variants' identities; empty where nothing is compiled.
-    fn identities(&self) -> Vec<VariantIdentity> {
-        Vec::new()
+    /// Each variant as reports show it: defines, and for a compiled kernel its PTX hash,
+    /// whether the PTX holds cp.async, and its resources.
+    fn variant_meta(&self) -> Vec<VariantMeta> {
+        self.variants()
+            .iter()
+            .map(|name| VariantMeta {
+                name: name.clone(),
+                ..VariantMeta::default()
+            })
+            .collect()
     }
 
     /// Resource-gate verdicts per variant; empty where resources do not apply.

@@ -19,7 +19,7 @@ pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
     let selected = project.catalog.select(&args.shapes)?;
     shapes::check_host_memory(&selected, shapes::available_host_memory())?;
     let repeats = args.repeats as usize;
-    println!(
+    crate::outln!(
         "f64 reference softmax(scale·QKᵀ)V, median of {repeats} runs after one warm-up, {} threads",
         rayon::current_num_threads()
     );
@@ -38,9 +38,13 @@ pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
         .max()
         .unwrap_or(5)
         .max(5);
-    println!(
+    crate::outln!(
         "{:<width$}  {:>14}  {:>10}  {:>10}  {:>11}",
-        "shape", "BxHxSxD", "ours ms", "numpy ms", "ours/numpy"
+        "shape",
+        "BxHxSxD",
+        "ours ms",
+        "numpy ms",
+        "ours/numpy"
     );
     for shape in &selected {
         let ours = time_reference(shape, repeats);
@@ -63,7 +67,7 @@ pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
             ),
             None => ("-".into(), "-".into()),
         };
-        println!(
+        crate::outln!(
             "{:<width$}  {:>14}  {:>10.1}  {:>10}  {:>11}",
             shape.name,
             shape.dims(),
@@ -73,7 +77,7 @@ pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
         );
     }
     if let Err(why) = &numpy {
-        println!("numpy: {why}");
+        crate::outln!("numpy: {why}");
     }
     Ok(Outcome::Pass)
 }
@@ -101,6 +105,66 @@ fn time_reference(shape: &Shape, repeats: usize) -> f64 {
     times[times.len() / 2]
 }
 
+/// How long the numpy comparison may take before it is given up (a hung python3 must not
+/// hang the bench): far beyond numpy's few seconds on `long`.
+const NUMPY_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Runs `cmd` to completion, or kills it after `limit`.
+fn output_within(
+    cmd: &mut Command,
+    limit: std::time::Duration,
+) -> Result<std::process::Output, String> {
+    use std::io::Read;
+    use wait_timeout::ChildExt;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("not run: python3 unavailable ({e})"))?;
+    // Drain both pipes on threads so a chatty child cannot block on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let status = match child
+        .wait_timeout(limit)
+        .map_err(|e| format!("not run: {e}"))?
+    {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "not run: python3 did not finish within {} s and was stopped",
+                limit.as_secs()
+            ));
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
 /// Runs the numpy script; a JSON object of shape name -> median ms, or why there is none.
 fn numpy_times(
     script: &std::path::Path,
@@ -115,13 +179,26 @@ fn numpy_times(
     for s in shapes {
         cmd.arg("--shape").arg(format!("{}={}", s.name, s.dims()));
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("not run: python3 unavailable ({e})"))?;
+    let out = output_within(&mut cmd, NUMPY_TIME_LIMIT)?;
     if !out.status.success() {
         let why = String::from_utf8_lossy(&out.stderr);
         return Err(format!("not run: {}", why.trim()));
     }
     serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("unreadable output from {}: {e}", script.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_hung_child_is_stopped_at_its_time_limit() {
+        let started = std::time::Instant::now();
+        let err = super::output_within(
+            std::process::Command::new("sleep").arg("30"),
+            std::time::Duration::from_millis(200),
+        )
+        .unwrap_err();
+        assert!(err.contains("did not finish"), "{err}");
+        assert!(started.elapsed().as_secs() < 10);
+    }
 }

@@ -7,6 +7,7 @@ use crate::backend::cuda::{headers, kernel};
 use crate::cli::BuildArgs;
 use crate::console;
 use crate::error::{AppError, Outcome};
+use crate::schema::VariantMeta;
 
 pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
@@ -29,18 +30,21 @@ pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
             )
         })
         .collect();
-    println!(
+    crate::outln!(
         "kernel {} (sha256 {}), NVRTC {nvrtc_version}, {}, headers {}",
         source.path.display(),
         &source.sha256[..12],
         args.arch,
         include.display()
     );
-    print!(
+    crate::out!(
         "{}",
-        console::identity_table(&ids.iter().collect::<Vec<_>>(), &verdicts)
+        console::identity_table(
+            &ids.iter().map(VariantMeta::from).collect::<Vec<_>>(),
+            &verdicts
+        )
     );
-    println!(
+    crate::outln!(
         "(no GPU: registers and spills from ptxas, shared memory from the kernel; occupancy needs a device)"
     );
     Ok(Outcome::from_pass(verdicts.iter().all(|(_, v)| v.pass())))

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::cli::CalibrateArgs;
 use crate::config::ConfigError;
 use crate::error::{AppError, Outcome};
-use crate::report::{CorrectnessFile, CorrectnessRecord};
+use crate::schema::{CorrectnessFile, CorrectnessRecord};
 
 /// The largest value of each metric over a group of records.
 #[derive(Debug, Default, Clone, Copy)]
@@ -68,12 +68,23 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
     let mut groups: BTreeMap<(String, String), Worst> = BTreeMap::new();
     let mut all = Worst::default();
     let mut backends = Vec::new();
+    let mut degenerate = Vec::new();
     for run in &args.runs {
         let file = read_correctness(run)?;
         if !backends.contains(&file.backend) {
             backends.push(file.backend.clone());
         }
         for r in &file.results {
+            if r.kernel_ref.nonfinite > 0 || r.kernel_ref.unwritten > 0 {
+                degenerate.push(format!(
+                    "{} seed {} {} in {}",
+                    r.shape,
+                    r.seed,
+                    r.variant,
+                    run.display()
+                ));
+                continue;
+            }
             groups
                 .entry((r.shape.clone(), r.variant.clone()))
                 .or_default()
@@ -81,16 +92,30 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
             all.add(r);
         }
     }
-    println!(
+    if !degenerate.is_empty() {
+        eprintln!(
+            "warning: {} row(s) left out: their outputs hold non-finite or unwritten elements, so \
+             their errors say nothing about limits (first: {})",
+            degenerate.len(),
+            degenerate[0]
+        );
+    }
+    if all.rows == 0 {
+        return Err(ConfigError::Usage(
+            "no row with a complete, finite output to calibrate from; fix the kernel first".into(),
+        )
+        .into());
+    }
+    crate::outln!(
         "measured on backend(s) {}; worst over seeds; errors against the f64 references",
         backends.join(", ")
     );
-    println!(
+    crate::outln!(
         "| shape | variant | rows | kernel max | kernel mean | kernel %bad | e2e max | e2e mean | e2e %bad | emu max | emu mean | kernel/emu max | kernel/emu mean | % bits = emu |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    crate::outln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let line = |shape: &str, variant: &str, w: &Worst| {
-        println!(
+        crate::outln!(
             "| {shape} | {variant} | {} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.2} | {:.2} | {:.3} |",
             w.rows,
             w.k_max,
@@ -111,25 +136,25 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
     }
     line("**all**", "", &all);
     let m = args.margin;
-    println!("\nproposed thresholds (worst measured x margin {m}):");
-    println!(
+    crate::outln!("\nproposed thresholds (worst measured x margin {m}):");
+    crate::outln!(
         "  correctness.kernel.max_abs_err      {:.3e}",
         all.k_max * m
     );
-    println!(
+    crate::outln!(
         "  correctness.kernel.mean_abs_err     {:.3e}",
         all.k_mean * m
     );
-    println!(
+    crate::outln!(
         "  correctness.end_to_end.max_abs_err  {:.3e}",
         all.e_max * m
     );
-    println!(
+    crate::outln!(
         "  correctness.end_to_end.mean_abs_err {:.3e}",
         all.e_mean * m
     );
-    println!("  correctness.end_to_end.pct_bad      {:.3}", all.e_bad * m);
-    println!(
+    crate::outln!("  correctness.end_to_end.pct_bad      {:.3}", all.e_bad * m);
+    crate::outln!(
         "  relative gate factor 2 holds with margin {:.2} (max) and {:.2} (mean)",
         2.0 / all.ratio_max.max(f64::MIN_POSITIVE),
         2.0 / all.ratio_mean.max(f64::MIN_POSITIVE)

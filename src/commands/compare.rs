@@ -1,16 +1,22 @@
 //! `sdpa-runner compare BASE CAND [--gate]`: the verdicts of CAND against BASE from two saved
-//! runs, as COMPARE.md; with `--gate`, exit 1 when CAND failed correctness or regressed.
-//! Everything is checked before anything is written.
+//! runs, as COMPARE.md; with `--gate`, exit 1 when CAND failed any correctness or resource
+//! gate, or regressed. The same spine as a run: load and check everything (nothing is
+//! written on a refusal) -> analyze -> publish -> print.
 
-use super::{Project, publish};
+use std::path::PathBuf;
+
+use super::Project;
+use crate::analysis::{self, Decision};
 use crate::cli::CompareArgs;
 use crate::console::{self, Widths};
 use crate::error::{AppError, Outcome};
-use crate::perf::compare::{
-    SavedRun, check_comparable, pick_variants, regressions, unpaired_comparisons,
-};
-use crate::perf::markdown::{CompareDoc, Side};
+use crate::gates::PerformanceGates;
+use crate::outln;
+use crate::perf::compare::{SavedRun, check_comparable, pick_variants, unpaired_comparisons};
+use crate::publish::{self, CompareReport, Extras};
+use crate::render::markdown::{CompareDoc, Side};
 use crate::report::write_atomic;
+use crate::schema::{CorrectnessRecord, ShapeComparison};
 
 pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
@@ -24,16 +30,86 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
         args.cand_variant.as_deref(),
     )?;
     let warnings = check_comparable(&base.perf, &cand.perf, (&bv, &cv), args.allow_mismatch)?;
-    let cmps = unpaired_comparisons(&base.perf, &cand.perf, (&bv, &cv), gates);
-
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| project.root.path().join("results/COMPARE.md"));
+    let svg_path = svg_beside(&out);
+    let extras = Extras {
+        junit: args.ci.junit.clone(),
+        latest_compare: None,
+    };
+    for path in [&out, &svg_path] {
+        publish::check_writable(path)?;
+    }
+    extras.check()?;
+
+    let cmps = unpaired_comparisons(&base.perf, &cand.perf, (&bv, &cv), gates);
+    let decision = analysis::analyze_compare(&cand, &cv, &cmps, gates);
+
+    let report = render(
+        args,
+        (&base, &cand),
+        (&bv, &cv),
+        (&cmps, &decision, gates),
+        &warnings,
+        &svg_path,
+    );
+    write_atomic(&svg_path, report.svg.as_bytes())?;
+    if let Err(e) = write_atomic(&out, report.markdown.as_bytes()) {
+        let _ = std::fs::remove_file(&svg_path);
+        return Err(e.into());
+    }
+    let records: &[CorrectnessRecord] = cand.correctness.as_ref().map_or(&[], |c| &c.results);
+    let extra_warnings = extras.write(
+        || publish::junit(records, &[], &cmps, &decision),
+        Some((report.markdown.as_str(), "")),
+    );
+
+    let widths = Widths::of(
+        cmps.iter().map(|c| c.shape.as_str()),
+        [bv.as_str(), cv.as_str()].into_iter(),
+    );
+    for w in &warnings {
+        outln!("WARNING: {w}");
+    }
+    outln!(
+        "{} ({}) vs {} ({}), unpaired:",
+        cv,
+        args.cand.display(),
+        bv,
+        args.base.display()
+    );
+    crate::out!("{}", console::verdict_lines(&cmps, &widths));
+    for w in &extra_warnings {
+        eprintln!("warning: {w}");
+    }
+    outln!("report: {}", out.display());
+    if !args.gate {
+        return Ok(Outcome::Pass);
+    }
+    for f in &decision.failures {
+        outln!("GATE FAILED: {f}");
+    }
+    Ok(decision.outcome())
+}
+
+/// `<out stem>-latency.svg` beside COMPARE.md.
+fn svg_beside(out: &std::path::Path) -> PathBuf {
     let stem = out
         .file_stem()
         .map_or("COMPARE".into(), |s| s.to_string_lossy().into_owned());
-    let svg_name = format!("{stem}-latency.svg");
+    out.with_file_name(format!("{stem}-latency.svg"))
+}
+
+fn render(
+    args: &CompareArgs,
+    (base, cand): (&SavedRun, &SavedRun),
+    (bv, cv): (&str, &str),
+    (cmps, decision, gates): (&[ShapeComparison], &Decision, &PerformanceGates),
+    warnings: &[String],
+    svg_path: &std::path::Path,
+) -> CompareReport {
     let meta = |run: &SavedRun, v: &str| {
         run.perf
             .variants
@@ -42,88 +118,34 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
             .cloned()
             .expect("picked variant exists")
     };
-    let (bmeta, cmeta) = (meta(&base, &bv), meta(&cand, &cv));
+    let (bmeta, cmeta) = (meta(base, bv), meta(cand, cv));
+    let svg_name = svg_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let doc = CompareDoc {
         design: "unpaired: two saved runs, per-round medians of each",
         base: Side {
             run: args.base.display().to_string(),
             perf: &base.perf,
             variant: &bmeta,
-            correctness: base.correctness_of(&bv),
+            correctness: base.correctness_of(bv),
         },
         cand: Side {
             run: args.cand.display().to_string(),
             perf: &cand.perf,
             variant: &cmeta,
-            correctness: cand.correctness_of(&cv),
+            correctness: cand.correctness_of(cv),
         },
-        comparisons: &cmps,
+        comparisons: cmps,
         gates,
-        warnings: &warnings,
+        decision,
+        gate_enforced: args.gate,
+        warnings,
         svg: Some(&svg_name),
     };
-    let markdown = crate::perf::markdown::render(&doc);
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| crate::report::ReportError::Unwritable {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+    CompareReport {
+        markdown: crate::render::markdown::render(&doc),
+        svg: publish::latency_svg(cmps, &base.perf, &cand.perf),
     }
-    write_atomic(
-        &out.with_file_name(&svg_name),
-        publish::latency_svg(&cmps, &base.perf, &cand.perf).as_bytes(),
-    )?;
-    write_atomic(&out, markdown.as_bytes())?;
-    publish::append_step_summary(&markdown);
-
-    // The gate: candidate correctness, then regressions beyond the allowed slowdown.
-    let mut failures = regressions(&cmps, gates);
-    match cand.correctness_of(&cv) {
-        Some((pass, total)) if pass == total && total > 0 => {}
-        Some((pass, total)) => failures.push((
-            "correctness".into(),
-            format!("candidate {cv}: {pass}/{total} correctness rows PASS"),
-        )),
-        None => failures.push((
-            "correctness".into(),
-            format!(
-                "candidate run {} has no correctness.json",
-                args.cand.display()
-            ),
-        )),
-    }
-    if let Some(junit) = &args.ci.junit {
-        let records = cand
-            .correctness
-            .as_ref()
-            .map_or(&[][..], |c| &c.results[..]);
-        publish::write_junit(
-            junit,
-            &crate::perf::junit::render(records, &[], &cmps, &failures),
-        )?;
-    }
-
-    let widths = Widths::of(
-        cmps.iter().map(|c| c.shape.as_str()),
-        [bv.as_str(), cv.as_str()].into_iter(),
-    );
-    for w in &warnings {
-        println!("WARNING: {w}");
-    }
-    println!(
-        "{} ({}) vs {} ({}), unpaired:",
-        cv,
-        args.cand.display(),
-        bv,
-        args.base.display()
-    );
-    print!("{}", console::verdict_lines(&cmps, &widths));
-    println!("report: {}", out.display());
-    if args.gate && !failures.is_empty() {
-        for (_, why) in &failures {
-            println!("GATE FAILED: {why}");
-        }
-        return Ok(Outcome::GateFailed);
-    }
-    Ok(Outcome::Pass)
 }

@@ -5,7 +5,6 @@ mod bench;
 mod build;
 mod calibrate;
 mod compare;
-mod publish;
 mod run;
 mod selftest;
 mod shapes;
@@ -17,14 +16,15 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda::kernel::KernelSource;
 use crate::backend::cuda::variant::{self, VariantSpec};
-use crate::backend::{Backend, BackendKind};
+use crate::backend::{Backend, BackendError, BackendKind};
 use crate::cli::{Cli, Command, KernelArgs, ProjectArgs};
 use crate::config::ConfigError;
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::GateFile;
 use crate::paths::ProjectRoot;
-use crate::report::{self, BuildMeta, SCHEMA_VERSION};
+use crate::report;
+use crate::schema::{BuildMeta, SCHEMA_VERSION};
 use crate::shapes::ShapeCatalog;
 
 pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
@@ -58,6 +58,7 @@ impl Project {
                 .unwrap_or_else(|| root.default_shapes()),
         )?;
         let gates = GateFile::load(&args.gates.clone().unwrap_or_else(|| root.default_gates()))?;
+        gates.check_shape_names(|name| catalog.get(name).is_some(), catalog.path())?;
         Ok(Project {
             root,
             catalog,
@@ -111,13 +112,21 @@ pub fn open_backend(
                 )
                 .into());
             }
+            // The emulation has one variant, but a bad or conflicting choice is still refused.
+            variant_specs(kernel)?;
             Box::new(CpuBackend::new(defect))
         }
         BackendKind::Cuda => {
             let specs = variant_specs(kernel)?;
             let source =
                 KernelSource::load(&project.kernel_path(kernel), &project.root.cuda_dir())?;
-            Box::new(CudaBackend::new(source, &specs)?)
+            Box::new(CudaBackend::new(source, &specs).map_err(|e| match e {
+                BackendError::Environment(why) => BackendError::Environment(format!(
+                    "{why}\nThe default backend is cuda; `--backend cpu` runs the same pipeline on \
+                     the CPU emulation of the kernel, with no GPU."
+                )),
+                other => other,
+            })?)
         }
     })
 }
@@ -130,7 +139,9 @@ pub fn build_meta(project: &Project, backend: &dyn Backend, started_at: String) 
         git: report::git_info(),
         backend: backend.name().to_string(),
         host: report::host_info(),
-        command_line: std::env::args().collect(),
+        command_line: std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
         started_at,
         project_root: project.root.path().display().to_string(),
         shapes_file: report::file_ref(project.catalog.path()),

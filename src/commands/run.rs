@@ -1,196 +1,232 @@
-//! `sdpa-runner [run]`: the main job. Validates everything it can before any work, opens the
-//! backend, checks and times every (shape, seed, variant), writes the run directory (and
-//! COMPARE.md when two variants ran), publishes for CI, and prints the run's path last.
+//! `sdpa-runner [run]`: the main job, one way through (docs/DESIGN.md "The spine"):
+//! prepare (everything checked before any work) -> measure -> analyze (every gate decided
+//! once) -> publish (the run directory, committed atomically; then the outputs outside it)
+//! -> print.
 
-use std::collections::BTreeMap;
-
-use super::{Project, build_meta, open_backend, publish};
+use super::{Project, build_meta, open_backend};
+use crate::analysis::{self, RunAnalysis, RunMeasured};
 use crate::backend::{Backend, BackendKind};
 use crate::cli::{RunArgs, TimingArgs};
 use crate::clocks::{self, ClockReading};
+use crate::config::ConfigError;
 use crate::console::{self, Widths};
 use crate::error::{AppError, Outcome};
-use crate::perf::compare::{TargetStatus, regressions, targets};
-use crate::perf::markdown::{CompareDoc, Side};
-use crate::perf::{self, PERF_SCHEMA_VERSION, PerfFile, VariantMeta};
 use crate::progress::ConsoleProgress;
-use crate::report::{self, CorrectnessFile, RunDir, SCHEMA_VERSION};
+use crate::publish::{self, CompareReport, Extras};
+use crate::render::markdown::{CompareDoc, Side};
+use crate::report::{self, RunDir};
 use crate::runner;
-use crate::shapes;
+use crate::schema::{PerfFile, SCHEMA_VERSION};
+use crate::shapes::{self, Shape};
 use crate::timing::TimingPlan;
-use crate::verdict::Verdict;
+use crate::{out, outln};
 
 pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
-    let project = Project::load(&args.setup.project)?;
-    let selected = project.catalog.select(&args.shapes)?;
-    shapes::check_host_memory(&selected, shapes::available_host_memory())?;
-    let plan = timing_plan(&args.timing, args.setup.backend);
-    plan.validate()?;
-    let mut backend = open_backend(
-        args.setup.backend,
-        &args.setup.kernel,
-        args.emulation_defect,
-        &project,
-    )?;
-    let results_root = args.setup.results_root(project.root.path());
-    let run_dir = RunDir::create(&results_root)?;
-    let gates = &project.gates.gates;
-
-    let resources = backend.resource_verdicts(&gates.resources);
-    println!("{}", backend.describe());
-    let ids = backend.identities();
-    if !ids.is_empty() {
-        print!(
-            "{}",
-            console::identity_table(&ids.iter().collect::<Vec<_>>(), &resources)
-        );
-    }
-    let widths = Widths::of(
-        selected.iter().map(|s| s.name.as_str()),
-        backend.variants().iter().map(String::as_str),
-    );
-    let gpu_clocks = || match args.setup.backend {
-        BackendKind::Cuda if plan.enabled() => clocks::read_gpu(),
-        _ => ClockReading::unknown("not a timed GPU run"),
-    };
-    let clocks_before = gpu_clocks();
-    let mut progress = ConsoleProgress::new(widths);
-    let out = runner::run_all(
-        backend.as_mut(),
-        &selected,
-        &args.seeds.0,
-        gates,
-        &plan,
-        &mut progress,
-    )?;
-    let clocks_after = gpu_clocks();
-
-    let correctness = CorrectnessFile {
-        schema_version: SCHEMA_VERSION,
-        all_pass: out.records.iter().all(|r| r.pass) && resources.iter().all(|(_, v)| v.pass()),
-        backend: backend.name().to_string(),
-        resources: resources
-            .iter()
-            .cloned()
-            .collect::<BTreeMap<String, Verdict>>(),
-        results: out.records,
-    };
-    run_dir.write_json(
-        "build_meta.json",
-        &build_meta(&project, backend.as_ref(), started_at.clone()),
-    )?;
-    run_dir.write_json("correctness.json", &correctness)?;
-
-    let perf = plan.enabled().then(|| PerfFile {
-        peer: None,
-        schema_version: PERF_SCHEMA_VERSION,
-        backend: backend.name().to_string(),
-        clock: backend.clock().to_string(),
-        device_name: backend.device_name(),
-        device: backend.device_json(),
-        git: report::git_info(),
-        started_at,
-        plan: plan.clone(),
-        clocks_before,
-        clocks_after,
-        variants: variant_meta(backend.as_ref(), &ids),
-        comparisons: Vec::new(),
-        measurements: out.measurements,
-    });
-    let perf = perf.map(|mut p| {
-        p.comparisons = perf::paired_comparisons(
-            &p,
-            gates.performance.confidence,
-            gates.performance.noise_floor_pct,
-        );
-        p
-    });
-    let mut compare_md = None;
-    if let Some(p) = &perf {
-        run_dir.write_json("perf.json", p)?;
-        if !p.comparisons.is_empty() {
-            let counts = |v: &str| correctness.passing(v);
-            let doc = CompareDoc {
-                design: "paired: both variants on the same inputs in one process, interleaved in rounds",
-                base: Side {
-                    run: "this run".into(),
-                    perf: p,
-                    variant: &p.variants[0],
-                    correctness: Some(counts(&p.variants[0].name)),
-                },
-                cand: Side {
-                    run: "this run".into(),
-                    perf: p,
-                    variant: &p.variants[1],
-                    correctness: Some(counts(&p.variants[1].name)),
-                },
-                comparisons: &p.comparisons,
-                gates: &gates.performance,
-                warnings: &[],
-                svg: Some("latency.svg"),
-            };
-            let md = crate::perf::markdown::render(&doc);
-            run_dir.write_text("latency.svg", &publish::latency_svg(&p.comparisons, p, p))?;
-            run_dir.write_text("COMPARE.md", &md)?;
-            compare_md = Some(md);
-        }
-    }
-    let path = run_dir.commit()?;
+    let mut job = Job::prepare(args)?;
+    let run_dir = RunDir::create(&job.results_root)?;
+    job.print_header();
+    let measured = job.measure(args, &started_at)?;
+    let analysis = analysis::analyze_run(measured, &job.project.gates.gates, args.require_speedup);
+    let report = compare_report(&analysis, &job.project);
+    let meta = build_meta(&job.project, job.backend.as_ref(), started_at);
+    let path = publish::commit_run(run_dir, &meta, &analysis, report.as_ref())?;
     let run_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if let Some(md) = &compare_md {
-        publish::refresh_latest(&results_root, md, &run_name)?;
-        publish::append_step_summary(md);
-    }
+    let warnings = job.extras.write(
+        || {
+            let resources: Vec<_> = analysis.correctness.resources.clone().into_iter().collect();
+            publish::junit(
+                &analysis.correctness.results,
+                &resources,
+                comparisons(&analysis),
+                &analysis.decision,
+            )
+        },
+        report
+            .as_ref()
+            .map(|r| (r.markdown.as_str(), run_name.as_str())),
+    );
+    print_outcome(&analysis, &job, &warnings, &path);
+    Ok(analysis.decision.outcome())
+}
 
-    // Performance outcome: regressions are reported; --require-speedup makes targets a gate.
-    let cmps = perf.as_ref().map_or(&[][..], |p| &p.comparisons[..]);
-    let mut perf_failures = regressions(cmps, &gates.performance);
-    let mut speedup_ok = true;
-    for (shape, status) in targets(cmps, &gates.performance) {
-        if status != TargetStatus::Met {
-            speedup_ok = false;
-            if args.require_speedup {
-                perf_failures.push((shape.clone(), format!("target {shape}: {status:?}")));
-            }
-        }
-    }
-    if let Some(junit) = &args.ci.junit {
-        publish::write_junit(
-            junit,
-            &perf::junit::render(&correctness.results, &resources, cmps, &perf_failures),
+/// A run with everything checked: the project, shapes, timing plan, the backend with its
+/// variants, and where every output goes.
+struct Job {
+    project: Project,
+    shapes: Vec<Shape>,
+    plan: TimingPlan,
+    backend: Box<dyn Backend>,
+    results_root: std::path::PathBuf,
+    extras: Extras,
+    widths: Widths,
+}
+
+impl Job {
+    fn prepare(args: &RunArgs) -> Result<Self, AppError> {
+        let project = Project::load(&args.setup.project)?;
+        let shapes = project.catalog.select(&args.shapes)?;
+        shapes::check_host_memory(&shapes, shapes::available_host_memory())?;
+        let plan = timing_plan(&args.timing, args.setup.backend);
+        plan.validate()?;
+        let results_root = args.setup.results_root(project.root.path());
+        RunDir::check_root(&results_root)?;
+        let extras = Extras {
+            junit: args.ci.junit.clone(),
+            latest_compare: Some(results_root.join("COMPARE.md")),
+        };
+        extras.check()?;
+        let backend = open_backend(
+            args.setup.backend,
+            &args.setup.kernel,
+            args.emulation_defect,
+            &project,
         )?;
+        if args.require_speedup && (backend.variants().len() < 2 || !plan.enabled()) {
+            return Err(ConfigError::Usage(
+                "--require-speedup judges the candidate variant against the baseline: it needs two \
+                 variants (--cp-async both, or --candidate-define) and timing (--iters above 0)"
+                    .into(),
+            )
+            .into());
+        }
+        let widths = Widths::of(
+            shapes.iter().map(|s| s.name.as_str()),
+            backend.variants().iter().map(String::as_str),
+        );
+        Ok(Job {
+            project,
+            shapes,
+            plan,
+            backend,
+            results_root,
+            extras,
+            widths,
+        })
     }
 
-    if let Some(p) = &perf {
-        println!(
-            "timing: {} ({} warm-up, {} samples in {} rounds, batch {}, L2 {:?}), µs",
-            p.clock, plan.warmup, plan.iters, plan.rounds, plan.batch, plan.l2
-        );
-        print!("{}", console::timing_table(&p.measurements, &widths));
-        if !cmps.is_empty() {
-            println!(
-                "A/B verdicts ({} confidence, paired):",
-                gates.performance.confidence
-            );
-            print!("{}", console::verdict_lines(cmps, &widths));
+    fn print_header(&self) {
+        outln!("{}", self.backend.describe());
+        let variants = self.backend.variant_meta();
+        if variants.iter().any(|v| v.ptx_sha256.is_some()) {
+            let resources = self
+                .backend
+                .resource_verdicts(&self.project.gates.gates.resources);
+            out!("{}", console::identity_table(&variants, &resources));
         }
     }
-    println!("{}", console::summary(&correctness.results));
-    if !resources.iter().all(|(_, v)| v.pass()) {
-        println!("resource gates FAILED (see the variant table above)");
+
+    /// Checks and times every (shape, seed, variant); nothing is decided yet.
+    fn measure(&mut self, args: &RunArgs, started_at: &str) -> Result<RunMeasured, AppError> {
+        let gpu_clocks = || match args.setup.backend {
+            BackendKind::Cuda if self.plan.enabled() => clocks::read_gpu(),
+            _ => ClockReading::unknown("not a timed GPU run"),
+        };
+        let clocks_before = gpu_clocks();
+        let mut progress = ConsoleProgress::new(self.widths);
+        let out = runner::run_all(
+            self.backend.as_mut(),
+            &self.shapes,
+            &args.seeds.0,
+            &self.project.gates.gates,
+            &self.plan,
+            &mut progress,
+        )?;
+        let clocks_after = gpu_clocks();
+        let backend = self.backend.as_ref();
+        let perf = self.plan.enabled().then(|| PerfFile {
+            peer: None,
+            schema_version: SCHEMA_VERSION,
+            backend: backend.name().to_string(),
+            clock: backend.clock().to_string(),
+            device_name: backend.device_name(),
+            device: backend.device_json(),
+            git: report::git_info(),
+            started_at: started_at.to_string(),
+            plan: self.plan.clone(),
+            clocks_before,
+            clocks_after,
+            variants: backend.variant_meta(),
+            comparisons: Vec::new(),
+            measurements: out.measurements,
+        });
+        Ok(RunMeasured {
+            backend: backend.name().to_string(),
+            records: out.records,
+            resources: backend.resource_verdicts(&self.project.gates.gates.resources),
+            perf,
+        })
     }
-    if args.require_speedup && !speedup_ok {
-        println!(
-            "performance gate FAILED: a target shape did not reach the required speedup (see COMPARE.md)"
+}
+
+fn comparisons(a: &RunAnalysis) -> &[crate::schema::ShapeComparison] {
+    a.perf.as_ref().map_or(&[][..], |p| &p.comparisons[..])
+}
+
+/// COMPARE.md and its picture, when the run compared two variants.
+fn compare_report(a: &RunAnalysis, project: &Project) -> Option<CompareReport> {
+    let p = a.perf.as_ref().filter(|p| !p.comparisons.is_empty())?;
+    let counts = |v: &str| a.correctness.passing(v);
+    let side = |i: usize| Side {
+        run: "this run".into(),
+        perf: p,
+        variant: &p.variants[i],
+        correctness: Some(counts(&p.variants[i].name)),
+    };
+    let doc = CompareDoc {
+        design: "paired: both variants on the same inputs in one process, interleaved in rounds",
+        base: side(0),
+        cand: side(1),
+        comparisons: &p.comparisons,
+        gates: &project.gates.gates.performance,
+        decision: &a.decision,
+        gate_enforced: true,
+        warnings: &[],
+        svg: Some("latency.svg"),
+    };
+    Some(CompareReport {
+        markdown: crate::render::markdown::render(&doc),
+        svg: publish::latency_svg(&p.comparisons, p, p),
+    })
+}
+
+fn print_outcome(a: &RunAnalysis, job: &Job, warnings: &[String], path: &std::path::Path) {
+    if let Some(p) = &a.perf {
+        let plan = &job.plan;
+        outln!(
+            "timing: {} ({} warm-up, {} samples in {} rounds, batch {}, L2 {:?}), µs",
+            p.clock,
+            plan.warmup,
+            plan.iters,
+            plan.rounds,
+            plan.batch,
+            plan.l2
         );
+        out!("{}", console::timing_table(&p.measurements, &job.widths));
+        if !p.comparisons.is_empty() {
+            outln!(
+                "A/B verdicts ({} confidence, paired):",
+                job.project.gates.gates.performance.confidence
+            );
+            out!("{}", console::verdict_lines(&p.comparisons, &job.widths));
+        }
     }
-    println!("results: {}", path.display());
-    let pass = correctness.all_pass && (!args.require_speedup || speedup_ok);
-    Ok(Outcome::from_pass(pass))
+    outln!("{}", console::summary(&a.correctness.results));
+    for f in a
+        .decision
+        .failures
+        .iter()
+        .filter(|f| f.kind != crate::analysis::GateKind::Correctness)
+    {
+        outln!("GATE FAILED: {f}");
+    }
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    outln!("results: {}", path.display());
 }
 
 /// Warm-up and sample counts default per backend: the emulation is far slower than the GPU.
@@ -206,26 +242,4 @@ fn timing_plan(t: &TimingArgs, backend: BackendKind) -> TimingPlan {
         batch: t.batch,
         l2: t.l2,
     }
-}
-
-fn variant_meta(
-    backend: &dyn Backend,
-    ids: &[crate::backend::cuda::identity::VariantIdentity],
-) -> Vec<VariantMeta> {
-    backend
-        .variants()
-        .iter()
-        .map(|name| {
-            let id = ids.iter().find(|id| &id.name == name);
-            VariantMeta {
-                name: name.clone(),
-                defines: id.map_or_else(Vec::new, |id| id.defines.clone()),
-                ptx_sha256: id.map(|id| id.ptx_sha256.clone()),
-                registers: id.and_then(|id| id.registers()),
-                smem_bytes: id.map(|id| id.smem_bytes()),
-                spill_bytes: id.and_then(|id| id.ptxas.spill_bytes()),
-                blocks_per_sm: id.and_then(|id| id.driver.as_ref().map(|d| d.max_blocks_per_sm)),
-            }
-        })
-        .collect()
 }

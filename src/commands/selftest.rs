@@ -8,8 +8,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde::{Deserialize, Serialize};
-
 use super::Project;
 use crate::backend::BackendError;
 use crate::backend::cuda::headers;
@@ -19,39 +17,8 @@ use crate::cli::SelftestArgs;
 use crate::config::ConfigError;
 use crate::error::{AppError, EXIT_ENVIRONMENT, EXIT_GATE_FAILED, EXIT_KERNEL, EXIT_PASS, Outcome};
 use crate::mutants::{self, MUTANTS, Mutant};
-use crate::report::{CorrectnessFile, RunDir, SCHEMA_VERSION};
-
-/// selftest.json
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SelftestFile {
-    pub schema_version: u32,
-    pub ptx_identity: Vec<PtxIdentity>,
-    pub clean_kernel_pass: bool,
-    pub mutants: Vec<MutantResult>,
-    pub score: String,
-    pub all_pass: bool,
-}
-
-/// The clean build's PTX with the mutant code present and stripped.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PtxIdentity {
-    pub variant: String,
-    pub shipped_ptx_sha256: String,
-    pub stripped_ptx_sha256: String,
-    pub identical: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MutantResult {
-    pub define: String,
-    pub breaks: String,
-    pub variants: String,
-    pub shapes: String,
-    /// The check that caught it, or None if it survived.
-    pub caught_by: Option<String>,
-    /// The figure that caught it (or why it survived).
-    pub figure: String,
-}
+use crate::report::RunDir;
+use crate::schema::{CorrectnessFile, MutantResult, PtxIdentity, SCHEMA_VERSION, SelftestFile};
 
 pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
@@ -64,7 +31,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
 
     let identity = ptx_identity(&source)?;
     for i in &identity {
-        println!(
+        crate::outln!(
             "clean {} PTX with mutant code {} / stripped {}: {}",
             i.variant,
             &i.shipped_ptx_sha256[..12],
@@ -110,7 +77,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         ],
     )?;
     let clean_pass = clean_run.code == EXIT_PASS as i32 && clean_stress.code == EXIT_PASS as i32;
-    println!(
+    crate::outln!(
         "clean kernel on {all_shapes}: gates {}, stress x{repeats} {}",
         verdict_word(clean_run.code),
         verdict_word(clean_stress.code)
@@ -119,7 +86,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let mut results = Vec::new();
     for m in &chosen {
         let r = check_mutant(&child, m, &repeats)?;
-        println!(
+        crate::outln!(
             "{:<30} {:<22} {}",
             m.define,
             r.caught_by.as_deref().unwrap_or("SURVIVED"),
@@ -130,8 +97,8 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let caught = results.iter().filter(|r| r.caught_by.is_some()).count();
     let score = format!("{caught}/{}", results.len());
     let all_pass = clean_pass && caught == results.len() && identity.iter().all(|i| i.identical);
-    println!("\n{}", table(&results));
-    println!(
+    crate::outln!("\n{}", table(&results));
+    crate::outln!(
         "mutation score {score} ({:.0}%); clean kernel {}; clean PTX {}",
         100.0 * caught as f64 / results.len().max(1) as f64,
         if clean_pass { "PASS" } else { "FAIL" },
@@ -151,7 +118,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     };
     run_dir.write_json("selftest.json", &file)?;
     let path = run_dir.commit()?;
-    println!("results: {}", path.display());
+    crate::outln!("results: {}", path.display());
     Ok(Outcome::from_pass(all_pass))
 }
 
@@ -445,21 +412,15 @@ fn gate_figure(dir: Option<&Path>) -> Result<(&'static str, String), AppError> {
             .position(|p| g.starts_with(p))
             .unwrap_or(usize::MAX)
     };
-    let (gate, c) = r
-        .gates
-        .iter()
-        .filter(|(_, c)| !c.pass)
-        .min_by_key(|(g, _)| rank(g))
+    let failed = crate::verdict::failed(&r.gates)
+        .min_by_key(|f| rank(f.gate))
         .expect("a failing row has a failing gate");
-    Ok((
-        "correctness gate",
-        format!("{gate} {:.2e} > {:.2e} ({place})", c.value, c.limit),
-    ))
+    Ok(("correctness gate", format!("{failed} ({place})")))
 }
 
 fn stress_figure(dir: Option<&Path>) -> Result<String, AppError> {
     let path = dir.map(|d| d.join("stress.json")).unwrap_or_default();
-    let file: super::stress::StressFile = crate::json::read_file(&path)?;
+    let file: crate::schema::StressFile = crate::json::read_file(&path)?;
     let r = file
         .results
         .iter()
@@ -507,9 +468,10 @@ mod tests {
     fn the_shapes_of_all_mutants_are_listed_once() {
         let all = union_of_shapes(MUTANTS);
         let names: Vec<&str> = all.split(',').collect();
-        let mut unique = names.clone();
-        unique.dedup();
-        assert_eq!(names.len(), unique.len());
-        assert!(names.contains(&"partial77") && names.contains(&"wide"));
+        let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(names.len(), unique.len(), "{all}");
+        let wanted: std::collections::BTreeSet<&str> =
+            MUTANTS.iter().flat_map(|m| m.shapes.split(',')).collect();
+        assert_eq!(unique, wanted, "every mutant's shapes, each once");
     }
 }

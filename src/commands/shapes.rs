@@ -13,17 +13,28 @@ pub fn list(args: &ShapesArgs) -> Result<Outcome, AppError> {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!("shapes in {}:", project.catalog.path().display());
-    println!(
+    crate::outln!("shapes in {}:", project.catalog.path().display());
+    crate::outln!(
         "{:<width$}  {:>3} {:>4} {:>6} {:>3}  {:>6}  purpose",
-        "name", "B", "H", "S", "D", "qk_std"
+        "name",
+        "B",
+        "H",
+        "S",
+        "D",
+        "qk_std"
     );
     for s in shapes {
-        println!(
+        crate::outln!(
             "{:<width$}  {:>3} {:>4} {:>6} {:>3}  {:>6}  {}",
-            s.name, s.b, s.h, s.s, s.d, s.qk_std, s.purpose
+            s.name,
+            s.b,
+            s.h,
+            s.s,
+            s.d,
+            s.qk_std,
+            s.purpose
         );
     }
-    println!("inline shapes are written BxHxSxD, e.g. --shapes 1x8x512x64 (D must be 64)");
+    crate::outln!("inline shapes are written BxHxSxD, e.g. --shapes 1x8x512x64 (D must be 64)");
     Ok(Outcome::Pass)
 }

@@ -2,27 +2,17 @@
 //! each output compared bit for bit with the first; writes stress.json; exit 1 on any
 //! divergence or gate failure.
 
-use serde::{Deserialize, Serialize};
-
 use super::{Project, build_meta, open_backend};
 use crate::cli::StressArgs;
 use crate::console::Widths;
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
-use crate::report::{self, RunDir, SCHEMA_VERSION};
+use crate::report::{self, RunDir};
 use crate::runner::Yardsticks;
+use crate::schema::{SCHEMA_VERSION, StressFile};
 use crate::shapes;
-use crate::stress::{self, StressRecord};
-
-/// stress.json
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StressFile {
-    pub schema_version: u32,
-    pub backend: String,
-    pub all_pass: bool,
-    pub results: Vec<StressRecord>,
-}
+use crate::stress;
 
 pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
@@ -37,7 +27,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     )?;
     let results_root = args.setup.results_root(project.root.path());
     let run_dir = RunDir::create(&results_root)?;
-    println!("{}", backend.describe());
+    crate::outln!("{}", backend.describe());
     let widths = Widths::of(
         selected.iter().map(|s| s.name.as_str()),
         backend.variants().iter().map(String::as_str),
@@ -60,9 +50,9 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
                         args.repeats as usize,
                         mode,
                     )?;
-                    println!("{}", stress::line(&r, &widths));
+                    crate::outln!("{}", stress::line(&r, &widths));
                     for failure in r.failed_gates.iter().take(3) {
-                        println!("    {failure}");
+                        crate::outln!("    {failure}");
                     }
                     results.push(r);
                 }
@@ -82,7 +72,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     run_dir.write_json("stress.json", &file)?;
     let path = run_dir.commit()?;
     let passed = file.results.iter().filter(|r| r.pass).count();
-    println!("{passed}/{} PASS", file.results.len());
-    println!("results: {}", path.display());
+    crate::outln!("{passed}/{} PASS", file.results.len());
+    crate::outln!("results: {}", path.display());
     Ok(Outcome::from_pass(file.all_pass))
 }

@@ -4,11 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{PERF_SCHEMA_VERSION, PerfFile, ShapeComparison};
 use crate::config::ConfigError;
 use crate::gates::PerformanceGates;
-use crate::report::CorrectnessFile;
-use crate::stats::PerfVerdict;
+use crate::schema::CorrectnessFile;
+use crate::schema::{self, PerfFile, ShapeComparison};
 
 /// A saved run: its perf.json and, if present beside it, its correctness.json.
 #[derive(Debug, Clone)]
@@ -40,21 +39,12 @@ impl SavedRun {
                 path.display()
             )));
         }
-        let perf: PerfFile = crate::json::read_file(&perf_path)?;
-        if perf.schema_version != PERF_SCHEMA_VERSION {
-            return Err(ConfigError::invalid_key(
-                &perf_path,
-                "schema_version",
-                format!(
-                    "{} is not supported; this runner reads {PERF_SCHEMA_VERSION}",
-                    perf.schema_version
-                ),
-            ));
-        }
+        let perf: PerfFile = read_versioned(&perf_path)?;
+        check_samples(&perf_path, &perf)?;
         let correctness_path = dir.join("correctness.json");
         // Optional: a run without correctness.json still compares; --gate then refuses it.
         let correctness = if correctness_path.is_file() {
-            Some(crate::json::read_file(&correctness_path)?)
+            Some(read_versioned::<CorrectnessFile>(&correctness_path)?)
         } else {
             None
         };
@@ -69,6 +59,54 @@ impl SavedRun {
     pub fn correctness_of(&self, variant: &str) -> Option<(usize, usize)> {
         self.correctness.as_ref().map(|c| c.passing(variant))
     }
+}
+
+/// Refuses timings no measurement can produce: a measurement without samples or round
+/// medians, or a sample that is not a finite positive number of microseconds.
+fn check_samples(path: &Path, perf: &PerfFile) -> Result<(), ConfigError> {
+    for m in &perf.measurements {
+        let place = format!("{} seed {} {}", m.shape, m.seed, m.variant);
+        if m.samples_us.is_empty() || m.round_medians_us.is_empty() {
+            return Err(ConfigError::invalid_key(
+                path,
+                "measurements",
+                format!("{place} has no samples; the file is damaged, rerun the timing"),
+            ));
+        }
+        if let Some(bad) = m
+            .samples_us
+            .iter()
+            .chain(&m.round_medians_us)
+            .find(|x| !(x.is_finite() && **x > 0.0))
+        {
+            return Err(ConfigError::invalid_key(
+                path,
+                "measurements",
+                format!(
+                    "{place} has the sample {bad} µs; a time must be a finite number above 0 \
+                     (the file is damaged or was edited by hand)"
+                ),
+            ));
+        }
+    }
+    if perf.measurements.is_empty() {
+        return Err(ConfigError::invalid_key(
+            path,
+            "measurements",
+            "no measurements: nothing to compare".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// A result file of a schema this runner reads; any other `schema_version` is refused.
+fn read_versioned<T: serde::de::DeserializeOwned + schema::Versioned>(
+    path: &Path,
+) -> Result<T, ConfigError> {
+    let value: T = crate::json::read_file(path)?;
+    schema::check_version(value.schema_version())
+        .map_err(|why| ConfigError::invalid_key(path, "schema_version", why))?;
+    Ok(value)
 }
 
 /// Picks the variant of each run: explicit names, else the only variant of each, else the
@@ -211,61 +249,12 @@ pub fn unpaired_comparisons(
         .collect()
 }
 
-/// (shape, message) for each shape whose candidate is SLOWER by more than
-/// `max_regression_pct` (the `--gate` rule).
-pub fn regressions(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<(String, String)> {
-    cmps.iter()
-        .filter(|c| {
-            c.verdict == PerfVerdict::Slower
-                && (c.estimate.ratio - 1.0) * 100.0 > gates.max_regression_pct
-        })
-        .map(|c| {
-            let msg = format!(
-                "{} is SLOWER by {:.1}% (more than the allowed {:.1}%)",
-                c.shape,
-                (c.estimate.ratio - 1.0) * 100.0,
-                gates.max_regression_pct
-            );
-            (c.shape.clone(), msg)
-        })
-        .collect()
-}
-
-/// Whether a target shape reached `min_speedup_pct` with a FASTER verdict.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TargetStatus {
-    Met,
-    NotMet(String),
-    NotMeasured,
-}
-
-pub fn targets(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<(String, TargetStatus)> {
-    gates
-        .target_shapes
-        .iter()
-        .map(|t| {
-            let status = match cmps.iter().find(|c| &c.shape == t) {
-                None => TargetStatus::NotMeasured,
-                Some(c)
-                    if c.verdict == PerfVerdict::Faster
-                        && c.speedup_pct >= gates.min_speedup_pct =>
-                {
-                    TargetStatus::Met
-                }
-                Some(c) => TargetStatus::NotMet(format!(
-                    "{:+.1}% ({}), needs at least {:+.1}% and FASTER",
-                    c.speedup_pct, c.verdict, gates.min_speedup_pct
-                )),
-            };
-            (t.clone(), status)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::{TargetStatus, regressions, targets};
     use crate::perf::fixtures::perf_file;
+    use crate::stats::PerfVerdict;
 
     fn gates() -> PerformanceGates {
         PerformanceGates {

@@ -3,146 +3,8 @@
 //! `performance` section applied.
 
 pub mod compare;
-pub mod junit;
-pub mod markdown;
-pub mod svg;
 
-use serde::{Deserialize, Serialize};
-
-use crate::clocks::ClockReading;
-use crate::report::GitInfo;
-use crate::stats::{PerfVerdict, RatioEstimate, Summary};
-use crate::timing::TimingPlan;
-
-pub const PERF_SCHEMA_VERSION: u32 = 1;
-
-/// perf.json
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PerfFile {
-    pub schema_version: u32,
-    pub backend: String,
-    /// What the samples measure, e.g. "GPU time per launch from CUDA events".
-    pub clock: String,
-    /// The GPU model (or the CPU, for the cpu backend); compare refuses different ones.
-    pub device_name: String,
-    pub device: serde_json::Value,
-    pub git: GitInfo,
-    pub started_at: String,
-    pub plan: TimingPlan,
-    pub clocks_before: ClockReading,
-    pub clocks_after: ClockReading,
-    pub variants: Vec<VariantMeta>,
-    pub measurements: Vec<Measurement>,
-    /// In-run A/B verdicts per shape (the second variant against the first), if two ran.
-    pub comparisons: Vec<ShapeComparison>,
-    /// Set when another implementation was timed (scripts/peer_torch_sdpa.py): what it is,
-    /// e.g. `{"library": "torch 2.11", "precision": "fp16"}`. Its inputs are its own draws.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer: Option<serde_json::Value>,
-}
-
-/// A variant as reports show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct VariantMeta {
-    pub name: String,
-    pub defines: Vec<String>,
-    pub ptx_sha256: Option<String>,
-    pub registers: Option<u32>,
-    pub smem_bytes: Option<u32>,
-    pub spill_bytes: Option<u32>,
-    pub blocks_per_sm: Option<u32>,
-}
-
-/// The timings of one (shape, seed, variant).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Measurement {
-    pub shape: String,
-    #[serde(rename = "B")]
-    pub b: usize,
-    #[serde(rename = "H")]
-    pub h: usize,
-    #[serde(rename = "S")]
-    pub s: usize,
-    #[serde(rename = "D")]
-    pub d: usize,
-    pub seed: u64,
-    pub input_checksum: String,
-    pub variant: String,
-    /// Over all samples, microseconds.
-    pub summary: Summary,
-    pub round_medians_us: Vec<f64>,
-    pub samples_us: Vec<f64>,
-}
-
-/// The verdict on one shape: candidate against baseline, pooled over seeds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ShapeComparison {
-    pub shape: String,
-    pub seeds: Vec<u64>,
-    pub baseline: String,
-    pub candidate: String,
-    pub baseline_summary: Summary,
-    pub candidate_summary: Summary,
-    pub estimate: RatioEstimate,
-    pub speedup_pct: f64,
-    pub speedup_ci_pct: [f64; 2],
-    /// The noise floor the verdict used, percent.
-    pub noise_floor_pct: f64,
-    pub verdict: PerfVerdict,
-}
-
-impl ShapeComparison {
-    pub fn new(
-        shape: &str,
-        seeds: Vec<u64>,
-        (baseline, candidate): (&str, &str),
-        (base_samples, cand_samples): (&[f64], &[f64]),
-        estimate: RatioEstimate,
-        noise_floor_pct: f64,
-    ) -> Self {
-        let (lo, hi) = estimate.speedup_ci_pct();
-        ShapeComparison {
-            shape: shape.to_string(),
-            seeds,
-            baseline: baseline.to_string(),
-            candidate: candidate.to_string(),
-            baseline_summary: Summary::of(base_samples),
-            candidate_summary: Summary::of(cand_samples),
-            speedup_pct: estimate.speedup_pct(),
-            speedup_ci_pct: [lo, hi],
-            noise_floor_pct,
-            verdict: crate::stats::verdict(&estimate, noise_floor_pct),
-            estimate,
-        }
-    }
-}
-
-impl PerfFile {
-    /// Shapes in first-seen order.
-    pub fn shapes(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for m in &self.measurements {
-            if !out.contains(&m.shape) {
-                out.push(m.shape.clone());
-            }
-        }
-        out
-    }
-
-    pub fn variant_names(&self) -> Vec<String> {
-        self.variants.iter().map(|v| v.name.clone()).collect()
-    }
-
-    pub fn measurements_of<'a>(
-        &'a self,
-        shape: &'a str,
-        variant: &'a str,
-    ) -> impl Iterator<Item = &'a Measurement> + 'a {
-        self.measurements
-            .iter()
-            .filter(move |m| m.shape == shape && m.variant == variant)
-    }
-}
+use crate::schema::{PerfFile, ShapeComparison};
 
 /// Builds the in-run A/B verdicts: for each shape, the candidate (second variant) against the
 /// baseline (first), pairing round medians of the same seed and round.
@@ -191,8 +53,10 @@ pub fn paired_comparisons(
 #[cfg(test)]
 pub(crate) mod fixtures {
     //! Synthetic perf files for tests of the comparison logic.
-    use super::*;
-    use crate::timing::L2Mode;
+    use crate::clocks::ClockReading;
+    use crate::schema::{GitInfo, Measurement, PerfFile, SCHEMA_VERSION, VariantMeta};
+    use crate::stats::Summary;
+    use crate::timing::{L2Mode, TimingPlan};
 
     /// A perf file with one measurement per (shape, seed, variant) whose samples are
     /// `base_us * factor(variant)` with a small deterministic wobble.
@@ -231,7 +95,7 @@ pub(crate) mod fixtures {
         }
         PerfFile {
             peer: None,
-            schema_version: PERF_SCHEMA_VERSION,
+            schema_version: SCHEMA_VERSION,
             backend: "cuda".into(),
             clock: "test".into(),
             device_name: device.into(),
@@ -256,6 +120,7 @@ pub(crate) mod fixtures {
                     name: n.to_string(),
                     defines: vec![],
                     ptx_sha256: None,
+                    ptx_has_cp_async: None,
                     registers: None,
                     smem_bytes: None,
                     spill_bytes: None,
@@ -271,6 +136,7 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::PerfVerdict;
 
     #[test]
     fn in_run_comparisons_judge_the_second_variant_against_the_first_per_shape() {

@@ -1,14 +1,14 @@
-//! Result files: the run directory, the file schemas, and the facts recorded with every run.
+//! Result files on disk: the run directory, atomic writes, and the facts recorded with every
+//! run (git, tool, host, file hashes). The files' schemas are in [`crate::schema`].
 
 mod rundir;
-pub mod schema;
 
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
+use crate::schema::{FileRef, GitInfo, HostInfo, ToolInfo};
 pub use rundir::{ReportError, RunDir, write_atomic};
-pub use schema::*;
 
 /// The commit this binary was built from (captured by build.rs).
 pub fn git_info() -> GitInfo {

@@ -2,7 +2,9 @@
 //!
 //! Files are written into a hidden staging folder (each through a temporary name and a
 //! rename), and the folder is renamed into place only when the run finishes. A run that
-//! stops early leaves nothing behind: dropping an uncommitted [`RunDir`] removes it.
+//! stops early leaves nothing behind: dropping an uncommitted [`RunDir`] removes it, a signal
+//! removes it through [`crate::interrupt`], and the staging folder of a killed process (its
+//! name ends in the owner's pid) is swept by the next run in the same folder.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,11 @@ use serde::Serialize;
 pub enum ReportError {
     #[error("cannot use results directory {path}: {source}; pass a writable --results-dir DIR")]
     Unwritable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}; choose a file in a writable folder")]
+    Output {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -38,6 +45,12 @@ impl RunDir {
             source,
         };
         std::fs::create_dir_all(results_root).map_err(unwritable)?;
+        for stale in crate::interrupt::sweep_stale(results_root) {
+            eprintln!(
+                "note: removed {}, the unfinished run of a process that no longer exists",
+                stale.display()
+            );
+        }
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
             .to_string()
             .replace(['-', ':'], "");
@@ -45,12 +58,17 @@ impl RunDir {
             let id: u32 = rand::random();
             let name = format!("{stamp}-{:06x}", id & 0xFF_FFFF);
             let target = results_root.join(&name);
-            let staging = results_root.join(format!(".partial-{name}"));
+            let staging = results_root.join(format!(
+                "{}{name}-{}",
+                crate::interrupt::STAGING_PREFIX,
+                std::process::id()
+            ));
             if target.exists() {
                 continue;
             }
             match std::fs::create_dir(&staging) {
                 Ok(()) => {
+                    crate::interrupt::register(&staging);
                     return Ok(RunDir {
                         staging,
                         target,
@@ -64,6 +82,14 @@ impl RunDir {
         Err(unwritable(std::io::Error::other(
             "no free run name after 16 tries",
         )))
+    }
+
+    /// Creates `results_root` if missing, or says why it cannot be used (before any work).
+    pub fn check_root(results_root: &Path) -> Result<(), ReportError> {
+        std::fs::create_dir_all(results_root).map_err(|source| ReportError::Unwritable {
+            path: results_root.to_path_buf(),
+            source,
+        })
     }
 
     /// Where files go before the commit.
@@ -83,7 +109,10 @@ impl RunDir {
 
     /// Moves the finished run into place and returns its path.
     pub fn commit(mut self) -> Result<PathBuf, ReportError> {
-        std::fs::rename(&self.staging, &self.target).map_err(|source| ReportError::Write {
+        crate::interrupt::commit(&self.staging, || {
+            std::fs::rename(&self.staging, &self.target)
+        })
+        .map_err(|source| ReportError::Write {
             path: self.target.clone(),
             source,
         })?;
@@ -96,6 +125,7 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         if !self.committed {
             let _ = std::fs::remove_dir_all(&self.staging);
+            crate::interrupt::unregister(&self.staging);
         }
     }
 }

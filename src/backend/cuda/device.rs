@@ -1,5 +1,5 @@
 //! Opening the GPU and describing it. Every way this can fail is an environment error
-//! (exit 3) that says what is missing and that `--backend cpu` needs no GPU.
+//! (exit 3) that says what is missing.
 
 use std::sync::Arc;
 
@@ -50,10 +50,7 @@ pub fn open() -> Result<(Arc<CudaContext>, DeviceInfo), BackendError> {
 }
 
 fn no_gpu(what: &str) -> BackendError {
-    BackendError::Environment(format!(
-        "no usable GPU: {what}. The default backend is cuda; `--backend cpu` runs the CPU emulation \
-         of the kernel instead."
-    ))
+    BackendError::Environment(format!("no usable GPU: {what}"))
 }
 
 fn describe(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, cudarc::driver::DriverError> {

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gates::ResourceGates;
+use crate::schema::VariantMeta;
 use crate::verdict::{Check, Verdict};
 
 /// The launch geometry and switches a kernel build publishes as `__constant__ int SDPA_*`.
@@ -169,6 +170,21 @@ pub struct VariantIdentity {
     pub ptxas: PtxasReport,
     /// Absent when compiled without a GPU (`sdpa-runner build`).
     pub driver: Option<DriverResources>,
+}
+
+impl From<&VariantIdentity> for VariantMeta {
+    fn from(id: &VariantIdentity) -> Self {
+        VariantMeta {
+            name: id.name.clone(),
+            defines: id.defines.clone(),
+            ptx_sha256: Some(id.ptx_sha256.clone()),
+            ptx_has_cp_async: Some(id.ptx_has_cp_async),
+            registers: id.registers(),
+            smem_bytes: Some(id.smem_bytes()),
+            spill_bytes: id.ptxas.spill_bytes(),
+            blocks_per_sm: id.driver.as_ref().map(|d| d.max_blocks_per_sm),
+        }
+    }
 }
 
 impl VariantIdentity {

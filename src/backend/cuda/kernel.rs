@@ -54,7 +54,7 @@ pub fn require_nvrtc() -> Result<String, BackendError> {
     if !nvrtc::is_available() {
         return Err(BackendError::Environment(
             "NVRTC (libnvrtc.so) could not be loaded: add the CUDA toolkit's library folder \
-             (e.g. /usr/local/cuda/lib64) to LD_LIBRARY_PATH, or run with --backend cpu"
+             (e.g. /usr/local/cuda/lib64) to LD_LIBRARY_PATH"
                 .into(),
         ));
     }

@@ -22,6 +22,7 @@ use half::f16;
 use super::{Backend, BackendError};
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
+use crate::schema::VariantMeta;
 use crate::timing::TimingPlan;
 use crate::verdict::Verdict;
 use device::DeviceInfo;
@@ -173,6 +174,17 @@ impl Drop for CudaBackend {
             // SAFETY: dropped exactly once, here; after a fault the GPU state is leaked instead.
             unsafe { ManuallyDrop::drop(&mut self.gpu) };
         }
+    }
+}
+
+impl CudaBackend {
+    /// The compiled variants' full identities (build_meta.json has them too).
+    pub fn identities(&self) -> Vec<VariantIdentity> {
+        self.gpu
+            .variants
+            .iter()
+            .map(|v| v.identity.clone())
+            .collect()
     }
 }
 
@@ -343,12 +355,8 @@ impl Backend for CudaBackend {
         )
     }
 
-    fn identities(&self) -> Vec<VariantIdentity> {
-        self.gpu
-            .variants
-            .iter()
-            .map(|v| v.identity.clone())
-            .collect()
+    fn variant_meta(&self) -> Vec<VariantMeta> {
+        self.identities().iter().map(VariantMeta::from).collect()
     }
 
     fn details(&self) -> serde_json::Value {

@@ -1,28 +1,26 @@
 //! JUnit XML for CI: one test case per (shape, seed, variant) correctness verdict, per
-//! variant's resource verdict, and per shape's performance verdict.
+//! variant's resource verdict, and per shape's performance verdict; a case fails exactly when
+//! the [`Decision`] holds a failure about it.
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
-use super::ShapeComparison;
-use crate::report::CorrectnessRecord;
+use crate::analysis::{Decision, GateKind};
+use crate::schema::CorrectnessRecord;
+use crate::schema::ShapeComparison;
 use crate::verdict::Verdict;
 
-/// Performance cases fail when their shape is listed in `perf_failures` (shape, reason).
 pub fn render(
     records: &[CorrectnessRecord],
     resources: &[(String, Verdict)],
     comparisons: &[ShapeComparison],
-    perf_failures: &[(String, String)],
+    decision: &Decision,
 ) -> String {
     let mut report = Report::new("sdpa-runner");
     if !records.is_empty() {
         let mut suite = TestSuite::new("correctness");
         for r in records {
-            let failures: Vec<String> = r
-                .gates
-                .iter()
-                .filter(|(_, c)| !c.pass)
-                .map(|(n, c)| format!("{n} {:.3e} > {:.3e}", c.value, c.limit))
+            let failures: Vec<String> = crate::verdict::failed(&r.gates)
+                .map(|f| f.to_string())
                 .collect();
             let mut case = TestCase::new(
                 format!("{} seed={} {}", r.shape, r.seed, r.variant),
@@ -43,7 +41,12 @@ pub fn render(
     if !resources.is_empty() {
         let mut suite = TestSuite::new("resources");
         for (variant, v) in resources {
-            let mut case = TestCase::new(variant.clone(), status(&v.failures()));
+            let failures: Vec<String> = decision
+                .failures_of(GateKind::Resources, variant)
+                .map(|f| f.why.clone())
+                .collect();
+            debug_assert_eq!(failures.is_empty(), v.pass());
+            let mut case = TestCase::new(variant.clone(), status(&failures));
             case.set_classname("resources");
             suite.add_test_case(case);
         }
@@ -52,10 +55,9 @@ pub fn render(
     if !comparisons.is_empty() {
         let mut suite = TestSuite::new("performance");
         for c in comparisons {
-            let failures: Vec<String> = perf_failures
-                .iter()
-                .filter(|(shape, _)| *shape == c.shape)
-                .map(|(_, why)| why.clone())
+            let failures: Vec<String> = decision
+                .failures_of(GateKind::Performance, &c.shape)
+                .map(|f| f.why.clone())
                 .collect();
             let mut case = TestCase::new(
                 format!("{}: {} vs {}", c.shape, c.candidate, c.baseline),
@@ -100,12 +102,23 @@ mod tests {
         let cmps = paired_comparisons(&file, 0.95, 1.0);
         let mut bad = Verdict::default();
         bad.add("resources.spill_bytes", Check::at_most(8.0, 0.0));
-        let xml = render(
-            &[],
-            &[("cp0".into(), Verdict::default()), ("cp1".into(), bad)],
-            &cmps,
-            &[("mission".into(), "mission is SLOWER by 10%".into())],
-        );
+        let resources = [("cp0".into(), Verdict::default()), ("cp1".into(), bad)];
+        let decision = Decision {
+            failures: vec![
+                crate::analysis::GateFailure {
+                    kind: GateKind::Resources,
+                    subject: "cp1".into(),
+                    why: resources[1].1.failures().join("; "),
+                },
+                crate::analysis::GateFailure {
+                    kind: GateKind::Performance,
+                    subject: "mission".into(),
+                    why: "mission is SLOWER by 10%".into(),
+                },
+            ],
+            ..Decision::default()
+        };
+        let xml = render(&[], &resources, &cmps, &decision);
         assert!(
             xml.contains(r#"<testsuite name="resources" tests="2""#),
             "{xml}"

@@ -1,11 +1,12 @@
 //! COMPARE.md: what was compared, on what, how; per shape the timings side by side with the
-//! speedup, its interval, the p-value and the verdict; correctness; and the gates' outcome.
+//! speedup, its interval, the p-value and the verdict; correctness; and the outcome that
+//! [`crate::analysis`] decided. Formatting only.
 
 use std::fmt::Write;
 
-use super::compare::{TargetStatus, regressions, targets};
-use super::{PerfFile, ShapeComparison, VariantMeta};
+use crate::analysis::{Decision, TargetStatus};
 use crate::gates::PerformanceGates;
+use crate::schema::{PerfFile, ShapeComparison, VariantMeta};
 
 /// One side of a comparison.
 pub struct Side<'a> {
@@ -24,6 +25,9 @@ pub struct CompareDoc<'a> {
     pub cand: Side<'a>,
     pub comparisons: &'a [ShapeComparison],
     pub gates: &'a PerformanceGates,
+    pub decision: &'a Decision,
+    /// Whether the decision's failures set the exit code (`compare --gate`, a run).
+    pub gate_enforced: bool,
     pub warnings: &'a [String],
     /// Relative link to the latency picture, if one was written.
     pub svg: Option<&'a str>,
@@ -213,7 +217,7 @@ fn timings(s: &mut String, doc: &CompareDoc) {
 fn verdicts(s: &mut String, doc: &CompareDoc) {
     let g = doc.gates;
     let _ = writeln!(s, "\n## Verdict\n");
-    for (shape, status) in targets(doc.comparisons, g) {
+    for (shape, status) in &doc.decision.targets {
         let text = match status {
             TargetStatus::Met => "**MET**".to_string(),
             TargetStatus::NotMet(why) => format!("**NOT MET**: {why}"),
@@ -225,13 +229,22 @@ fn verdicts(s: &mut String, doc: &CompareDoc) {
             g.min_speedup_pct
         );
     }
-    let regs = regressions(doc.comparisons, g);
+    let regs = &doc.decision.regressions;
     if regs.is_empty() {
         let _ = writeln!(s, "- regressions beyond {:.1}%: none", g.max_regression_pct);
     } else {
-        for (_, r) in regs {
+        for r in regs {
             let _ = writeln!(s, "- **REGRESSION**: {r}");
         }
+    }
+    let failures = &doc.decision.failures;
+    let _ = match (doc.gate_enforced, failures.is_empty()) {
+        (_, true) => writeln!(s, "- gate: **PASS**"),
+        (true, false) => writeln!(s, "- gate: **FAIL**"),
+        (false, false) => writeln!(s, "- gate (not enforced: run `compare --gate`): would FAIL"),
+    };
+    for f in failures {
+        let _ = writeln!(s, "  - {f}");
     }
 }
 
@@ -275,6 +288,12 @@ mod tests {
             },
             comparisons: &cmps,
             gates: &gates,
+            decision: &crate::analysis::Decision {
+                targets: crate::analysis::targets(&cmps, &gates),
+                regressions: crate::analysis::regressions(&cmps, &gates),
+                failures: vec![],
+            },
+            gate_enforced: true,
             warnings: &["compared despite a mismatch".into()],
             svg: Some("latency.svg"),
         };
@@ -290,6 +309,7 @@ mod tests {
             "candidate cp1: 3/4 PASS — FAILURES",
             "target `mission` (needs ≥ +10.0% and FASTER): **MET**",
             "regressions beyond 3.0%: none",
+            "gate: **PASS**",
         ] {
             assert!(md.contains(needle), "missing `{needle}` in:\n{md}");
         }

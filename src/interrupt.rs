@@ -1,0 +1,180 @@
+//! Stopping cleanly, whatever stops us (docs/DESIGN.md "Atomic results").
+//!
+//! Every staged run directory is registered here while it exists. SIGINT, SIGTERM and SIGHUP
+//! are caught on a thread of their own, which removes every registered staging folder and
+//! exits with 128 + the signal's number; a closed stdout ([`broken_pipe`], the SIGPIPE case:
+//! SIGPIPE itself stays ignored, so a write fails instead of killing the process) does the
+//! same with 141. A process killed outright (SIGKILL, a power cut) cannot clean up: its
+//! staging folder carries its pid, and the next run in the same results folder removes it
+//! ([`sweep_stale`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Staging folders of this process that are not yet committed.
+static STAGED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// The exit code of a process ended by `signal`, as shells report it.
+pub const fn exit_code_for(signal: i32) -> u8 {
+    128 + signal as u8
+}
+
+/// SIGPIPE's number: the exit code of a run whose stdout reader went away is 141.
+pub const SIGPIPE: i32 = 13;
+
+/// Starts the signal thread. Call once, first thing in main.
+pub fn install() {
+    #[cfg(unix)]
+    {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+            eprintln!(
+                "warning: cannot watch for interrupts; an interrupted run may leave a staging folder"
+            );
+            return;
+        };
+        std::thread::spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                stop(signal);
+            }
+        });
+    }
+}
+
+/// Removes this process's staged run directories and exits as `signal` would have.
+pub fn stop(signal: i32) -> ! {
+    let mut staged = STAGED.lock().unwrap_or_else(|e| e.into_inner());
+    for dir in staged.drain(..) {
+        remove_staging(&dir);
+        eprintln!(
+            "stopped by signal {signal}: removed the unfinished run {}",
+            dir.display()
+        );
+    }
+    // The lock is held until the process is gone, so no commit can slip in after the cleanup.
+    std::process::exit(exit_code_for(signal) as i32)
+}
+
+/// stdout's reader went away (`| head`): stop as SIGPIPE's default action would, cleaning up.
+pub fn broken_pipe() -> ! {
+    stop(SIGPIPE)
+}
+
+/// Registers a staging folder; it is removed if the process is stopped before [`commit`].
+pub(crate) fn register(dir: &Path) {
+    STAGED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.to_path_buf());
+}
+
+/// Runs `commit` (the rename of `dir` into place) with the registry locked, so that a signal
+/// either removes the staging folder first or finds the run committed, never half of each.
+pub(crate) fn commit<T>(dir: &Path, commit: impl FnOnce() -> T) -> T {
+    let mut staged = STAGED.lock().unwrap_or_else(|e| e.into_inner());
+    let out = commit();
+    staged.retain(|d| d != dir);
+    out
+}
+
+/// Forgets `dir` (it was removed by its owner).
+pub(crate) fn unregister(dir: &Path) {
+    STAGED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|d| d != dir);
+}
+
+/// The main thread may still be writing into the folder: retry until it is gone.
+fn remove_staging(dir: &Path) {
+    for _ in 0..20 {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            _ => return,
+        }
+    }
+}
+
+/// The prefix of a staging folder's name; the owner's pid is its last `-` field.
+pub(crate) const STAGING_PREFIX: &str = ".partial-";
+
+/// Removes staging folders under `results_root` left by processes that no longer exist and
+/// returns what it removed. Folders of live processes (a concurrent run) are left alone.
+pub(crate) fn sweep_stale(results_root: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(results_root) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(STAGING_PREFIX) else {
+            continue;
+        };
+        let owner = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        let stale = match owner {
+            Some(pid) => !process_alive(pid),
+            // Written by a runner before folders carried their pid: stale if over a day old.
+            None => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 86_400),
+        };
+        if stale {
+            remove_staging(&entry.path());
+            removed.push(entry.path());
+        }
+    }
+    removed
+}
+
+fn process_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_folders_of_dead_processes_are_swept_and_live_ones_kept() {
+        let root = tempfile::tempdir().unwrap();
+        // pid 0x7FFF_FFF0 does not exist on any system we run on.
+        let dead = root
+            .path()
+            .join(format!("{STAGING_PREFIX}20260101T000000Z-abc-2147483632"));
+        let live = root.path().join(format!(
+            "{STAGING_PREFIX}20260101T000000Z-def-{}",
+            std::process::id()
+        ));
+        let run = root.path().join("20260101T000000Z-123456");
+        for d in [&dead, &live, &run] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(dead.join("correctness.json"), "{").unwrap();
+        assert_eq!(sweep_stale(root.path()), vec![dead.clone()]);
+        assert!(!dead.exists() && live.exists() && run.exists());
+    }
+
+    #[test]
+    fn the_exit_code_of_a_signal_is_128_plus_its_number() {
+        assert_eq!(exit_code_for(2), 130);
+        assert_eq!(exit_code_for(SIGPIPE), 141);
+    }
+}

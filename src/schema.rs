@@ -1,0 +1,355 @@
+//! Every result file's schema in one place: build_meta.json, correctness.json, perf.json,
+//! stress.json and selftest.json (docs/DESIGN.md "Result files"). Each file carries a
+//! `schema_version`; readers refuse versions they do not know ([`check_version`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clocks::ClockReading;
+use crate::metrics::ErrorMetrics;
+use crate::stats::{PerfVerdict, RatioEstimate, Summary};
+use crate::timing::TimingPlan;
+use crate::verdict::{Check, Verdict};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Refuses a file written under a schema this runner does not read: `Err` holds the message.
+pub fn check_version(found: u32) -> Result<(), String> {
+    if found == SCHEMA_VERSION {
+        Ok(())
+    } else {
+        Err(format!(
+            "schema_version {found} is not supported; this runner reads {SCHEMA_VERSION}"
+        ))
+    }
+}
+
+/// A result file: it says which schema it was written under.
+pub trait Versioned {
+    fn schema_version(&self) -> u32;
+}
+
+macro_rules! versioned {
+    ($($t:ty),*) => {$(
+        impl Versioned for $t {
+            fn schema_version(&self) -> u32 {
+                self.schema_version
+            }
+        }
+    )*};
+}
+versioned!(
+    BuildMeta,
+    CorrectnessFile,
+    PerfFile,
+    StressFile,
+    SelftestFile
+);
+
+/// build_meta.json: what ran, built from what, where.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildMeta {
+    pub schema_version: u32,
+    pub tool: ToolInfo,
+    pub git: GitInfo,
+    pub backend: String,
+    pub host: HostInfo,
+    pub command_line: Vec<String>,
+    pub started_at: String,
+    pub project_root: String,
+    pub shapes_file: FileRef,
+    pub gates_file: FileRef,
+    /// Backend-specific identity: for `cuda`, the device, the NVRTC options and each
+    /// variant's PTX hash and resources; for `cpu`, the emulation's parameters.
+    pub backend_details: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolInfo {
+    pub name: String,
+    pub version: String,
+}
+
+/// The commit the binary was built from, and whether the tree had uncommitted changes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GitInfo {
+    pub sha: String,
+    pub dirty: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub hostname: String,
+    pub os: String,
+    pub arch: String,
+    pub logical_cpus: usize,
+}
+
+/// A file the run read, identified by content.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileRef {
+    pub path: String,
+    pub sha256: String,
+}
+
+/// correctness.json
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CorrectnessFile {
+    pub schema_version: u32,
+    pub all_pass: bool,
+    pub backend: String,
+    /// Resource gates per variant (GPU runs only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, Verdict>,
+    pub results: Vec<CorrectnessRecord>,
+}
+
+impl CorrectnessFile {
+    /// (passing, total) rows of `variant`.
+    pub fn passing(&self, variant: &str) -> (usize, usize) {
+        let rows: Vec<_> = self
+            .results
+            .iter()
+            .filter(|r| r.variant == variant)
+            .collect();
+        (rows.iter().filter(|r| r.pass).count(), rows.len())
+    }
+}
+
+/// One (shape, seed, variant).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CorrectnessRecord {
+    pub shape: String,
+    #[serde(rename = "B")]
+    pub b: usize,
+    #[serde(rename = "H")]
+    pub h: usize,
+    #[serde(rename = "S")]
+    pub s: usize,
+    #[serde(rename = "D")]
+    pub d: usize,
+    pub seed: u64,
+    pub variant: String,
+    pub backend: String,
+    pub input_checksum: String,
+    /// sha256 of the output's f16 bits: equal checksums mean bit-identical outputs.
+    pub output_checksum: String,
+    pub kernel_ref: ErrorMetrics,
+    pub end_to_end: ErrorMetrics,
+    /// The CPU emulation against the kernel reference: the yardstick of the relative gate.
+    pub emulation_ref: ErrorMetrics,
+    /// Percent of output elements bit-identical to the CPU emulation's (a diagnostic).
+    pub emulation_bits_equal_pct: f64,
+    pub gates: BTreeMap<String, Check>,
+    pub pass: bool,
+}
+
+/// perf.json
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PerfFile {
+    pub schema_version: u32,
+    pub backend: String,
+    /// What the samples measure, e.g. "GPU time per launch from CUDA events".
+    pub clock: String,
+    /// The GPU model (or the CPU, for the cpu backend); compare refuses different ones.
+    pub device_name: String,
+    pub device: serde_json::Value,
+    pub git: GitInfo,
+    pub started_at: String,
+    pub plan: TimingPlan,
+    pub clocks_before: ClockReading,
+    pub clocks_after: ClockReading,
+    pub variants: Vec<VariantMeta>,
+    pub measurements: Vec<Measurement>,
+    /// In-run A/B verdicts per shape (the second variant against the first), if two ran.
+    pub comparisons: Vec<ShapeComparison>,
+    /// Set when another implementation was timed (scripts/peer_torch_sdpa.py): what it is,
+    /// e.g. `{"library": "torch 2.11", "precision": "fp16"}`. Its inputs are its own draws.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<serde_json::Value>,
+}
+
+/// A variant as reports show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VariantMeta {
+    pub name: String,
+    pub defines: Vec<String>,
+    pub ptx_sha256: Option<String>,
+    /// Whether the PTX holds cp.async instructions (None where nothing was compiled).
+    #[serde(default)]
+    pub ptx_has_cp_async: Option<bool>,
+    pub registers: Option<u32>,
+    pub smem_bytes: Option<u32>,
+    pub spill_bytes: Option<u32>,
+    pub blocks_per_sm: Option<u32>,
+}
+
+/// The timings of one (shape, seed, variant).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Measurement {
+    pub shape: String,
+    #[serde(rename = "B")]
+    pub b: usize,
+    #[serde(rename = "H")]
+    pub h: usize,
+    #[serde(rename = "S")]
+    pub s: usize,
+    #[serde(rename = "D")]
+    pub d: usize,
+    pub seed: u64,
+    pub input_checksum: String,
+    pub variant: String,
+    /// Over all samples, microseconds.
+    pub summary: Summary,
+    pub round_medians_us: Vec<f64>,
+    pub samples_us: Vec<f64>,
+}
+
+/// The verdict on one shape: candidate against baseline, pooled over seeds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShapeComparison {
+    pub shape: String,
+    pub seeds: Vec<u64>,
+    pub baseline: String,
+    pub candidate: String,
+    pub baseline_summary: Summary,
+    pub candidate_summary: Summary,
+    pub estimate: RatioEstimate,
+    pub speedup_pct: f64,
+    pub speedup_ci_pct: [f64; 2],
+    /// The noise floor the verdict used, percent.
+    pub noise_floor_pct: f64,
+    pub verdict: PerfVerdict,
+}
+
+impl ShapeComparison {
+    pub fn new(
+        shape: &str,
+        seeds: Vec<u64>,
+        (baseline, candidate): (&str, &str),
+        (base_samples, cand_samples): (&[f64], &[f64]),
+        estimate: RatioEstimate,
+        noise_floor_pct: f64,
+    ) -> Self {
+        let (lo, hi) = estimate.speedup_ci_pct();
+        ShapeComparison {
+            shape: shape.to_string(),
+            seeds,
+            baseline: baseline.to_string(),
+            candidate: candidate.to_string(),
+            baseline_summary: Summary::of(base_samples),
+            candidate_summary: Summary::of(cand_samples),
+            speedup_pct: estimate.speedup_pct(),
+            speedup_ci_pct: [lo, hi],
+            noise_floor_pct,
+            verdict: crate::stats::verdict(&estimate, noise_floor_pct),
+            estimate,
+        }
+    }
+}
+
+impl PerfFile {
+    /// Shapes in first-seen order.
+    pub fn shapes(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for m in &self.measurements {
+            if !out.contains(&m.shape) {
+                out.push(m.shape.clone());
+            }
+        }
+        out
+    }
+
+    pub fn variant_names(&self) -> Vec<String> {
+        self.variants.iter().map(|v| v.name.clone()).collect()
+    }
+
+    pub fn measurements_of<'a>(
+        &'a self,
+        shape: &'a str,
+        variant: &'a str,
+    ) -> impl Iterator<Item = &'a Measurement> + 'a {
+        self.measurements
+            .iter()
+            .filter(move |m| m.shape == shape && m.variant == variant)
+    }
+}
+
+/// `--mode`: how each repeat launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum StressMode {
+    /// One launch per repeat.
+    Serial,
+    /// Two launches per repeat, at once on two streams, into two outputs.
+    TwoStreams,
+}
+
+/// Where a repeat first differed from the first output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Divergence {
+    pub repeat: usize,
+    /// `[b, h, s, d]` of the first differing element.
+    pub at: [usize; 4],
+    pub expected_bits: u16,
+    pub got_bits: u16,
+}
+
+/// The stress result of one (shape, seed, variant, mode).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StressRecord {
+    pub shape: String,
+    pub seed: u64,
+    pub variant: String,
+    pub mode: StressMode,
+    pub repeats: usize,
+    pub launches: usize,
+    /// Repeats whose output differed from the first in at least one bit.
+    pub divergent_repeats: usize,
+    pub first_divergence: Option<Divergence>,
+    /// Gates of the first output and of every divergent one.
+    pub failed_gates: Vec<String>,
+    pub pass: bool,
+}
+
+/// stress.json
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StressFile {
+    pub schema_version: u32,
+    pub backend: String,
+    pub all_pass: bool,
+    pub results: Vec<StressRecord>,
+}
+
+/// selftest.json
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SelftestFile {
+    pub schema_version: u32,
+    pub ptx_identity: Vec<PtxIdentity>,
+    pub clean_kernel_pass: bool,
+    pub mutants: Vec<MutantResult>,
+    pub score: String,
+    pub all_pass: bool,
+}
+
+/// The clean build's PTX with the mutant code present and stripped.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PtxIdentity {
+    pub variant: String,
+    pub shipped_ptx_sha256: String,
+    pub stripped_ptx_sha256: String,
+    pub identical: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MutantResult {
+    pub define: String,
+    pub breaks: String,
+    pub variants: String,
+    pub shapes: String,
+    /// The check that caught it, or None if it survived.
+    pub caught_by: Option<String>,
+    /// The figure that caught it (or why it survived).
+    pub figure: String,
+}

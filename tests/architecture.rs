@@ -1,0 +1,92 @@
+//! The module structure as docs/DESIGN.md states it: data flows one way, so no two top-level
+//! modules of src/ depend on each other, directly or through others.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Top-level module -> the top-level modules its non-test code names through `crate::`.
+fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let modules: BTreeSet<String> = lib
+        .lines()
+        .filter_map(|l| l.trim().split("mod ").nth(1))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect();
+    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            let top = rel
+                .split('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".rs")
+                .to_string();
+            if !modules.contains(&top) {
+                continue; // lib.rs, main.rs
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code: String = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap()
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let code = code.as_str();
+            let uses = deps.entry(top.clone()).or_default();
+            for (i, _) in code.match_indices("crate::") {
+                let name: String = code[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if modules.contains(&name) && name != top {
+                    uses.insert(name);
+                }
+            }
+            // `use crate::{a, b::c}` lists.
+            for (i, _) in code.match_indices("crate::{") {
+                let list = &code[i + 8..i + 8 + code[i + 8..].find('}').unwrap_or(0)];
+                for item in list.split(',') {
+                    let name = item.trim().split("::").next().unwrap().to_string();
+                    if modules.contains(&name) && name != top {
+                        uses.insert(name);
+                    }
+                }
+            }
+        }
+    }
+    deps
+}
+
+#[test]
+fn no_two_top_level_modules_depend_on_each_other() {
+    let deps = dependencies();
+    assert!(deps.len() > 20, "found the modules: {deps:?}");
+    for (module, direct) in &deps {
+        // Everything reachable from `module`; reaching `module` again is a cycle.
+        let mut seen = BTreeSet::new();
+        let mut path: Vec<&String> = direct.iter().collect();
+        while let Some(m) = path.pop() {
+            assert_ne!(
+                m, module,
+                "a dependency cycle through `{module}`: {module} -> {direct:?} -> ... -> {module}"
+            );
+            if seen.insert(m.clone()) {
+                path.extend(deps.get(m).into_iter().flatten());
+            }
+        }
+    }
+}
