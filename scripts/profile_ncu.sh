@@ -14,7 +14,7 @@ results=${RESULTS_DIR:-results}
 metrics=smsp__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers
 tmp=$(mktemp -d)
 # Correctness-only: exactly one checked launch per variant, in the order the run lists them.
-ncu --clock-control none --kernel-name sdpa_fp8_stage_c_wmma --metrics "$metrics" \
+ncu --clock-control none --kernel-name sdpa_fp8_stage_c_mma --metrics "$metrics" \
     --section WarpStateStats --csv --page raw --log-file "$tmp/ncu.csv" \
     "$runner" --shapes "$shape" --seeds "$seed" --iters 0 --cp-async "$variant" \
     --results-dir "$tmp/runs" >"$tmp/runner.log" 2>&1

@@ -6,10 +6,10 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::backend::BackendKind;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
-use crate::config::parse_seeds;
 use crate::emulation::Defect;
 use crate::schema::StressMode;
 use crate::timing::L2Mode;
+use crate::usage::parse_seeds;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -162,7 +162,7 @@ pub struct KernelArgs {
     /// Extra define for every variant, passed to NVRTC and recorded (repeatable)
     #[arg(long = "define", value_name = "NAME[=VALUE]", value_parser = parse_define)]
     pub defines: Vec<(String, String)>,
-    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_wmma.cu]
+    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_mma.cu]
     #[arg(long, value_name = "FILE")]
     pub kernel: Option<PathBuf>,
     /// A/B a define: runs the one selected variant (with --cp-async 0 or 1) as baseline and the
@@ -171,7 +171,7 @@ pub struct KernelArgs {
     pub candidate_defines: Vec<(String, String)>,
 }
 
-/// How to time (DESIGN.md "Timing and comparison").
+/// How to time (docs/DESIGN.md "Timing and comparison").
 #[derive(Args, Debug, Clone)]
 pub struct TimingArgs {
     /// Untimed launches per variant before timing [default: 100 on cuda, 1 on cpu]
@@ -325,7 +325,7 @@ pub struct SelftestArgs {
     /// Where run directories go [default: <root>/results]
     #[arg(long, value_name = "DIR")]
     pub results_dir: Option<PathBuf>,
-    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_wmma.cu]
+    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_mma.cu]
     #[arg(long, value_name = "FILE")]
     pub kernel: Option<PathBuf>,
     #[command(flatten)]

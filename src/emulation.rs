@@ -1,5 +1,5 @@
 //! The Stage-C algorithm on the CPU, in the kernel's precisions. It mirrors
-//! cuda/sdpa_fp8_stage_c_wmma.cu step for step; keep the two in step.
+//! cuda/sdpa_fp8_stage_c_mma.cu step for step; keep the two in step.
 //!
 //! Per query row, the KV tiles of [`KV_TILE`] keys are dealt to `kv_split` splits (split k
 //! takes tiles k, k + kv_split, ...). Within a split, for each of its tiles:

@@ -1,8 +1,8 @@
-//! The one place where outcomes and errors become exit codes (DESIGN.md "Exit codes").
+//! The one place where outcomes and errors become exit codes (docs/DESIGN.md "Exit codes").
 
 use crate::backend::BackendError;
-use crate::config::ConfigError;
 use crate::report::ReportError;
+use crate::usage::ConfigError;
 
 /// All gates passed.
 pub const EXIT_PASS: u8 = 0;

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use crate::config::ConfigError;
+use crate::usage::ConfigError;
 
 /// Reads and deserializes the JSON file at `path`; errors name the file (and key).
 pub fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {

@@ -1,17 +1,18 @@
 //! sdpa-runner: tells a kernel engineer whether a change to the Stage-C FP8 attention kernel
-//! is still correct, and lets CI refuse it when it is not.
+//! is still correct and really faster, and lets CI refuse it when it is not.
 //!
-//! Data flows one way: shape + seed -> [`inputs`] -> [`fp8`] quantization ([`problem`]) ->
-//! a [`backend`] run -> [`metrics`] against the [`reference`]s and the [`emulation`] ->
-//! [`verdict`]s from the [`gates`] -> [`report`] files. [`commands`] wires it to the [`cli`],
-//! and [`error`] turns outcomes into exit codes.
+//! One spine (docs/DESIGN.md "The spine"): [`commands`] prepare (every input checked first),
+//! [`runner`] measures (shape + seed -> `inputs` -> [`fp8`] quantization ([`problem`]) -> a
+//! [`backend`] run -> `metrics` against the `reference`s and the `emulation` -> `verdict`s),
+//! `analysis` decides every gate once, `publish` writes the files atomically, and `console`
+//! prints. `error` turns the outcome into the exit code. No module imports one that comes
+//! after it (tests/architecture.rs).
 
 pub(crate) mod analysis;
 pub mod backend;
 pub mod cli;
 pub(crate) mod clocks;
 pub mod commands;
-pub(crate) mod config;
 pub(crate) mod console;
 pub(crate) mod emulation;
 pub(crate) mod error;
@@ -29,11 +30,12 @@ pub(crate) mod progress;
 pub(crate) mod publish;
 pub(crate) mod reference;
 pub(crate) mod render;
+pub(crate) mod repeat;
 pub(crate) mod report;
 pub mod runner;
 pub(crate) mod schema;
 pub mod shapes;
 pub(crate) mod stats;
-pub(crate) mod stress;
 pub(crate) mod timing;
+pub(crate) mod usage;
 pub(crate) mod verdict;

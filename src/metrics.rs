@@ -1,4 +1,4 @@
-//! Error metrics of one output against one f64 reference (DESIGN.md "Metrics").
+//! Error metrics of one output against one f64 reference (docs/DESIGN.md "References and metrics").
 //!
 //! Outputs are poisoned with [`POISON`] before a backend writes them; an element still
 //! holding that exact bit pattern is *unwritten*. Any other NaN or Inf is *nonfinite*.

@@ -167,7 +167,7 @@ mod tests {
     #[test]
     fn the_shipped_kernel_has_a_block_for_every_mutant_and_strips_cleanly() {
         let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/sdpa_fp8_stage_c_wmma.cu");
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/sdpa_fp8_stage_c_mma.cu");
         let src = std::fs::read_to_string(path).unwrap();
         for m in MUTANTS {
             assert!(

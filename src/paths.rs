@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::ConfigError;
+use crate::usage::ConfigError;
 
 /// The marker file that identifies a project root.
 const MARKER: &str = "shapes/default.json";

@@ -151,7 +151,7 @@ pub fn run_all(
             backend.load(&p)?;
             let variants = backend.variants().to_vec();
             for (i, variant) in variants.iter().enumerate() {
-                let output = backend.run_checked(i)?;
+                let output = backend.launch_poisoned(i)?;
                 let record = judge_output(backend.name(), variant, &p, &y, &output, gates);
                 progress.record(&record);
                 out.records.push(record);

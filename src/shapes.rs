@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::usage::ConfigError;
 
 /// The allowed spread of Q and K: the range the checks were proven over. Inputs are drawn in
 /// f32 and scores computed in f32; at qk_std 100 a score reaches about 100² · 6² · 64 / 8 ≈

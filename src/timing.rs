@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::usage::ConfigError;
 
 /// Fewest rounds whose per-round ratios support an interval and a test.
 pub const MIN_ROUNDS: usize = 5;

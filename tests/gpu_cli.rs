@@ -74,7 +74,7 @@ extern "C" __constant__ int SDPA_KV_SPLIT = 1;
 extern "C" __constant__ int SDPA_THREADS = 128;
 extern "C" __constant__ int SDPA_SMEM_BYTES = 0;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = 0;
-extern "C" __global__ void sdpa_fp8_stage_c_wmma(const unsigned char* q, const unsigned char* k,
+extern "C" __global__ void sdpa_fp8_stage_c_mma(const unsigned char* q, const unsigned char* k,
         const unsigned char* v, const float* qs, const float* ks, const float* vs,
         unsigned short* out, int B, int H, int S, float scale) {
     volatile int* wild = (volatile int*)(0x10ull + 4ull * threadIdx.x);

@@ -44,8 +44,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn run_checked(&mut self, _variant: usize) -> Result<Vec<f16>, BackendError> {
-        let p = self.problem.as_ref().expect("load() before run_checked()");
+    fn launch_poisoned(&mut self, _variant: usize) -> Result<Vec<f16>, BackendError> {
+        let p = self
+            .problem
+            .as_ref()
+            .expect("load() before launch_poisoned()");
         let mut out = vec![POISON; p.output_len()];
         emulation::run(p, KV_SPLIT, self.defect, &mut out);
         Ok(out)
@@ -53,7 +56,7 @@ impl Backend for CpuBackend {
 
     fn warm_up(&mut self, variant: usize, launches: usize) -> Result<(), BackendError> {
         for _ in 0..launches {
-            self.run_checked(variant)?;
+            self.launch_poisoned(variant)?;
         }
         Ok(())
     }
@@ -69,7 +72,7 @@ impl Backend for CpuBackend {
             .map(|_| {
                 let start = Instant::now();
                 for _ in 0..plan.batch {
-                    std::hint::black_box(self.run_checked(variant)?);
+                    std::hint::black_box(self.launch_poisoned(variant)?);
                 }
                 Ok(start.elapsed().as_secs_f64() * 1e6 / plan.batch as f64)
             })

@@ -46,12 +46,15 @@ pub trait Backend {
     fn load(&mut self, problem: &Problem) -> Result<(), BackendError>;
 
     /// Poisons the output, runs `variant` once on the loaded problem, and returns the output.
-    fn run_checked(&mut self, variant: usize) -> Result<Vec<f16>, BackendError>;
+    fn launch_poisoned(&mut self, variant: usize) -> Result<Vec<f16>, BackendError>;
 
     /// Two checked runs of `variant` launched at once (on two streams, for a GPU), so races
     /// that only show under load get their chance.
     fn run_concurrent(&mut self, variant: usize) -> Result<[Vec<f16>; 2], BackendError> {
-        Ok([self.run_checked(variant)?, self.run_checked(variant)?])
+        Ok([
+            self.launch_poisoned(variant)?,
+            self.launch_poisoned(variant)?,
+        ])
     }
 
     /// Untimed launches of `variant` on the loaded problem.

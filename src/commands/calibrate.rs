@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::cli::CalibrateArgs;
-use crate::config::ConfigError;
 use crate::error::{AppError, Outcome};
 use crate::schema::{CorrectnessFile, CorrectnessRecord};
+use crate::usage::ConfigError;
 
 /// The largest value of each metric over a group of records.
 #[derive(Debug, Default, Clone, Copy)]

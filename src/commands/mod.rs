@@ -18,7 +18,6 @@ use crate::backend::cuda::kernel::KernelSource;
 use crate::backend::cuda::variant::{self, VariantSpec};
 use crate::backend::{Backend, BackendError, BackendKind};
 use crate::cli::{Cli, Command, KernelArgs, ProjectArgs};
-use crate::config::ConfigError;
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::GateFile;
@@ -26,6 +25,7 @@ use crate::paths::ProjectRoot;
 use crate::report;
 use crate::schema::{BuildMeta, SCHEMA_VERSION};
 use crate::shapes::ShapeCatalog;
+use crate::usage::ConfigError;
 
 pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
     match cli.command {

@@ -8,7 +8,6 @@ use crate::analysis::{self, RunAnalysis, RunMeasured};
 use crate::backend::{Backend, BackendKind};
 use crate::cli::{RunArgs, TimingArgs};
 use crate::clocks::{self, ClockReading};
-use crate::config::ConfigError;
 use crate::console::{self, Widths};
 use crate::error::{AppError, Outcome};
 use crate::progress::ConsoleProgress;
@@ -19,6 +18,7 @@ use crate::runner;
 use crate::schema::{PerfFile, SCHEMA_VERSION};
 use crate::shapes::{self, Shape};
 use crate::timing::TimingPlan;
+use crate::usage::ConfigError;
 use crate::{out, outln};
 
 pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {

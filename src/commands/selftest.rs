@@ -14,11 +14,11 @@ use crate::backend::cuda::headers;
 use crate::backend::cuda::kernel::{self, KERNEL_FILE, KernelSource};
 use crate::backend::cuda::variant::VariantSpec;
 use crate::cli::SelftestArgs;
-use crate::config::ConfigError;
 use crate::error::{AppError, EXIT_ENVIRONMENT, EXIT_GATE_FAILED, EXIT_KERNEL, EXIT_PASS, Outcome};
 use crate::mutants::{self, MUTANTS, Mutant};
 use crate::report::RunDir;
 use crate::schema::{CorrectnessFile, MutantResult, PtxIdentity, SCHEMA_VERSION, SelftestFile};
+use crate::usage::ConfigError;
 
 pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;

@@ -8,11 +8,11 @@ use crate::console::Widths;
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
+use crate::repeat;
 use crate::report::{self, RunDir};
 use crate::runner::Yardsticks;
 use crate::schema::{SCHEMA_VERSION, StressFile};
 use crate::shapes;
-use crate::stress;
 
 pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
@@ -41,7 +41,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
             backend.load(&p)?;
             for v in 0..backend.variants().len() {
                 for &mode in &args.modes {
-                    let r = stress::stress_variant(
+                    let r = repeat::stress_variant(
                         backend.as_mut(),
                         v,
                         &p,
@@ -50,7 +50,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
                         args.repeats as usize,
                         mode,
                     )?;
-                    crate::outln!("{}", stress::line(&r, &widths));
+                    crate::outln!("{}", repeat::line(&r, &widths));
                     for failure in r.failed_gates.iter().take(3) {
                         crate::outln!("    {failure}");
                     }

@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::ConfigError;
 use crate::gates::PerformanceGates;
 use crate::schema::CorrectnessFile;
 use crate::schema::{self, PerfFile, ShapeComparison};
+use crate::usage::ConfigError;
 
 /// A saved run: its perf.json and, if present beside it, its correctness.json.
 #[derive(Debug, Clone)]

@@ -19,7 +19,7 @@ use crate::shapes::Shape;
 /// `ROW_BLOCK x S` score block stays in cache for common S.
 const ROW_BLOCK: usize = 64;
 
-/// The two references of DESIGN.md for one problem.
+/// The two references (docs/DESIGN.md "References and metrics") of one problem.
 pub struct References {
     /// On the dequantized FP8 values: isolates the kernel's own error.
     pub kernel: Vec<f64>,

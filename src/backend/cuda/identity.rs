@@ -265,15 +265,15 @@ ptxas info    : Compiling entry function 'other' for 'sm_90'
 ptxas info    : Function properties for other
 ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
 ptxas info    : Used 200 registers, used 1 barriers
-ptxas info    : Compiling entry function 'sdpa_fp8_stage_c_wmma' for 'sm_90'
-ptxas info    : Function properties for sdpa_fp8_stage_c_wmma
+ptxas info    : Compiling entry function 'sdpa_fp8_stage_c_mma' for 'sm_90'
+ptxas info    : Function properties for sdpa_fp8_stage_c_mma
 ptxas         .     0 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads
 ptxas info    : Used 96 registers, used 1 barriers
 ";
 
     #[test]
     fn ptxas_report_is_read_for_the_named_entry_only() {
-        let r = PtxasReport::parse(LOG, "sdpa_fp8_stage_c_wmma");
+        let r = PtxasReport::parse(LOG, "sdpa_fp8_stage_c_mma");
         assert_eq!(r.registers, Some(96));
         assert_eq!(
             (r.stack_frame_bytes, r.spill_store_bytes, r.spill_load_bytes),

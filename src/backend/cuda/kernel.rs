@@ -11,9 +11,9 @@ use crate::emulation::KV_TILE;
 use crate::report::sha256_hex;
 use crate::shapes::HEAD_DIM;
 
-/// The kernel file under cuda/ and its entry point (DESIGN.md's kernel contract).
-pub const KERNEL_FILE: &str = "sdpa_fp8_stage_c_wmma.cu";
-pub const ENTRY: &str = "sdpa_fp8_stage_c_wmma";
+/// The kernel file under cuda/ and its entry point (docs/DESIGN.md "Kernel ABI").
+pub const KERNEL_FILE: &str = "sdpa_fp8_stage_c_mma.cu";
+pub const ENTRY: &str = "sdpa_fp8_stage_c_mma";
 
 /// A kernel source file, read once, with the folders its `#include "..."` lines resolve in.
 #[derive(Debug, Clone)]

@@ -1,4 +1,4 @@
-//! Device buffers of one problem and the kernel launch (DESIGN.md's kernel ABI).
+//! Device buffers of one problem and the kernel launch (docs/DESIGN.md "Kernel ABI").
 
 use std::sync::Arc;
 

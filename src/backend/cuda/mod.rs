@@ -240,9 +240,12 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn run_checked(&mut self, variant: usize) -> Result<Vec<f16>, BackendError> {
+    fn launch_poisoned(&mut self, variant: usize) -> Result<Vec<f16>, BackendError> {
         let gpu = &mut *self.gpu;
-        let dp = gpu.problem.as_mut().expect("load() before run_checked()");
+        let dp = gpu
+            .problem
+            .as_mut()
+            .expect("load() before launch_poisoned()");
         let v = &gpu.variants[variant];
         let result = (|| {
             dp.poison(&gpu.stream, 0)

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::usage::ConfigError;
 
 /// `--cp-async`: which variants to build and run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -1,4 +1,4 @@
-// sdpa_fp8_stage_c_wmma.cu — Stage-C FP8 scaled-dot-product attention on the tensor cores.
+// sdpa_fp8_stage_c_mma.cu — Stage-C FP8 scaled-dot-product attention on the tensor cores.
 //
 // O = softmax(softmax_scale · Q Kᵀ) V for Q, K, V of shape [B, H, S, D] (row-major, D = 64),
 // given as FP8 E4M3 codes with one f32 scale per (batch, head) per tensor. O is f16 [B, H, S, D].
@@ -230,7 +230,7 @@ __device__ __forceinline__ void load_step(const u8* __restrict__ k_bh, const u8*
 
 // At most 128 registers (the resource gate): 4 CTAs of 128 threads fit in 64K registers.
 extern "C" __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 128))
-sdpa_fp8_stage_c_wmma(const u8* __restrict__ q, const u8* __restrict__ k,
+sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
                       const u8* __restrict__ v, const float* __restrict__ q_scale,
                       const float* __restrict__ k_scale, const float* __restrict__ v_scale,
                       __half* __restrict__ out, int B, int H, int S, float softmax_scale) {

@@ -29,12 +29,12 @@ pub fn stress_variant(
             failed.push(format!("repeat {repeat}: {f}"));
         }
     };
-    let first = backend.run_checked(variant)?;
+    let first = backend.launch_poisoned(variant)?;
     judge(&first, 0, &mut failed);
     let (mut divergent, mut first_divergence, mut launches) = (0, None, 1);
     for repeat in 1..repeats {
         let outs: Vec<Vec<f16>> = match mode {
-            StressMode::Serial => vec![backend.run_checked(variant)?],
+            StressMode::Serial => vec![backend.launch_poisoned(variant)?],
             StressMode::TwoStreams => backend.run_concurrent(variant)?.into(),
         };
         launches += outs.len();
@@ -156,8 +156,8 @@ mod tests {
         fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
             self.inner.load(p)
         }
-        fn run_checked(&mut self, v: usize) -> Result<Vec<f16>, BackendError> {
-            let mut out = self.inner.run_checked(v)?;
+        fn launch_poisoned(&mut self, v: usize) -> Result<Vec<f16>, BackendError> {
+            let mut out = self.inner.launch_poisoned(v)?;
             self.runs += 1;
             if self.runs.is_multiple_of(3) {
                 out[64 * 5 + 7] = crate::metrics::POISON;
