@@ -4,6 +4,7 @@
 //! after (the files of [`crate::publish`], COMPARE.md, JUnit, the console) formats a
 //! decision and decides nothing.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::Outcome;
@@ -17,6 +18,8 @@ use crate::verdict::Verdict;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateKind {
     Correctness,
+    /// The inputs of a run as a whole (fresh draws per seed).
+    Inputs,
     Resources,
     Performance,
 }
@@ -25,6 +28,7 @@ impl fmt::Display for GateKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             GateKind::Correctness => "correctness",
+            GateKind::Inputs => "inputs",
             GateKind::Resources => "resources",
             GateKind::Performance => "performance",
         })
@@ -135,6 +139,7 @@ pub fn analyze_run(measured: RunMeasured, gates: &Gates, require_speedup: bool) 
     });
     let cmps = perf.as_ref().map_or(&[][..], |p| &p.comparisons[..]);
     let mut failures = correctness_failures(&records);
+    failures.extend(repeated_inputs(&records));
     failures.extend(resource_failures(&resources, None));
     let targets = targets(cmps, &gates.performance);
     if require_speedup {
@@ -156,6 +161,30 @@ pub fn analyze_run(measured: RunMeasured, gates: &Gates, require_speedup: bool) 
         correctness,
         perf,
     }
+}
+
+/// Inputs must be drawn afresh for every seed: two seeds of one shape with the same input
+/// checksum mean the seed never reached the generator (a correctness gate, exact).
+fn repeated_inputs(records: &[CorrectnessRecord]) -> Vec<GateFailure> {
+    let mut first: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for r in records {
+        let seed = *first
+            .entry((r.shape.as_str(), r.input_checksum.as_str()))
+            .or_insert(r.seed);
+        if seed != r.seed && !failures.iter().any(|f: &GateFailure| f.subject == r.shape) {
+            failures.push(GateFailure {
+                kind: GateKind::Inputs,
+                subject: r.shape.clone(),
+                why: format!(
+                    "inputs.redrawn: seeds {seed} and {} drew identical inputs (checksum {}…)",
+                    r.seed,
+                    &r.input_checksum[..r.input_checksum.len().min(12)]
+                ),
+            });
+        }
+    }
+    failures
 }
 
 /// Decides a comparison of two saved runs for `compare --gate`: the candidate's whole

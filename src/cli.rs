@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::backend::BackendKind;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::emulation::Defect;
+use crate::problem::HostDefect;
 use crate::schema::StressMode;
 use crate::timing::L2Mode;
 use crate::usage::parse_seeds;
@@ -66,6 +67,8 @@ pub enum Command {
     Stress(StressArgs),
     /// Prove the checks catch planted bugs: every MUTANT_* kernel must be caught.
     Selftest(SelftestArgs),
+    /// Check random problems (shapes at tile edges, input distributions) with the same gates.
+    Fuzz(FuzzArgs),
 }
 
 /// A comma-separated seed list (`0,1,2`, `0-4`).
@@ -219,6 +222,9 @@ pub struct RunArgs {
     /// Test hook: plant a defect in the cpu backend to prove the gates catch it
     #[arg(long, value_enum, default_value = "none", hide = true)]
     pub emulation_defect: Defect,
+    /// Test hook: plant a host-side defect (quantizer, inputs) to prove the gates catch it
+    #[arg(long, value_enum, default_value = "none", hide = true)]
+    pub host_defect: HostDefect,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -258,8 +264,8 @@ pub struct CalibrateArgs {
     /// Run directories (or correctness.json files) to summarize
     #[arg(required = true, value_name = "RUN")]
     pub runs: Vec<PathBuf>,
-    /// Safety margin applied to the worst measured value
-    #[arg(long, default_value_t = 1.5, value_parser = margin)]
+    /// Margin each gate should keep: warn when a worst measured value exceeds limit / margin
+    #[arg(long, default_value_t = 2.0, value_parser = margin)]
     pub margin: f64,
 }
 
@@ -312,6 +318,28 @@ pub struct StressArgs {
     pub modes: Vec<StressMode>,
     #[command(flatten)]
     pub setup: SetupArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FuzzArgs {
+    /// Random problems to check
+    #[arg(long, default_value = "200", value_parser = fuzz_count)]
+    pub count: usize,
+    /// Seed of the draw of problems (the same seed draws the same problems)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Largest sequence length drawn
+    #[arg(long, default_value = "4096", value_parser = fuzz_max_s)]
+    pub max_s: usize,
+    #[command(flatten)]
+    pub setup: SetupArgs,
+}
+
+fn fuzz_count(t: &str) -> Result<usize, String> {
+    count(t, 1, 1_000_000)
+}
+fn fuzz_max_s(t: &str) -> Result<usize, String> {
+    count(t, 1, 65_536)
 }
 
 #[derive(Args, Debug, Clone)]

@@ -67,18 +67,18 @@ impl Widths {
 }
 
 /// One correctness row, e.g.
-/// `[mission ] seed=0 cp1     max_err=1.2e-3 mean_err=1.1e-4 %bad=0.000 e2e_max=3.1e-2 PASS`.
+/// `[mission ] seed=0 cp1     max_err=1.2e-3 mean_err=1.1e-4 err/bound=0.21 e2e/bound=0.05 PASS`.
 pub fn correctness_row(r: &CorrectnessRecord, w: &Widths) -> String {
     let k = &r.kernel_ref;
     let mut line = format!(
-        "[{:<ws$}] seed={} {:<wv$} max_err={:.2e} mean_err={:.2e} %bad={:.3} e2e_max={:.2e}",
+        "[{:<ws$}] seed={} {:<wv$} max_err={:.2e} mean_err={:.2e} err/bound={:.2} e2e/bound={:.2}",
         r.shape,
         r.seed,
         r.variant,
         k.max_abs_err,
         k.mean_abs_err,
-        k.pct_bad,
-        r.end_to_end.max_abs_err,
+        k.max_err_over_bound,
+        r.end_to_end.max_err_over_bound,
         ws = w.shape,
         wv = w.variant
     );
@@ -240,7 +240,7 @@ mod tests {
             max_abs_err: 1e-3,
             mean_abs_err: 1e-4,
             rmse: 1e-4,
-            pct_bad: 0.0,
+            max_err_over_bound: 0.2,
             nonfinite: 0,
             unwritten: 0,
             elements: 10,

@@ -249,6 +249,7 @@ mod tests {
             d: 64,
             qk_std,
             purpose: String::new(),
+            dist: Default::default(),
         };
         Problem::new(&shape, 0)
     }
@@ -287,7 +288,7 @@ mod tests {
     fn emulation_tracks_the_kernel_reference_closely_on_partial_tiles() {
         // S = 77: two KV tiles, the second with 13 keys; two batches, two heads.
         let p = problem(2, 2, 77, 1.0);
-        let refs = References::compute(&p);
+        let refs = References::compute(&p, KV_SPLIT);
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 4e-3, "max err {err}");
     }
@@ -295,7 +296,7 @@ mod tests {
     #[test]
     fn emulation_handles_a_single_key() {
         let p = problem(1, 1, 1, 1.0);
-        let refs = References::compute(&p);
+        let refs = References::compute(&p, KV_SPLIT);
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 4e-3, "max err {err}");
     }
@@ -303,7 +304,7 @@ mod tests {
     #[test]
     fn online_rescale_keeps_wide_score_ranges_accurate() {
         let p = problem(1, 1, 300, 2.0);
-        let refs = References::compute(&p);
+        let refs = References::compute(&p, KV_SPLIT);
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 1e-2, "max err {err}");
     }
@@ -312,7 +313,7 @@ mod tests {
     fn every_kv_split_gives_the_same_answer_up_to_rounding() {
         // S = 300: five tiles, so 2 and 3 splits get unequal shares and a split may be empty.
         let p = problem(1, 2, 300, 1.0);
-        let refs = References::compute(&p);
+        let refs = References::compute(&p, KV_SPLIT);
         let outs: Vec<Vec<f16>> = [1, 2, 3, 8]
             .iter()
             .map(|&k| {
@@ -334,7 +335,7 @@ mod tests {
     #[test]
     fn skipping_the_last_kv_tile_changes_the_answer() {
         let p = problem(1, 1, 130, 1.0);
-        let refs = References::compute(&p);
+        let refs = References::compute(&p, KV_SPLIT);
         let err = max_err(&emulate(&p, Defect::SkipLastKvTile), &refs.kernel);
         assert!(err > 0.05, "max err {err}");
     }

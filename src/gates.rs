@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::usage::ConfigError;
 
+/// The gates file version this runner reads.
+pub const GATES_VERSION: u32 = 2;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gates {
@@ -17,51 +20,36 @@ pub struct Gates {
     pub performance: PerformanceGates,
 }
 
+/// The correctness limits. Each is a multiple of what the error model allows
+/// (src/reference/bound.rs, docs/DESIGN.md "Error model"), so none depends on a shape; the
+/// exact checks (unwritten, nonfinite, the quantizer, the inputs) need no limit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CorrectnessGates {
     /// Against the f64 reference on the dequantized inputs: the kernel's own error.
-    pub kernel: ErrorGate,
+    pub kernel: BoundGate,
     /// Against the f64 reference on the original f32 inputs: kernel plus quantization error.
-    pub end_to_end: ErrorGate,
+    pub end_to_end: BoundGate,
     /// Kernel error relative to the CPU emulation's error in the same precisions.
     pub relative: RelativeGate,
-    /// End-to-end limits for named shapes whose inputs are conditioned so that FP8
-    /// quantization alone exceeds the general limits (e.g. wide score ranges).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub end_to_end_by_shape: BTreeMap<String, ErrorGate>,
 }
 
-impl CorrectnessGates {
-    /// The end-to-end limits that apply to `shape`.
-    pub fn end_to_end_for(&self, shape: &str) -> &ErrorGate {
-        self.end_to_end_by_shape
-            .get(shape)
-            .unwrap_or(&self.end_to_end)
-    }
-}
-
-/// Absolute error limits and the rule that marks one element as bad:
-/// `|out - ref| > bad_atol + bad_rtol * |ref|`.
+/// `max |out - ref| / bound <= max_err_over_bound` over the elements; 1 is the model itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ErrorGate {
-    pub max_abs_err: f64,
-    pub mean_abs_err: f64,
-    /// Percent of elements allowed to be bad.
-    pub pct_bad: f64,
-    pub bad_atol: f64,
-    pub bad_rtol: f64,
+pub struct BoundGate {
+    pub max_err_over_bound: f64,
 }
 
-/// `kernel_err <= factor * emulation_err + eps`, for the max and the mean absolute error
-/// against the kernel reference (FlashAttention's tests use factor 2).
+/// `kernel_err <= factor * emulation_err + eps_ulps * ulp`, for the max and the mean absolute
+/// error against the kernel reference (FlashAttention's rule, factor 2), where ulp is one f16
+/// ulp of the largest (for the max) or of the mean (for the mean) output magnitude: kernel
+/// and emulation may round an output to neighbouring f16 values.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelativeGate {
     pub factor: f64,
-    pub max_abs_eps: f64,
-    pub mean_abs_eps: f64,
+    pub eps_ulps: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,13 +132,6 @@ impl GateFile {
                 p.unpaired_noise_floor_by_shape
                     .keys()
                     .map(|s| (format!("performance.unpaired_noise_floor_by_shape.{s}"), s)),
-            )
-            .chain(
-                self.gates
-                    .correctness
-                    .end_to_end_by_shape
-                    .keys()
-                    .map(|s| (format!("correctness.end_to_end_by_shape.{s}"), s)),
             );
         for (key, shape) in named {
             if !known(shape) {
@@ -172,44 +153,30 @@ impl GateFile {
 impl Gates {
     /// Range checks serde cannot express; the error is (dotted key, message).
     fn validate(&self) -> Result<(), (String, String)> {
-        if self.version != 1 {
+        if self.version != GATES_VERSION {
             return Err((
                 "version".into(),
                 format!(
-                    "version {} is not supported; this runner reads version 1",
+                    "version {} is not supported; this runner reads version {GATES_VERSION} \
+                     (version 2 replaced the fixed error thresholds by the error model's \
+                     bounds: see gates/default.json)",
                     self.version
                 ),
             ));
         }
         let c = &self.correctness;
-        let mut numbers: Vec<(String, f64)> = Vec::new();
-        let mut error_gates = vec![
-            ("kernel".to_string(), &c.kernel),
-            ("end_to_end".to_string(), &c.end_to_end),
+        let mut numbers: Vec<(String, f64)> = vec![
+            (
+                "correctness.kernel.max_err_over_bound".into(),
+                c.kernel.max_err_over_bound,
+            ),
+            (
+                "correctness.end_to_end.max_err_over_bound".into(),
+                c.end_to_end.max_err_over_bound,
+            ),
         ];
-        for (shape, gate) in &c.end_to_end_by_shape {
-            error_gates.push((format!("end_to_end_by_shape.{shape}"), gate));
-        }
-        for (name, gate) in error_gates {
-            for (key, value) in [
-                ("max_abs_err", gate.max_abs_err),
-                ("mean_abs_err", gate.mean_abs_err),
-                ("pct_bad", gate.pct_bad),
-                ("bad_atol", gate.bad_atol),
-                ("bad_rtol", gate.bad_rtol),
-            ] {
-                numbers.push((format!("correctness.{name}.{key}"), value));
-            }
-        }
         numbers.push(("correctness.relative.factor".into(), c.relative.factor));
-        numbers.push((
-            "correctness.relative.max_abs_eps".into(),
-            c.relative.max_abs_eps,
-        ));
-        numbers.push((
-            "correctness.relative.mean_abs_eps".into(),
-            c.relative.mean_abs_eps,
-        ));
+        numbers.push(("correctness.relative.eps_ulps".into(), c.relative.eps_ulps));
         let p = &self.performance;
         numbers.push(("performance.min_speedup_pct".into(), p.min_speedup_pct));
         numbers.push((
@@ -232,21 +199,18 @@ impl Gates {
                 return Err((key, format!("{value} must be a finite number >= 0")));
             }
         }
-        let pct_bads = [
-            ("kernel".to_string(), c.kernel.pct_bad),
-            ("end_to_end".to_string(), c.end_to_end.pct_bad),
-        ]
-        .into_iter()
-        .chain(
-            c.end_to_end_by_shape
-                .iter()
-                .map(|(s, g)| (format!("end_to_end_by_shape.{s}"), g.pct_bad)),
-        );
-        for (key, value) in pct_bads {
-            if value > 100.0 {
+        for (key, value) in [
+            ("kernel", c.kernel.max_err_over_bound),
+            ("end_to_end", c.end_to_end.max_err_over_bound),
+        ] {
+            if value > 1.0 {
                 return Err((
-                    format!("correctness.{key}.pct_bad"),
-                    format!("{value} is over 100 percent"),
+                    format!("correctness.{key}.max_err_over_bound"),
+                    format!(
+                        "{value} allows more error than the error model (1.0); if a correct \
+                         kernel exceeds its bound, the model is wrong: fix it in \
+                         src/reference/bound.rs, do not loosen the gate"
+                    ),
                 ));
             }
         }
@@ -279,11 +243,11 @@ impl Gates {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"{ "version": 1,
+    const GOOD: &str = r#"{ "version": 2,
       "correctness": {
-        "kernel":     { "max_abs_err": 0.01, "mean_abs_err": 0.001, "pct_bad": 0.0, "bad_atol": 0.005, "bad_rtol": 0.01 },
-        "end_to_end": { "max_abs_err": 0.06, "mean_abs_err": 0.01,  "pct_bad": 1.0, "bad_atol": 0.05, "bad_rtol": 0.0 },
-        "relative":   { "factor": 2.0, "max_abs_eps": 0.001, "mean_abs_eps": 0.0001 } },
+        "kernel":     { "max_err_over_bound": 1.0 },
+        "end_to_end": { "max_err_over_bound": 0.5 },
+        "relative":   { "factor": 2.0, "eps_ulps": 1.0 } },
       "resources":   { "max_regs_per_thread": 128, "max_smem_bytes": 65536, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
       "performance": { "min_speedup_pct": 10.0, "max_regression_pct": 3.0, "confidence": 0.95,
                        "noise_floor_pct": 1.0, "unpaired_noise_floor_pct": 1.0, "target_shapes": ["mission"] } }"#;
@@ -307,7 +271,7 @@ mod tests {
 
     #[test]
     fn an_unknown_key_is_an_error_naming_file_and_key() {
-        let err = parse(&GOOD.replace("\"bad_rtol\": 0.0", "\"bad_rtol\": 0.0, \"typo\": 1"))
+        let err = parse(&GOOD.replace("\"eps_ulps\": 1.0", "\"eps_ulps\": 1.0, \"typo\": 1"))
             .unwrap_err();
         assert!(
             err.contains("gates/x.json") && err.contains("typo"),
@@ -326,9 +290,15 @@ mod tests {
 
     #[test]
     fn a_negative_threshold_is_an_error_naming_its_key() {
-        let err =
-            parse(&GOOD.replace("\"max_abs_err\": 0.06", "\"max_abs_err\": -0.06")).unwrap_err();
-        assert!(err.contains("correctness.end_to_end.max_abs_err"), "{err}");
+        let err = parse(&GOOD.replace(
+            "\"max_err_over_bound\": 0.5",
+            "\"max_err_over_bound\": -0.5",
+        ))
+        .unwrap_err();
+        assert!(
+            err.contains("correctness.end_to_end.max_err_over_bound"),
+            "{err}"
+        );
         let err = parse(&GOOD.replace(
             "\"max_regs_per_thread\": 128",
             "\"max_regs_per_thread\": -1",
@@ -338,19 +308,23 @@ mod tests {
     }
 
     #[test]
-    fn per_shape_end_to_end_limits_apply_to_their_shape_only() {
-        let text = GOOD.replace(
-            "\"relative\":",
-            "\"end_to_end_by_shape\": { \"wide\": { \"max_abs_err\": 1.0, \"mean_abs_err\": 0.1, \"pct_bad\": 30.0, \"bad_atol\": 0.05, \"bad_rtol\": 0.0 } }, \"relative\":",
-        );
-        let g = parse(&text).unwrap().gates.correctness;
-        assert_eq!(g.end_to_end_for("wide").max_abs_err, 1.0);
-        assert_eq!(g.end_to_end_for("mission").max_abs_err, 0.06);
-        let bad = text.replace("\"max_abs_err\": 1.0", "\"max_abs_err\": -1.0");
+    fn a_limit_looser_than_the_error_model_is_refused_pointing_at_the_model() {
+        let err =
+            parse(&GOOD.replace("\"max_err_over_bound\": 1.0", "\"max_err_over_bound\": 1.5"))
+                .unwrap_err();
         assert!(
-            parse(&bad)
-                .unwrap_err()
-                .contains("end_to_end_by_shape.wide.max_abs_err")
+            err.contains("correctness.kernel.max_err_over_bound")
+                && err.contains("src/reference/bound.rs"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_version_1_file_with_fixed_thresholds_is_refused_with_the_reason() {
+        let err = parse(&GOOD.replace("\"version\": 2", "\"version\": 1")).unwrap_err();
+        assert!(
+            err.contains("version 1") && err.contains("error model"),
+            "{err}"
         );
     }
 
@@ -373,7 +347,7 @@ mod tests {
 
     #[test]
     fn a_wrong_version_is_refused() {
-        let err = parse(&GOOD.replace("\"version\": 1", "\"version\": 2")).unwrap_err();
+        let err = parse(&GOOD.replace("\"version\": 2", "\"version\": 3")).unwrap_err();
         assert!(err.contains("version"), "{err}");
     }
 }

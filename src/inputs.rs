@@ -1,12 +1,12 @@
 //! Seeded inputs: Q, K, V drawn from normal distributions with ChaCha8, identical on every
 //! machine for the same (B, H, S, D, qk_std, seed), and a checksum that proves it.
 
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use sha2::{Digest, Sha256};
 
-use crate::shapes::Shape;
+use crate::shapes::{Dist, Shape};
 
 /// Bumped whenever the way inputs are drawn changes, so old checksums stop matching.
 const INPUT_SCHEME: &str = "sdpa-runner inputs v1";
@@ -35,11 +35,63 @@ pub fn generate(shape: &Shape, seed: u64) -> Inputs {
             })
             .collect()
     };
-    let q = draw(qk_std);
-    let k = draw(qk_std);
-    let v = draw(1.0);
+    let mut q = draw(qk_std);
+    let mut k = draw(qk_std);
+    let mut v = draw(1.0);
+    shape_inputs(shape, &mut rng, &mut q, &mut k, &mut v);
     let checksum = checksum(&[&q, &k, &v]);
     Inputs { q, k, v, checksum }
+}
+
+/// Applies the shape's [`Dist`] to the normal draws, per (b, h) slice.
+fn shape_inputs(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
+    let (s, d) = (shape.s, shape.d);
+    let head_len = s * d;
+    for bh in 0..shape.heads() {
+        let r = bh * head_len..(bh + 1) * head_len;
+        let (q, k, v) = (&mut q[r.clone()], &mut k[r.clone()], &mut v[r]);
+        match shape.dist {
+            Dist::Normal => {}
+            Dist::Outliers => {
+                for t in [&mut *q, &mut *k, &mut *v] {
+                    for _ in 0..8 {
+                        t[rng.random_range(0..head_len)] *= 30.0;
+                    }
+                }
+            }
+            Dist::ConstantRows => {
+                for j in (4..s).step_by(4) {
+                    k.copy_within(0..d, j * d);
+                    let c = v[j * d];
+                    v[j * d..(j + 1) * d].fill(c);
+                }
+            }
+            Dist::Spike => {
+                // Every query gets +u and one key becomes 3u: its score is about 3·|u|²/8 = 24
+                // (|u|² = 64) above a typical one, so each row's softmax is nearly one-hot.
+                let u: Vec<f32> = (0..d)
+                    .map(|_| StandardNormal.sample(&mut *rng))
+                    .collect::<Vec<f32>>()
+                    .into_iter()
+                    .map(|x| x * shape.qk_std as f32)
+                    .collect();
+                for row in q.chunks_mut(d) {
+                    row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
+                }
+                let j = rng.random_range(0..s);
+                k[j * d..(j + 1) * d]
+                    .iter_mut()
+                    .zip(&u)
+                    .for_each(|(x, ui)| *x = 3.0 * ui);
+            }
+            Dist::HeadScale => {
+                for t in [&mut *q, &mut *k, &mut *v] {
+                    let f = 30f32.powf(rng.random_range(-1.0f32..=1.0));
+                    t.iter_mut().for_each(|x| *x *= f);
+                }
+            }
+        }
+    }
 }
 
 fn rng_seed(shape: &Shape, seed: u64) -> [u8; 32] {
@@ -50,6 +102,10 @@ fn rng_seed(shape: &Shape, seed: u64) -> [u8; 32] {
     }
     h.update(shape.qk_std.to_bits().to_le_bytes());
     h.update(seed.to_le_bytes());
+    // Normal draws keep the stream they always had (saved checksums stay valid).
+    if !shape.dist.is_normal() {
+        h.update(shape.dist.name().as_bytes());
+    }
     h.finalize().into()
 }
 
@@ -81,6 +137,7 @@ mod tests {
             d: 64,
             qk_std: 1.0,
             purpose: String::new(),
+            dist: Default::default(),
         }
     }
 
@@ -128,6 +185,22 @@ mod tests {
 
     /// Pins the input stream: if a dependency upgrade changes the draws, every saved
     /// checksum would silently stop matching, so this must fail loudly instead.
+    #[test]
+    fn every_distribution_draws_finite_distinct_inputs_and_changes_the_normal_draws() {
+        let normal = generate(&shape(200), 4);
+        for dist in Dist::ALL.into_iter().skip(1) {
+            let mut sh = shape(200);
+            sh.dist = dist;
+            let a = generate(&sh, 4);
+            assert!(
+                a.q.iter().chain(&a.k).chain(&a.v).all(|x| x.is_finite()),
+                "{dist:?}"
+            );
+            assert_ne!(a.checksum, normal.checksum, "{dist:?}");
+            assert_ne!(a.checksum, generate(&sh, 5).checksum, "{dist:?}");
+        }
+    }
+
     #[test]
     fn input_stream_is_pinned() {
         let a = generate(&shape(3), 0);

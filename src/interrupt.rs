@@ -8,8 +8,14 @@
 //! staging folder carries its pid, and the next run in the same results folder removes it
 //! ([`sweep_stale`]).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set the moment a stop begins: the main thread then never reports the errors that removing
+/// its staging folder causes, nor exits with its own code ([`park_if_stopping`]).
+static STOPPING: AtomicBool = AtomicBool::new(false);
 
 /// Staging folders of this process that are not yet committed.
 static STAGED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -43,16 +49,36 @@ pub fn install() {
 
 /// Removes this process's staged run directories and exits as `signal` would have.
 pub fn stop(signal: i32) -> ! {
+    STOPPING.store(true, Ordering::SeqCst);
     let mut staged = STAGED.lock().unwrap_or_else(|e| e.into_inner());
     for dir in staged.drain(..) {
         remove_staging(&dir);
-        eprintln!(
-            "stopped by signal {signal}: removed the unfinished run {}",
-            dir.display()
-        );
+        // stderr may be a closed pipe too: a failed message must not stop the cleanup.
+        if !dir.is_file()
+            && dir
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(STAGING_PREFIX))
+        {
+            let _ = writeln!(
+                std::io::stderr(),
+                "stopped by signal {signal}: removed the unfinished run {}",
+                dir.display()
+            );
+        }
     }
-    // The lock is held until the process is gone, so no commit can slip in after the cleanup.
-    std::process::exit(exit_code_for(signal) as i32)
+    // The lock is held until the process is gone, so no commit can slip in after the cleanup;
+    // `_exit` runs no exit handlers (CUDA's among them) while other threads may be inside them.
+    // SAFETY: `_exit` only ends the process.
+    unsafe { libc::_exit(exit_code_for(signal) as i32) }
+}
+
+/// Called by main before it exits: while a stop is under way, waits for it to end the process
+/// (with the signal's code), so that neither the main thread's own code nor an error caused by
+/// the removal of its staging folder is reported.
+pub fn park_if_stopping() {
+    while STOPPING.load(Ordering::SeqCst) {
+        std::thread::park_timeout(std::time::Duration::from_millis(50));
+    }
 }
 
 /// stdout's reader went away (`| head`): stop as SIGPIPE's default action would, cleaning up.
@@ -85,8 +111,13 @@ pub(crate) fn unregister(dir: &Path) {
         .retain(|d| d != dir);
 }
 
-/// The main thread may still be writing into the folder: retry until it is gone.
+/// The main thread may still be writing into the folder: retry until it is gone. A
+/// registered file (a temporary file of an atomic write) is simply removed.
 fn remove_staging(dir: &Path) {
+    if dir.is_file() {
+        let _ = std::fs::remove_file(dir);
+        return;
+    }
     for _ in 0..20 {
         match std::fs::remove_dir_all(dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -97,8 +128,31 @@ fn remove_staging(dir: &Path) {
     }
 }
 
-/// The prefix of a staging folder's name; the owner's pid is its last `-` field.
+/// The prefix of a staging folder's name, `.partial-<run>-<host>-<pid>`.
 pub(crate) const STAGING_PREFIX: &str = ".partial-";
+
+/// This machine's name as staging folders carry it (`-` and odd characters replaced), so that
+/// a sweep never judges another machine's pid (a results folder on a shared file system).
+pub(crate) fn host_tag() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_default();
+    let tag: String = host
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if tag.is_empty() { "host".into() } else { tag }
+}
+
+/// The staging folder name of run `name` in this process.
+pub(crate) fn staging_name(name: &str) -> String {
+    format!(
+        "{STAGING_PREFIX}{name}-{}-{}",
+        host_tag(),
+        std::process::id()
+    )
+}
 
 /// Removes staging folders under `results_root` left by processes that no longer exist and
 /// returns what it removed. Folders of live processes (a concurrent run) are left alone.
@@ -113,8 +167,12 @@ pub(crate) fn sweep_stale(results_root: &Path) -> Vec<PathBuf> {
         let Some(rest) = name.strip_prefix(STAGING_PREFIX) else {
             continue;
         };
-        let owner = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        let mut fields = rest.rsplit('-');
+        let owner = fields.next().and_then(|p| p.parse::<u32>().ok());
+        let host = fields.next();
         let stale = match owner {
+            // Another machine's folder: its pid means nothing here; left to that machine.
+            Some(_) if host != Some(host_tag().as_str()) => false,
             Some(pid) => !process_alive(pid),
             // Written by a runner before folders carried their pid: stale if over a day old.
             None => entry
@@ -156,20 +214,22 @@ mod tests {
     fn staging_folders_of_dead_processes_are_swept_and_live_ones_kept() {
         let root = tempfile::tempdir().unwrap();
         // pid 0x7FFF_FFF0 does not exist on any system we run on.
-        let dead = root
-            .path()
-            .join(format!("{STAGING_PREFIX}20260101T000000Z-abc-2147483632"));
-        let live = root.path().join(format!(
-            "{STAGING_PREFIX}20260101T000000Z-def-{}",
-            std::process::id()
+        let host = host_tag();
+        let dead = root.path().join(format!(
+            "{STAGING_PREFIX}20260101T000000Z-abc-{host}-2147483632"
+        ));
+        let live = root.path().join(staging_name("20260101T000000Z-def"));
+        // The same dead pid on another machine sharing the folder: not ours to judge.
+        let elsewhere = root.path().join(format!(
+            "{STAGING_PREFIX}20260101T000000Z-ghi-{host}x-2147483632"
         ));
         let run = root.path().join("20260101T000000Z-123456");
-        for d in [&dead, &live, &run] {
+        for d in [&dead, &live, &elsewhere, &run] {
             std::fs::create_dir(d).unwrap();
         }
         std::fs::write(dead.join("correctness.json"), "{").unwrap();
         assert_eq!(sweep_stale(root.path()), vec![dead.clone()]);
-        assert!(!dead.exists() && live.exists() && run.exists());
+        assert!(!dead.exists() && live.exists() && elsewhere.exists() && run.exists());
     }
 
     #[test]

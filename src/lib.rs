@@ -28,6 +28,7 @@ pub(crate) mod perf;
 pub mod problem;
 pub(crate) mod progress;
 pub(crate) mod publish;
+pub(crate) mod quantizer;
 pub(crate) mod reference;
 pub(crate) mod render;
 pub(crate) mod repeat;

@@ -10,7 +10,9 @@ fn main() -> ExitCode {
     disable_cuda_compute_cache();
     sdpa_runner::interrupt::install();
     let cli = Cli::parse(); // usage errors exit 2, --help and --version exit 0
-    match sdpa_runner::commands::dispatch(cli) {
+    let result = sdpa_runner::commands::dispatch(cli);
+    sdpa_runner::interrupt::park_if_stopping();
+    match result {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(err) => {
             let _ = writeln!(std::io::stderr(), "error: {err}");

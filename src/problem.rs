@@ -16,16 +16,87 @@ pub struct Problem {
     pub softmax_scale: f32,
 }
 
+/// Planted host-side defects for `sdpa-runner selftest` (hidden `--host-defect`): each is a
+/// mistake a real harness made, and each must fail a correctness gate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostDefect {
+    #[default]
+    None,
+    /// The seed system's quantizer: code = round((x / amax + 1) · 127.5), read by an E4M3
+    /// decoder with scale amax / 448.
+    SeedQuantizer,
+    /// Codes encoded with scale amax / 447 while the kernel decodes with amax / 448.
+    Scale447,
+    /// One scale per tensor instead of one per (batch, head).
+    PerTensorScale,
+    /// Inputs drawn from seed 0 whatever the seed.
+    SameInputsEverySeed,
+    /// V all zeros.
+    ZeroV,
+}
+
 impl Problem {
     pub fn new(shape: &Shape, seed: u64) -> Self {
-        let inputs = inputs::generate(shape, seed);
+        Self::with_host_defect(shape, seed, HostDefect::None)
+    }
+
+    /// The problem as a harness with `defect` would build it.
+    pub fn with_host_defect(shape: &Shape, seed: u64, defect: HostDefect) -> Self {
+        let draw_seed = if defect == HostDefect::SameInputsEverySeed {
+            0
+        } else {
+            seed
+        };
+        let mut inputs = inputs::generate(shape, draw_seed);
+        if defect == HostDefect::ZeroV {
+            inputs.v.fill(0.0);
+            inputs.checksum = inputs::checksum(&[&inputs.q, &inputs.k, &inputs.v]);
+        }
         let head_len = shape.s * shape.d;
+        let quantize = |x: &[f32]| match defect {
+            HostDefect::SeedQuantizer => {
+                let mut t = Fp8Tensor::quantize(x, head_len);
+                for (codes, slice) in t.codes.chunks_mut(head_len).zip(x.chunks(head_len)) {
+                    let amax = slice
+                        .iter()
+                        .fold(0f32, |m, v| m.max(v.abs()))
+                        .max(f32::MIN_POSITIVE);
+                    for (c, &v) in codes.iter_mut().zip(slice) {
+                        *c = ((v / amax + 1.0) * 127.5).round() as u8;
+                    }
+                }
+                t
+            }
+            HostDefect::Scale447 => {
+                let mut t = Fp8Tensor::quantize(x, head_len);
+                for ((codes, slice), &scale) in t
+                    .codes
+                    .chunks_mut(head_len)
+                    .zip(x.chunks(head_len))
+                    .zip(&t.scales)
+                {
+                    for (c, &v) in codes.iter_mut().zip(slice) {
+                        *c = crate::fp8::encode(v / (scale * 448.0 / 447.0));
+                    }
+                }
+                t
+            }
+            HostDefect::PerTensorScale => {
+                let scale = crate::fp8::scale_for(x);
+                Fp8Tensor {
+                    codes: x.iter().map(|&v| crate::fp8::encode(v / scale)).collect(),
+                    scales: vec![scale; x.len() / head_len],
+                    head_len,
+                }
+            }
+            _ => Fp8Tensor::quantize(x, head_len),
+        };
         Problem {
             shape: shape.clone(),
             seed,
-            q: Fp8Tensor::quantize(&inputs.q, head_len),
-            k: Fp8Tensor::quantize(&inputs.k, head_len),
-            v: Fp8Tensor::quantize(&inputs.v, head_len),
+            q: quantize(&inputs.q),
+            k: quantize(&inputs.k),
+            v: quantize(&inputs.v),
             softmax_scale: shape.softmax_scale(),
             inputs,
         }

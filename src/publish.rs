@@ -90,7 +90,13 @@ pub struct Extras {
 impl Extras {
     /// Refuses (exit 2) an output that cannot be written, before any work is done.
     pub fn check(&self) -> Result<(), ReportError> {
-        for path in self.junit.iter().chain(&self.latest_compare) {
+        let summary = std::env::var_os("GITHUB_STEP_SUMMARY").map(PathBuf::from);
+        for path in self
+            .junit
+            .iter()
+            .chain(&self.latest_compare)
+            .chain(&summary)
+        {
             check_writable(path)?;
         }
         Ok(())
@@ -124,8 +130,8 @@ impl Extras {
     }
 }
 
-/// A file path that can be written: not a folder, its folder exists (or is created) and
-/// takes a new file.
+/// A file path that can be written: not a folder, and its folder (or the nearest existing one
+/// above it, created at write time) takes a new file. Creates nothing.
 pub fn check_writable(path: &Path) -> Result<(), ReportError> {
     let unwritable = |source| ReportError::Output {
         path: path.to_path_buf(),
@@ -140,13 +146,7 @@ pub fn check_writable(path: &Path) -> Result<(), ReportError> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&dir).map_err(unwritable)?;
-    let probe = dir.join(format!(".sdpa-runner-probe-{}", std::process::id()));
-    std::fs::File::create(&probe)
-        .and_then(|mut f| f.write_all(b""))
-        .map_err(unwritable)?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    crate::report::probe_nearest_dir(&dir).map_err(unwritable)
 }
 
 /// Appends `markdown` to the GitHub Actions job summary when running there.
@@ -191,20 +191,19 @@ mod tests {
         assert!(check_writable(&file.join("sub/junit.xml")).is_err());
         let ok = dir.path().join("new/sub/junit.xml");
         check_writable(&ok).unwrap();
-        assert!(!ok.exists(), "the check leaves no file behind");
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("new/sub"))
-                .unwrap()
-                .count(),
-            0
+        assert!(
+            !dir.path().join("new").exists(),
+            "the check creates nothing (the folders come at write time)"
         );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
     fn a_failed_extra_output_is_a_warning_not_an_error() {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("plain"), "x").unwrap();
         let extras = Extras {
-            junit: Some(dir.path().join("gone/junit.xml")),
+            junit: Some(dir.path().join("plain/junit.xml")),
             latest_compare: Some(dir.path().join("COMPARE.md")),
         };
         let warnings = extras.write(|| "<xml/>".into(), Some(("# md ](latency.svg)", "run1")));

@@ -119,11 +119,12 @@ mod tests {
             d: 64,
             qk_std: 1.0,
             purpose: String::new(),
+            dist: Default::default(),
         };
         let p = Problem::new(&shape, 0);
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
         let gates = crate::gates::GateFile::load(&path).unwrap().gates;
-        let y = Yardsticks::compute(&p, &gates, crate::emulation::KV_SPLIT);
+        let y = Yardsticks::compute(&p, crate::emulation::KV_SPLIT);
         (p, y, gates)
     }
 

@@ -7,8 +7,9 @@ use half::f16;
 use crate::backend::{Backend, BackendError};
 use crate::emulation::{self, Defect};
 use crate::gates::Gates;
-use crate::metrics::{self, BadRule, ErrorMetrics, POISON};
-use crate::problem::Problem;
+use crate::metrics::{self, ErrorMetrics, POISON};
+use crate::problem::{HostDefect, Problem};
+use crate::quantizer::{self, Audit};
 use crate::reference::References;
 use crate::report::f16_checksum;
 use crate::schema::CorrectnessRecord;
@@ -16,7 +17,7 @@ use crate::schema::Measurement;
 use crate::shapes::Shape;
 use crate::stats::Summary;
 use crate::timing::{self, TimingPlan, VariantTiming};
-use crate::verdict;
+use crate::verdict::{self, ProblemFacts};
 
 /// What the kernel is held against for one problem, shared by all variants.
 pub struct Yardsticks {
@@ -24,20 +25,36 @@ pub struct Yardsticks {
     /// The clean CPU emulation's output and its error against the kernel reference.
     pub emulation_out: Vec<f16>,
     pub emulation: ErrorMetrics,
+    pub facts: ProblemFacts,
 }
 
 impl Yardsticks {
     /// `kv_split`: the backend's ([`Backend::kv_split`]), so the emulation sums as it does.
-    pub fn compute(p: &Problem, gates: &Gates, kv_split: usize) -> Self {
-        let refs = References::compute(p);
+    pub fn compute(p: &Problem, kv_split: usize) -> Self {
+        let refs = References::compute(p, kv_split);
         let mut emulation_out = vec![POISON; p.output_len()];
         emulation::run(p, kv_split, Defect::None, &mut emulation_out);
         let emulation =
-            metrics::measure(&emulation_out, &refs.kernel, kernel_rule(gates), &p.shape);
+            metrics::measure(&emulation_out, &refs.kernel, &refs.kernel_bound, &p.shape);
+        let quantizer = [
+            (&p.inputs.q, &p.q),
+            (&p.inputs.k, &p.k),
+            (&p.inputs.v, &p.v),
+        ]
+        .into_iter()
+        .map(|(x, t)| quantizer::audit(x, t))
+        .fold(Audit::default(), Audit::add);
+        let n = refs.kernel.len().max(1) as f64;
+        let facts = ProblemFacts {
+            quantizer,
+            out_abs_max: refs.kernel.iter().fold(0.0, |m, x| m.max(x.abs())),
+            out_abs_mean: refs.kernel.iter().map(|x| x.abs()).sum::<f64>() / n,
+        };
         Yardsticks {
             refs,
             emulation_out,
             emulation,
+            facts,
         }
     }
 }
@@ -54,21 +71,6 @@ fn bits_equal_pct(out: &[f16], emulation: &[f16]) -> f64 {
     100.0 * same as f64 / out.len().max(1) as f64
 }
 
-fn kernel_rule(g: &Gates) -> BadRule {
-    BadRule {
-        atol: g.correctness.kernel.bad_atol,
-        rtol: g.correctness.kernel.bad_rtol,
-    }
-}
-
-fn e2e_rule(g: &Gates, shape: &str) -> BadRule {
-    let gate = g.correctness.end_to_end_for(shape);
-    BadRule {
-        atol: gate.bad_atol,
-        rtol: gate.bad_rtol,
-    }
-}
-
 /// Judges one backend output and builds its record.
 pub fn judge_output(
     backend: &str,
@@ -78,18 +80,13 @@ pub fn judge_output(
     out: &[f16],
     gates: &Gates,
 ) -> CorrectnessRecord {
-    let kernel_ref = metrics::measure(out, &y.refs.kernel, kernel_rule(gates), &p.shape);
-    let end_to_end = metrics::measure(
-        out,
-        &y.refs.end_to_end,
-        e2e_rule(gates, &p.shape.name),
-        &p.shape,
-    );
+    let kernel_ref = metrics::measure(out, &y.refs.kernel, &y.refs.kernel_bound, &p.shape);
+    let end_to_end = metrics::measure(out, &y.refs.end_to_end, &y.refs.end_to_end_bound, &p.shape);
     let v = verdict::judge(
-        &p.shape.name,
         &kernel_ref,
         &end_to_end,
         &y.emulation,
+        &y.facts,
         &gates.correctness,
     );
     let Shape {
@@ -136,6 +133,7 @@ pub fn run_all(
     backend: &mut dyn Backend,
     shapes: &[Shape],
     seeds: &[u64],
+    host_defect: HostDefect,
     gates: &Gates,
     plan: &TimingPlan,
     progress: &mut dyn Progress,
@@ -146,8 +144,8 @@ pub fn run_all(
     };
     for shape in shapes {
         for &seed in seeds {
-            let p = Problem::new(shape, seed);
-            let y = Yardsticks::compute(&p, gates, backend.kv_split());
+            let p = Problem::with_host_defect(shape, seed, host_defect);
+            let y = Yardsticks::compute(&p, backend.kv_split());
             backend.load(&p)?;
             let variants = backend.variants().to_vec();
             for (i, variant) in variants.iter().enumerate() {
@@ -231,7 +229,16 @@ pub fn check_all(
         batch: 1,
         l2: timing::L2Mode::Warm,
     };
-    Ok(run_all(backend, shapes, seeds, gates, &plan, &mut Rows(on_record))?.records)
+    Ok(run_all(
+        backend,
+        shapes,
+        seeds,
+        HostDefect::None,
+        gates,
+        &plan,
+        &mut Rows(on_record),
+    )?
+    .records)
 }
 
 #[cfg(test)]
@@ -254,6 +261,7 @@ mod tests {
             d: 64,
             qk_std: 1.0,
             purpose: String::new(),
+            dist: Default::default(),
         }
     }
 
@@ -276,7 +284,9 @@ mod tests {
         let records = run(Defect::SkipLastKvTile, &[shape(130)]);
         for r in &records {
             assert!(!r.pass);
-            assert!(!r.gates["kernel.max_abs_err"].pass && !r.gates["relative.max_abs_err"].pass);
+            assert!(
+                !r.gates["kernel.max_err_over_bound"].pass && !r.gates["relative.max_abs_err"].pass
+            );
         }
     }
 
@@ -321,6 +331,7 @@ mod tests {
             &mut backend,
             &[shape(20)],
             &[0, 1],
+            HostDefect::None,
             &gates(),
             &plan,
             &mut NoProgress,

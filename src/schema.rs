@@ -12,7 +12,7 @@ use crate::stats::{PerfVerdict, RatioEstimate, Summary};
 use crate::timing::TimingPlan;
 use crate::verdict::{Check, Verdict};
 
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Refuses a file written under a schema this runner does not read: `Err` holds the message.
 pub fn check_version(found: u32) -> Result<(), String> {
@@ -44,7 +44,8 @@ versioned!(
     CorrectnessFile,
     PerfFile,
     StressFile,
-    SelftestFile
+    SelftestFile,
+    FuzzFile
 );
 
 /// build_meta.json: what ran, built from what, where.
@@ -322,6 +323,34 @@ pub struct StressFile {
     pub results: Vec<StressRecord>,
 }
 
+/// fuzz.json: every random problem a `fuzz` run checked, and how each came out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FuzzFile {
+    pub schema_version: u32,
+    pub backend: String,
+    pub draw_seed: u64,
+    pub count: usize,
+    pub failures: usize,
+    pub seconds: f64,
+    pub all_pass: bool,
+    pub problems: Vec<FuzzRecord>,
+}
+
+/// One random problem: its inline shape and seed, the worst of its variants, and a one-line
+/// reproduction when it failed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FuzzRecord {
+    pub shape: String,
+    pub seed: u64,
+    pub pass: bool,
+    pub kernel_err_over_bound: f64,
+    pub end_to_end_err_over_bound: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reproduce: Option<String>,
+}
+
 /// selftest.json
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SelftestFile {
@@ -329,6 +358,9 @@ pub struct SelftestFile {
     pub ptx_identity: Vec<PtxIdentity>,
     pub clean_kernel_pass: bool,
     pub mutants: Vec<MutantResult>,
+    /// Planted host-side defects (quantizer, inputs), each run as `--host-defect NAME`.
+    #[serde(default)]
+    pub host_defects: Vec<MutantResult>,
     pub score: String,
     pub all_pass: bool,
 }
@@ -352,4 +384,14 @@ pub struct MutantResult {
     pub caught_by: Option<String>,
     /// The figure that caught it (or why it survived).
     pub figure: String,
+}
+
+/// A result file of a schema this runner reads; any other `schema_version` is refused.
+pub fn read_versioned<T: serde::de::DeserializeOwned + Versioned>(
+    path: &std::path::Path,
+) -> Result<T, crate::usage::ConfigError> {
+    let value: T = crate::json::read_file(path)?;
+    check_version(value.schema_version())
+        .map_err(|why| crate::usage::ConfigError::invalid_key(path, "schema_version", why))?;
+    Ok(value)
 }

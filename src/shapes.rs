@@ -37,6 +37,59 @@ pub struct Shape {
     /// What the shape is for, shown by `sdpa-runner shapes`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub purpose: String,
+    /// How the inputs are drawn beyond the normal draws ([`Dist`]).
+    #[serde(default, skip_serializing_if = "Dist::is_normal")]
+    pub dist: Dist,
+}
+
+/// Input distributions: standard normal draws (Q, K times `qk_std`), then a change that
+/// stresses one part of the kernel. `sdpa-runner fuzz` draws all of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Dist {
+    /// Normal draws only.
+    #[default]
+    Normal,
+    /// Eight elements of each (b, h) slice of Q, K and V times 30: the scales follow the
+    /// outliers, so every other value lands low in E4M3's range or among its subnormals.
+    Outliers,
+    /// Every fourth key equal to key 0 and every fourth value row constant: ties in the
+    /// scores and rows that P·V must reproduce exactly.
+    ConstantRows,
+    /// One key per head aligned with a direction added to every query: one score far above
+    /// the rest, so the softmax is one-hot.
+    Spike,
+    /// Each (b, h) slice of Q, K and V scaled by its own factor in [1/30, 30]: per-head scales
+    /// that differ by orders of magnitude.
+    HeadScale,
+}
+
+impl Dist {
+    pub const ALL: [Dist; 5] = [
+        Dist::Normal,
+        Dist::Outliers,
+        Dist::ConstantRows,
+        Dist::Spike,
+        Dist::HeadScale,
+    ];
+
+    pub fn is_normal(&self) -> bool {
+        *self == Dist::Normal
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Dist::Normal => "normal",
+            Dist::Outliers => "outliers",
+            Dist::ConstantRows => "constant_rows",
+            Dist::Spike => "spike",
+            Dist::HeadScale => "head_scale",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Dist> {
+        Dist::ALL.into_iter().find(|d| d.name() == text)
+    }
 }
 
 fn unit_std() -> f64 {
@@ -75,10 +128,11 @@ impl Shape {
             || !self
                 .name
                 .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                .all(|c| c.is_ascii_alphanumeric() || "_-:=.".contains(c))
         {
             return Err(format!(
-                "name `{}` must be non-empty letters, digits, '_' or '-'",
+                "name `{}` must be non-empty letters, digits, '_', '-' (and ':', '=', '.' as \
+                 inline shapes write them)",
                 self.name
             ));
         }
@@ -116,9 +170,25 @@ impl Shape {
         (self.elements()? as u64).checked_mul(BYTES_PER_ELEMENT)
     }
 
-    /// Parses an inline `BxHxSxD` shape; `None` if `text` is not of that form.
+    /// The inline spelling of this shape, `BxHxSxD[:qk=F][:dist=NAME]`, which
+    /// [`Shape::parse_inline`] reads back to the same problem (a one-line reproduction).
+    pub fn inline(&self) -> String {
+        let mut t = self.dims();
+        if self.qk_std != 1.0 {
+            t.push_str(&format!(":qk={}", self.qk_std));
+        }
+        if !self.dist.is_normal() {
+            t.push_str(&format!(":dist={}", self.dist.name()));
+        }
+        t
+    }
+
+    /// Parses an inline `BxHxSxD[:qk=F][:dist=NAME]` shape; `None` if `text` does not start
+    /// with `BxHxSxD`.
     pub fn parse_inline(text: &str) -> Option<Result<Shape, ConfigError>> {
-        let parts: Vec<&str> = text.split(['x', 'X']).collect();
+        let mut options = text.split(':');
+        let dims_text = options.next().unwrap_or_default();
+        let parts: Vec<&str> = dims_text.split(['x', 'X']).collect();
         if parts.len() != 4
             || parts
                 .iter()
@@ -138,7 +208,7 @@ impl Shape {
                 }
             }
         }
-        let shape = Shape {
+        let mut shape = Shape {
             name: text.to_ascii_lowercase(),
             b: dims[0],
             h: dims[1],
@@ -146,7 +216,37 @@ impl Shape {
             d: dims[3],
             qk_std: 1.0,
             purpose: String::new(),
+            dist: Default::default(),
         };
+        let bad = |message: String| {
+            Some(Err(ConfigError::BadShape {
+                name: text.into(),
+                message,
+            }))
+        };
+        for option in options {
+            match option.split_once('=') {
+                Some(("qk", v)) => match v.parse::<f64>() {
+                    Ok(x) => shape.qk_std = x,
+                    Err(_) => return bad(format!("qk=`{v}` is not a number")),
+                },
+                Some(("dist", v)) => match Dist::parse(v) {
+                    Some(d) => shape.dist = d,
+                    None => {
+                        let known: Vec<&str> = Dist::ALL.iter().map(Dist::name).collect();
+                        return bad(format!(
+                            "dist=`{v}` is unknown; known: {}",
+                            known.join(", ")
+                        ));
+                    }
+                },
+                _ => {
+                    return bad(format!(
+                        "`{option}` is not an option; write BxHxSxD[:qk=F][:dist=NAME]"
+                    ));
+                }
+            }
+        }
         Some(
             shape
                 .validate()

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gates::{CorrectnessGates, ErrorGate};
+use crate::gates::CorrectnessGates;
 use crate::metrics::ErrorMetrics;
+use crate::quantizer::Audit;
 
 /// One gate: the measured value, its limit, the rule between them, and the outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,81 +95,95 @@ fn short(x: f64) -> String {
     }
 }
 
-/// Judges a backend output on `shape`: `kernel` and `end_to_end` are its metrics against the
-/// two references, `emulation` the CPU emulation's metrics against the kernel reference.
+/// The figures of one problem that every output of it is judged with.
+#[derive(Debug, Clone, Copy)]
+pub struct ProblemFacts {
+    /// The quantizer audit of Q, K and V together.
+    pub quantizer: Audit,
+    /// Largest and mean |O| of the kernel reference: the f16 ulps of the relative gate.
+    pub out_abs_max: f64,
+    pub out_abs_mean: f64,
+}
+
+/// One f16 ulp at magnitude `x` (normal range; the subnormal spacing below it).
+pub fn f16_ulp(x: f64) -> f64 {
+    let min_normal = 2f64.powi(-14);
+    if x < min_normal {
+        2f64.powi(-24)
+    } else {
+        2f64.powi(x.log2().floor() as i32 - 10)
+    }
+}
+
+/// Judges a backend output: `kernel` and `end_to_end` are its metrics against the two
+/// references and their bounds, `emulation` the CPU emulation's metrics against the kernel
+/// reference.
 pub fn judge(
-    shape: &str,
     kernel: &ErrorMetrics,
     end_to_end: &ErrorMetrics,
     emulation: &ErrorMetrics,
+    facts: &ProblemFacts,
     gates: &CorrectnessGates,
 ) -> Verdict {
-    let mut checks = BTreeMap::new();
-    // NaN, Inf and unwritten elements fail whatever the thresholds say.
-    checks.insert(
-        "unwritten".into(),
-        Check::at_most(kernel.unwritten as f64, 0.0),
+    let mut v = Verdict::default();
+    // Exact checks: no threshold, nothing to loosen.
+    v.add("unwritten", Check::at_most(kernel.unwritten as f64, 0.0));
+    v.add("nonfinite", Check::at_most(kernel.nonfinite as f64, 0.0));
+    let q = &facts.quantizer;
+    v.add(
+        "quantizer.not_nearest",
+        Check::at_most(q.not_nearest as f64, 0.0),
     );
-    checks.insert(
-        "nonfinite".into(),
-        Check::at_most(kernel.nonfinite as f64, 0.0),
+    v.add(
+        "quantizer.scale_off",
+        Check::at_most(q.scale_off as f64, 0.0),
     );
-    add_error_gate(&mut checks, "kernel", kernel, &gates.kernel);
-    add_error_gate(
-        &mut checks,
-        "end_to_end",
-        end_to_end,
-        gates.end_to_end_for(shape),
+    v.add(
+        "inputs.zero_slices",
+        Check::at_most(q.zero_slices as f64, 0.0),
     );
+    // The error model's bounds.
+    v.add(
+        "kernel.max_err_over_bound",
+        Check::at_most(kernel.max_err_over_bound, gates.kernel.max_err_over_bound),
+    );
+    v.add(
+        "end_to_end.max_err_over_bound",
+        Check::at_most(
+            end_to_end.max_err_over_bound,
+            gates.end_to_end.max_err_over_bound,
+        ),
+    );
+    // FlashAttention's rule against the same-precision emulation.
     let rel = &gates.relative;
-    checks.insert(
-        "relative.max_abs_err".into(),
+    v.add(
+        "relative.max_abs_err",
         Check::at_most(
             kernel.max_abs_err,
-            rel.factor * emulation.max_abs_err + rel.max_abs_eps,
+            rel.factor * emulation.max_abs_err + rel.eps_ulps * f16_ulp(facts.out_abs_max),
         ),
     );
-    checks.insert(
-        "relative.mean_abs_err".into(),
+    v.add(
+        "relative.mean_abs_err",
         Check::at_most(
             kernel.mean_abs_err,
-            rel.factor * emulation.mean_abs_err + rel.mean_abs_eps,
+            rel.factor * emulation.mean_abs_err + rel.eps_ulps * f16_ulp(facts.out_abs_mean),
         ),
     );
-    Verdict { checks }
-}
-
-fn add_error_gate(
-    checks: &mut BTreeMap<String, Check>,
-    name: &str,
-    m: &ErrorMetrics,
-    g: &ErrorGate,
-) {
-    checks.insert(
-        format!("{name}.max_abs_err"),
-        Check::at_most(m.max_abs_err, g.max_abs_err),
-    );
-    checks.insert(
-        format!("{name}.mean_abs_err"),
-        Check::at_most(m.mean_abs_err, g.mean_abs_err),
-    );
-    checks.insert(
-        format!("{name}.pct_bad"),
-        Check::at_most(m.pct_bad, g.pct_bad),
-    );
+    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gates::RelativeGate;
+    use crate::gates::{BoundGate, RelativeGate};
 
-    fn metrics(max: f64, mean: f64) -> ErrorMetrics {
+    fn metrics(max: f64, mean: f64, ratio: f64) -> ErrorMetrics {
         ErrorMetrics {
             max_abs_err: max,
             mean_abs_err: mean,
             rmse: mean,
-            pct_bad: 0.0,
+            max_err_over_bound: ratio,
             nonfinite: 0,
             unwritten: 0,
             elements: 100,
@@ -177,85 +192,113 @@ mod tests {
     }
 
     fn gates() -> CorrectnessGates {
-        let g = ErrorGate {
-            max_abs_err: 0.01,
-            mean_abs_err: 0.001,
-            pct_bad: 0.0,
-            bad_atol: 0.01,
-            bad_rtol: 0.0,
-        };
         CorrectnessGates {
-            kernel: g.clone(),
-            end_to_end: ErrorGate {
-                max_abs_err: 0.1,
-                mean_abs_err: 0.01,
-                ..g
+            kernel: BoundGate {
+                max_err_over_bound: 1.0,
+            },
+            end_to_end: BoundGate {
+                max_err_over_bound: 1.0,
             },
             relative: RelativeGate {
                 factor: 2.0,
-                max_abs_eps: 1e-4,
-                mean_abs_eps: 1e-5,
+                eps_ulps: 1.0,
             },
-            end_to_end_by_shape: Default::default(),
         }
     }
 
+    const FACTS: ProblemFacts = ProblemFacts {
+        quantizer: Audit {
+            not_nearest: 0,
+            scale_off: 0,
+            zero_slices: 0,
+        },
+        out_abs_max: 1.0,
+        out_abs_mean: 0.25,
+    };
+
+    fn failed_gates(v: &Verdict) -> Vec<&str> {
+        super::failed(&v.checks).map(|f| f.gate).collect()
+    }
+
     #[test]
-    fn within_every_threshold_passes() {
+    fn within_every_bound_passes_and_every_gate_is_recorded() {
         let v = judge(
-            "s",
-            &metrics(0.004, 0.0004),
-            &metrics(0.05, 0.005),
-            &metrics(0.003, 0.0003),
+            &metrics(4e-4, 4e-5, 0.3),
+            &metrics(0.05, 0.005, 0.1),
+            &metrics(3e-4, 3e-5, 0.2),
+            &FACTS,
             &gates(),
         );
         assert!(v.pass(), "{:?}", v.failures());
+        assert_eq!(v.checks.len(), 9);
     }
 
     #[test]
     fn unwritten_or_nonfinite_fails_even_with_zero_error() {
-        let mut m = metrics(0.0, 0.0);
+        let zero = metrics(0.0, 0.0, 0.0);
+        let mut m = zero.clone();
         m.unwritten = 1;
-        let v = judge("s", &m, &metrics(0.0, 0.0), &metrics(0.0, 0.0), &gates());
+        let v = judge(&m, &zero, &zero, &FACTS, &gates());
         assert_eq!(v.failures(), vec!["unwritten 1 > 0"]);
-        let mut m = metrics(0.0, 0.0);
+        let mut m = zero.clone();
         m.nonfinite = 3;
-        assert!(!judge("s", &m, &metrics(0.0, 0.0), &metrics(0.0, 0.0), &gates()).pass());
-    }
-
-    #[test]
-    fn kernel_error_beyond_twice_the_emulation_error_fails_the_relative_gate() {
-        let v = judge(
-            "s",
-            &metrics(0.009, 0.0004),
-            &metrics(0.05, 0.005),
-            &metrics(0.003, 0.0003),
-            &gates(),
-        );
-        assert_eq!(v.failures().len(), 1);
-        assert!(
-            v.failures()[0].starts_with("relative.max_abs_err"),
-            "{:?}",
-            v.failures()
+        assert_eq!(
+            failed_gates(&judge(&m, &zero, &zero, &FACTS, &gates())),
+            ["nonfinite"]
         );
     }
 
     #[test]
-    fn each_absolute_gate_is_recorded_separately() {
+    fn a_quantizer_or_input_defect_fails_its_exact_gate_whatever_the_errors() {
+        let zero = metrics(0.0, 0.0, 0.0);
+        let mut facts = FACTS;
+        facts.quantizer = Audit {
+            not_nearest: 5,
+            scale_off: 1,
+            zero_slices: 2,
+        };
+        let v = judge(&zero, &zero, &zero, &facts, &gates());
+        assert_eq!(
+            failed_gates(&v),
+            [
+                "inputs.zero_slices",
+                "quantizer.not_nearest",
+                "quantizer.scale_off"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_error_beyond_the_model_bound_fails_that_gate_alone() {
         let v = judge(
-            "s",
-            &metrics(0.02, 0.0004),
-            &metrics(0.2, 0.005),
-            &metrics(0.02, 0.0003),
+            &metrics(4e-4, 4e-5, 1.2),
+            &metrics(0.05, 0.005, 0.1),
+            &metrics(3e-4, 3e-5, 0.2),
+            &FACTS,
             &gates(),
         );
-        let failed: Vec<_> = v
-            .checks
-            .iter()
-            .filter(|(_, c)| !c.pass)
-            .map(|(n, _)| n.as_str())
-            .collect();
-        assert_eq!(failed, ["end_to_end.max_abs_err", "kernel.max_abs_err"]);
-        assert_eq!(v.checks.len(), 10);
+        assert_eq!(failed_gates(&v), ["kernel.max_err_over_bound"]);
+        assert_eq!(v.failures(), ["kernel.max_err_over_bound 1.200e0 > 1"]);
+    }
+
+    #[test]
+    fn kernel_error_beyond_twice_the_emulation_error_plus_one_ulp_fails_the_relative_gate() {
+        // ulp(1.0) = 2^-10; 2 * 3e-4 + 2^-10 = 1.577e-3.
+        let within = metrics(1.5e-3, 4e-5, 0.3);
+        let beyond = metrics(1.6e-3, 4e-5, 0.3);
+        let e2e = metrics(0.05, 0.005, 0.1);
+        let emu = metrics(3e-4, 3e-5, 0.2);
+        assert!(judge(&within, &e2e, &emu, &FACTS, &gates()).pass());
+        let v = judge(&beyond, &e2e, &emu, &FACTS, &gates());
+        assert_eq!(failed_gates(&v), ["relative.max_abs_err"]);
+    }
+
+    #[test]
+    fn f16_ulps_follow_the_binade() {
+        assert_eq!(f16_ulp(1.0), 2f64.powi(-10));
+        assert_eq!(f16_ulp(1.999), 2f64.powi(-10));
+        assert_eq!(f16_ulp(2.0), 2f64.powi(-9));
+        assert_eq!(f16_ulp(0.3), 2f64.powi(-12));
+        assert_eq!(f16_ulp(1e-6), 2f64.powi(-24));
     }
 }

@@ -392,7 +392,7 @@ fn unwritable_outputs_of_compare_exit_2_and_write_nothing() {
     assert!(stderr.contains("is a directory"), "{stderr}");
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
-        5,
-        "nothing new beside the inputs"
+        4,
+        "nothing new beside the inputs (not even the folder of --out)"
     );
 }

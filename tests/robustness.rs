@@ -113,9 +113,21 @@ fn a_closed_stdout_pipe_stops_the_run_and_leaves_nothing_behind() {
 fn a_staging_folder_left_by_a_killed_process_is_swept_by_the_next_run() {
     let results = tempfile::tempdir().unwrap();
     // pid 2147483632 does not exist: its owner was killed outright (SIGKILL, a power cut).
-    let stale = results
-        .path()
-        .join(".partial-20260101T000000Z-abcdef-2147483632");
+    // Staging folders carry the host, as `interrupt::host_tag` writes it.
+    let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let host = if host.is_empty() {
+        "host".to_string()
+    } else {
+        host
+    };
+    let stale = results.path().join(format!(
+        ".partial-20260101T000000Z-abcdef-{host}-2147483632"
+    ));
     std::fs::create_dir(&stale).unwrap();
     std::fs::write(stale.join("correctness.json"), "{\"half").unwrap();
     let (code, stdout, stderr) = output(

@@ -1,6 +1,8 @@
-//! `sdpa-runner calibrate RUN...`: summarizes measured errors of saved runs per shape and
-//! variant, and proposes correctness thresholds as the largest measured value times a stated
-//! margin. Gates are set from this table (and it goes into the README), never from a guess.
+//! `sdpa-runner calibrate RUN...`: checks the error model against saved runs. For every gate
+//! with a limit, the worst measured value over its limit (the bound of src/reference/bound.rs,
+//! or the relative gate's 2 x emulation + 1 ulp), per shape and variant; a gate whose worst
+//! row leaves less than the stated margin (value over limit above 1 / margin) is warned about.
+//! Limits come from the model, never from this table: a warning means the model needs a look.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,57 +12,43 @@ use crate::error::{AppError, Outcome};
 use crate::schema::{CorrectnessFile, CorrectnessRecord};
 use crate::usage::ConfigError;
 
-/// The largest value of each metric over a group of records.
-#[derive(Debug, Default, Clone, Copy)]
+/// The gates shown as columns, in order.
+const COLUMNS: [&str; 4] = [
+    "kernel.max_err_over_bound",
+    "end_to_end.max_err_over_bound",
+    "relative.max_abs_err",
+    "relative.mean_abs_err",
+];
+
+/// The worst value over limit of each gate over a group of records.
+#[derive(Debug, Default, Clone)]
 struct Worst {
     rows: usize,
-    k_max: f64,
-    k_mean: f64,
-    k_bad: f64,
-    e_max: f64,
-    e_mean: f64,
-    e_bad: f64,
-    emu_max: f64,
-    emu_mean: f64,
-    /// Largest kernel/emulation ratio of max_abs_err.
-    ratio_max: f64,
-    ratio_mean: f64,
-    /// Smallest percentage of output bits equal to the emulation's.
+    used: BTreeMap<String, f64>,
+    /// The emulation's own error over the kernel bound (the model checked on the CPU).
+    emulation: f64,
     min_bits_equal: f64,
 }
 
 impl Worst {
     fn add(&mut self, r: &CorrectnessRecord) {
-        let ratio = |a: f64, b: f64| {
-            if b > 0.0 {
-                a / b
-            } else if a > 0.0 {
-                f64::INFINITY
-            } else {
-                0.0
-            }
-        };
         self.min_bits_equal = if self.rows == 0 {
             r.emulation_bits_equal_pct
         } else {
             self.min_bits_equal.min(r.emulation_bits_equal_pct)
         };
         self.rows += 1;
-        self.k_max = self.k_max.max(r.kernel_ref.max_abs_err);
-        self.k_mean = self.k_mean.max(r.kernel_ref.mean_abs_err);
-        self.k_bad = self.k_bad.max(r.kernel_ref.pct_bad);
-        self.e_max = self.e_max.max(r.end_to_end.max_abs_err);
-        self.e_mean = self.e_mean.max(r.end_to_end.mean_abs_err);
-        self.e_bad = self.e_bad.max(r.end_to_end.pct_bad);
-        self.emu_max = self.emu_max.max(r.emulation_ref.max_abs_err);
-        self.emu_mean = self.emu_mean.max(r.emulation_ref.mean_abs_err);
-        self.ratio_max = self
-            .ratio_max
-            .max(ratio(r.kernel_ref.max_abs_err, r.emulation_ref.max_abs_err));
-        self.ratio_mean = self.ratio_mean.max(ratio(
-            r.kernel_ref.mean_abs_err,
-            r.emulation_ref.mean_abs_err,
-        ));
+        for (gate, c) in &r.gates {
+            if c.rule == "<=" && c.limit > 0.0 {
+                let u = self.used.entry(gate.clone()).or_insert(0.0);
+                *u = u.max(c.value / c.limit);
+            }
+        }
+        self.emulation = self.emulation.max(r.emulation_ref.max_err_over_bound);
+    }
+
+    fn get(&self, gate: &str) -> f64 {
+        self.used.get(gate).copied().unwrap_or(f64::NAN)
     }
 }
 
@@ -95,7 +83,7 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
     if !degenerate.is_empty() {
         eprintln!(
             "warning: {} row(s) left out: their outputs hold non-finite or unwritten elements, so \
-             their errors say nothing about limits (first: {})",
+             their errors say nothing about the model (first: {})",
             degenerate.len(),
             degenerate[0]
         );
@@ -107,58 +95,46 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
         .into());
     }
     crate::outln!(
-        "measured on backend(s) {}; worst over seeds; errors against the f64 references",
+        "measured on backend(s) {}; worst over seeds of measured / limit (1 = at the limit)",
         backends.join(", ")
     );
     crate::outln!(
-        "| shape | variant | rows | kernel max | kernel mean | kernel %bad | e2e max | e2e mean | e2e %bad | emu max | emu mean | kernel/emu max | kernel/emu mean | % bits = emu |"
+        "| shape | variant | rows | kernel err/bound | e2e err/bound | relative max | relative mean | emulation err/bound | % bits = emu |"
     );
-    crate::outln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    crate::outln!("|---|---|---|---|---|---|---|---|---|");
     let line = |shape: &str, variant: &str, w: &Worst| {
+        let cols: Vec<String> = COLUMNS.iter().map(|g| format!("{:.3}", w.get(g))).collect();
         crate::outln!(
-            "| {shape} | {variant} | {} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.3} | {:.2e} | {:.2e} | {:.2} | {:.2} | {:.3} |",
+            "| {shape} | {variant} | {} | {} | {:.3} | {:.3} |",
             w.rows,
-            w.k_max,
-            w.k_mean,
-            w.k_bad,
-            w.e_max,
-            w.e_mean,
-            w.e_bad,
-            w.emu_max,
-            w.emu_mean,
-            w.ratio_max,
-            w.ratio_mean,
+            cols.join(" | "),
+            w.emulation,
             w.min_bits_equal
-        )
+        );
     };
     for ((shape, variant), w) in &groups {
         line(shape, variant, w);
     }
     line("**all**", "", &all);
     let m = args.margin;
-    crate::outln!("\nproposed thresholds (worst measured x margin {m}):");
-    crate::outln!(
-        "  correctness.kernel.max_abs_err      {:.3e}",
-        all.k_max * m
-    );
-    crate::outln!(
-        "  correctness.kernel.mean_abs_err     {:.3e}",
-        all.k_mean * m
-    );
-    crate::outln!(
-        "  correctness.end_to_end.max_abs_err  {:.3e}",
-        all.e_max * m
-    );
-    crate::outln!(
-        "  correctness.end_to_end.mean_abs_err {:.3e}",
-        all.e_mean * m
-    );
-    crate::outln!("  correctness.end_to_end.pct_bad      {:.3}", all.e_bad * m);
-    crate::outln!(
-        "  relative gate factor 2 holds with margin {:.2} (max) and {:.2} (mean)",
-        2.0 / all.ratio_max.max(f64::MIN_POSITIVE),
-        2.0 / all.ratio_mean.max(f64::MIN_POSITIVE)
-    );
+    crate::outln!("\nmargins (limit / worst measured; wanted at least {m}):");
+    let mut short = 0;
+    for (gate, used) in &all.used {
+        let margin = 1.0 / used.max(f64::MIN_POSITIVE);
+        let note = if margin < m {
+            short += 1;
+            "  <- less than the stated margin: check the error model"
+        } else {
+            ""
+        };
+        crate::outln!("  {gate:<32} {margin:>8.2}{note}");
+    }
+    if short > 0 {
+        eprintln!(
+            "warning: {short} gate(s) with less than a margin of {m}; a correct kernel this close \
+             to its bound means the model (src/reference/bound.rs) is too tight somewhere"
+        );
+    }
     Ok(Outcome::Pass)
 }
 
@@ -174,5 +150,5 @@ fn read_correctness(run: &Path) -> Result<CorrectnessFile, ConfigError> {
             run.display()
         )));
     }
-    crate::json::read_file(&path)
+    crate::schema::read_versioned(&path)
 }

@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod calibrate;
 mod compare;
+mod fuzz;
 mod run;
 mod selftest;
 mod shapes;
@@ -27,6 +28,10 @@ use crate::schema::{BuildMeta, SCHEMA_VERSION};
 use crate::shapes::ShapeCatalog;
 use crate::usage::ConfigError;
 
+/// Appended to the cuda backend's environment errors by the commands that take `--backend`.
+pub(crate) const CPU_BACKEND_ADVICE: &str = "The default backend is cuda; `--backend cpu` runs \
+    the same pipeline on the CPU emulation of the kernel, with no GPU.";
+
 pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
     match cli.command {
         None => run::run(&cli.run),
@@ -37,6 +42,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Calibrate(args)) => calibrate::calibrate(&args),
         Some(Command::Compare(args)) => compare::compare(&args),
         Some(Command::Stress(args)) => stress::stress(&args),
+        Some(Command::Fuzz(args)) => fuzz::fuzz(&args),
         Some(Command::Selftest(args)) => selftest::selftest(&args),
     }
 }
@@ -121,10 +127,9 @@ pub fn open_backend(
             let source =
                 KernelSource::load(&project.kernel_path(kernel), &project.root.cuda_dir())?;
             Box::new(CudaBackend::new(source, &specs).map_err(|e| match e {
-                BackendError::Environment(why) => BackendError::Environment(format!(
-                    "{why}\nThe default backend is cuda; `--backend cpu` runs the same pipeline on \
-                     the CPU emulation of the kernel, with no GPU."
-                )),
+                BackendError::Environment(why) => {
+                    BackendError::Environment(format!("{why}\n{CPU_BACKEND_ADVICE}"))
+                }
                 other => other,
             })?)
         }

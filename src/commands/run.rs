@@ -131,6 +131,7 @@ impl Job {
             self.backend.as_mut(),
             &self.shapes,
             &args.seeds.0,
+            args.host_defect,
             &self.project.gates.gates,
             &self.plan,
             &mut progress,

@@ -5,6 +5,7 @@
 //! compute-sanitizer. A mutant that passes every rung survives. The clean kernel must pass
 //! all of them, and its PTX must be identical with the mutant blocks stripped from the source.
 
+use clap::ValueEnum;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,6 +17,7 @@ use crate::backend::cuda::variant::VariantSpec;
 use crate::cli::SelftestArgs;
 use crate::error::{AppError, EXIT_ENVIRONMENT, EXIT_GATE_FAILED, EXIT_KERNEL, EXIT_PASS, Outcome};
 use crate::mutants::{self, MUTANTS, Mutant};
+use crate::problem::HostDefect;
 use crate::report::RunDir;
 use crate::schema::{CorrectnessFile, MutantResult, PtxIdentity, SCHEMA_VERSION, SelftestFile};
 use crate::usage::ConfigError;
@@ -84,6 +86,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     );
 
     let mut results = Vec::new();
+    let mut host_results = Vec::new();
     for m in &chosen {
         let r = check_mutant(&child, m, &repeats)?;
         crate::outln!(
@@ -94,13 +97,30 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         );
         results.push(r);
     }
-    let caught = results.iter().filter(|r| r.caught_by.is_some()).count();
-    let score = format!("{caught}/{}", results.len());
-    let all_pass = clean_pass && caught == results.len() && identity.iter().all(|i| i.identical);
+    if chosen.len() == MUTANTS.len() {
+        for defect in HostDefect::value_variants().iter().skip(1) {
+            let r = check_host_defect(&child, *defect)?;
+            crate::outln!(
+                "{:<30} {:<22} {}",
+                r.define,
+                r.caught_by.as_deref().unwrap_or("SURVIVED"),
+                r.figure
+            );
+            host_results.push(r);
+        }
+    }
+    let all_results = || results.iter().chain(&host_results);
+    let caught = all_results().filter(|r| r.caught_by.is_some()).count();
+    let score = format!("{caught}/{}", all_results().count());
+    let all_pass =
+        clean_pass && caught == all_results().count() && identity.iter().all(|i| i.identical);
     crate::outln!("\n{}", table(&results));
+    if !host_results.is_empty() {
+        crate::outln!("{}", table(&host_results));
+    }
     crate::outln!(
         "mutation score {score} ({:.0}%); clean kernel {}; clean PTX {}",
-        100.0 * caught as f64 / results.len().max(1) as f64,
+        100.0 * caught as f64 / all_results().count().max(1) as f64,
         if clean_pass { "PASS" } else { "FAIL" },
         if identity.iter().all(|i| i.identical) {
             "identical without mutant code"
@@ -113,6 +133,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         ptx_identity: identity,
         clean_kernel_pass: clean_pass,
         mutants: results,
+        host_defects: host_results,
         score,
         all_pass,
     };
@@ -120,6 +141,70 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let path = run_dir.commit()?;
     crate::outln!("results: {}", path.display());
     Ok(Outcome::from_pass(all_pass))
+}
+
+/// Runs mission (two seeds, so a seed that never reaches the generator shows) with a planted
+/// host defect; it must exit 1, and the first failed gate it names is what caught it.
+fn check_host_defect(child: &Child, defect: HostDefect) -> Result<MutantResult, AppError> {
+    let name = defect
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    let run = child.run(
+        &format!("host-{name}"),
+        &[],
+        &[
+            "--shapes",
+            "mission",
+            "--seeds",
+            "0,1",
+            "--iters",
+            "0",
+            "--host-defect",
+            &name,
+        ],
+    )?;
+    let failed_gate = run.stdout.lines().find_map(|l| {
+        l.split_once(" FAIL (")
+            .map(|(_, why)| {
+                why.trim_end_matches(')')
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .or_else(|| l.strip_prefix("GATE FAILED: ").map(str::to_string))
+    });
+    let caught = run.code == EXIT_GATE_FAILED as i32 && failed_gate.is_some();
+    Ok(MutantResult {
+        define: format!("host: {name}"),
+        breaks: host_defect_breaks(defect).into(),
+        variants: "all".into(),
+        shapes: "mission".into(),
+        caught_by: caught.then(|| {
+            let gate = failed_gate.as_deref().unwrap_or_default();
+            gate.split_whitespace()
+                .find(|w| w.contains('.') || *w == "nonfinite" || *w == "unwritten")
+                .unwrap_or("correctness gate")
+                .trim_end_matches(':')
+                .to_string()
+        }),
+        figure: match (caught, failed_gate) {
+            (true, Some(g)) => g,
+            _ => format!("exit {}: not caught", run.code),
+        },
+    })
+}
+
+fn host_defect_breaks(d: HostDefect) -> &'static str {
+    match d {
+        HostDefect::None => "nothing",
+        HostDefect::SeedQuantizer => "the seed system's quantizer against an E4M3 decoder",
+        HostDefect::Scale447 => "encodes with amax/447, decoded with amax/448",
+        HostDefect::PerTensorScale => "one scale per tensor instead of per (b, h)",
+        HostDefect::SameInputsEverySeed => "draws seed 0's inputs for every seed",
+        HostDefect::ZeroV => "V all zeros",
+    }
 }
 
 fn choose(only: &[String]) -> Result<Vec<Mutant>, ConfigError> {
@@ -273,7 +358,9 @@ fn collect(out: std::process::Output, results: &Path) -> Result<ChildRun, AppErr
             .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path()))),
     };
     if run.code == EXIT_ENVIRONMENT as i32 {
-        let why = run.stderr.trim().trim_start_matches("error: ");
+        // The child is a run, which advises `--backend cpu`; the self-test does not take it.
+        let why = run.stderr.replace(super::CPU_BACKEND_ADVICE, "");
+        let why = why.trim().trim_start_matches("error: ");
         return Err(BackendError::Environment(why.to_string()).into());
     }
     Ok(run)

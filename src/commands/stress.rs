@@ -37,7 +37,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     for shape in &selected {
         for &seed in &args.seeds.0 {
             let p = Problem::new(shape, seed);
-            let y = Yardsticks::compute(&p, gates, backend.kv_split());
+            let y = Yardsticks::compute(&p, backend.kv_split());
             backend.load(&p)?;
             for v in 0..backend.variants().len() {
                 for &mode in &args.modes {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::gates::PerformanceGates;
 use crate::schema::CorrectnessFile;
-use crate::schema::{self, PerfFile, ShapeComparison};
+use crate::schema::{PerfFile, ShapeComparison};
 use crate::usage::ConfigError;
 
 /// A saved run: its perf.json and, if present beside it, its correctness.json.
@@ -39,12 +39,14 @@ impl SavedRun {
                 path.display()
             )));
         }
-        let perf: PerfFile = read_versioned(&perf_path)?;
+        let perf: PerfFile = crate::schema::read_versioned(&perf_path)?;
         check_samples(&perf_path, &perf)?;
         let correctness_path = dir.join("correctness.json");
         // Optional: a run without correctness.json still compares; --gate then refuses it.
         let correctness = if correctness_path.is_file() {
-            Some(read_versioned::<CorrectnessFile>(&correctness_path)?)
+            Some(crate::schema::read_versioned::<CorrectnessFile>(
+                &correctness_path,
+            )?)
         } else {
             None
         };
@@ -97,16 +99,6 @@ fn check_samples(path: &Path, perf: &PerfFile) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-/// A result file of a schema this runner reads; any other `schema_version` is refused.
-fn read_versioned<T: serde::de::DeserializeOwned + schema::Versioned>(
-    path: &Path,
-) -> Result<T, ConfigError> {
-    let value: T = crate::json::read_file(path)?;
-    schema::check_version(value.schema_version())
-        .map_err(|why| ConfigError::invalid_key(path, "schema_version", why))?;
-    Ok(value)
 }
 
 /// Picks the variant of each run: explicit names, else the only variant of each, else the

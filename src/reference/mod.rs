@@ -4,6 +4,7 @@
 //! with rayon; each block is two f64 GEMMs (matrixmultiply) around a max-subtracted softmax
 //! whose `exp` is vectorized ([`fastexp`]). Each thread reuses one score buffer.
 
+mod bound;
 mod fastexp;
 
 use std::cell::RefCell;
@@ -19,33 +20,152 @@ use crate::shapes::Shape;
 /// `ROW_BLOCK x S` score block stays in cache for common S.
 const ROW_BLOCK: usize = 64;
 
-/// The two references (docs/DESIGN.md "References and metrics") of one problem.
+/// The two references (docs/DESIGN.md "References and metrics") of one problem, and the
+/// error model's bound for every element of each ([`bound`]).
 pub struct References {
     /// On the dequantized FP8 values: isolates the kernel's own error.
     pub kernel: Vec<f64>,
     /// On the original f32 inputs: includes the quantization error.
     pub end_to_end: Vec<f64>,
+    /// How far a correct kernel may be from `kernel`, per element.
+    pub kernel_bound: Vec<f64>,
+    /// How far a correct kernel on correctly quantized inputs may be from `end_to_end`.
+    pub end_to_end_bound: Vec<f64>,
 }
 
 impl References {
-    pub fn compute(p: &Problem) -> Self {
-        let scale = p.softmax_scale as f64;
-        let kernel = attention(
-            &p.shape,
-            &p.q.dequantize_f64(),
-            &p.k.dequantize_f64(),
-            &p.v.dequantize_f64(),
-            scale,
-        );
+    /// Both references and their bounds in one pass; `kv_split` is the kernel's (it sets the
+    /// length of the f32 accumulation chains in the model).
+    pub fn compute(p: &Problem, kv_split: usize) -> Self {
+        let sh = &p.shape;
+        let (s, d) = (sh.s, sh.d);
+        let head_len = s * d;
+        let n = p.output_len();
         let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
-        let end_to_end = attention(
-            &p.shape,
-            &widen(&p.inputs.q),
-            &widen(&p.inputs.k),
-            &widen(&p.inputs.v),
-            scale,
+        let (qk, kk, vk) = (
+            p.q.dequantize_f64(),
+            p.k.dequantize_f64(),
+            p.v.dequantize_f64(),
         );
-        References { kernel, end_to_end }
+        let (qe, ke, ve) = (widen(&p.inputs.q), widen(&p.inputs.k), widen(&p.inputs.v));
+        let scale = p.softmax_scale as f64;
+        let mut outs = vec![[0.0f64; 4]; n];
+        outs.par_chunks_mut(head_len)
+            .enumerate()
+            .for_each(|(bh, out_head)| {
+                let range = bh * head_len..(bh + 1) * head_len;
+                let view = |x| head_view(x, range.clone(), d);
+                let v_abs: Vec<f64> = vk[range.clone()].iter().map(|x| x.abs()).collect();
+                let v_abs = ArrayView2::from_shape((s, d), &v_abs[..]).expect("|V| slice");
+                let facts = bound::HeadFacts {
+                    qk_scale_log2: scale * std::f64::consts::LOG2_E,
+                    k_norm_max: kk[range.clone()].chunks(d).map(norm).fold(0.0, f64::max),
+                    v_abs_max: v_abs.iter().copied().fold(0.0, f64::max),
+                    v_scale: p.v.scales[bh] as f64,
+                    tiles: bound::HeadFacts::tiles(s, kv_split),
+                };
+                let head = Head {
+                    qk: view(&qk),
+                    kk: view(&kk),
+                    vk: view(&vk),
+                    v_abs,
+                    qe: view(&qe),
+                    ke: view(&ke),
+                    ve: view(&ve),
+                    scale,
+                    facts,
+                };
+                out_head
+                    .par_chunks_mut(ROW_BLOCK * d)
+                    .enumerate()
+                    .for_each(|(blk, out_blk)| head.block(blk * ROW_BLOCK, out_blk));
+            });
+        let pick = |i: usize| outs.iter().map(|o| o[i]).collect::<Vec<_>>();
+        References {
+            kernel: pick(0),
+            end_to_end: pick(1),
+            kernel_bound: pick(2),
+            end_to_end_bound: pick(3),
+        }
+    }
+}
+
+fn head_view(x: &[f64], range: std::ops::Range<usize>, d: usize) -> ArrayView2<'_, f64> {
+    ArrayView2::from_shape((range.len() / d, d), &x[range]).expect("head slice")
+}
+
+fn norm(x: &[f64]) -> f64 {
+    x.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// One head's operands: the dequantized codes (`*k`), the original inputs (`*e`).
+struct Head<'a> {
+    qk: ArrayView2<'a, f64>,
+    kk: ArrayView2<'a, f64>,
+    vk: ArrayView2<'a, f64>,
+    v_abs: ArrayView2<'a, f64>,
+    qe: ArrayView2<'a, f64>,
+    ke: ArrayView2<'a, f64>,
+    ve: ArrayView2<'a, f64>,
+    scale: f64,
+    facts: bound::HeadFacts,
+}
+
+thread_local! {
+    /// The two `ROW_BLOCK x S` score blocks of the current thread, kept between blocks.
+    static JOINT: RefCell<(Vec<f64>, Vec<f64>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+impl Head<'_> {
+    /// Rows `r0..` of this head: per element [kernel ref, e2e ref, kernel bound, e2e bound].
+    fn block(&self, r0: usize, out: &mut [[f64; 4]]) {
+        let (s, d) = self.kk.dim();
+        let rows = out.len() / d;
+        let qk = self.qk.slice(ndarray::s![r0..r0 + rows, ..]);
+        let qe = self.qe.slice(ndarray::s![r0..r0 + rows, ..]);
+        JOINT.with_borrow_mut(|(bk, be)| {
+            bk.resize(rows * s, 0.0);
+            be.resize(rows * s, 0.0);
+            let mut sk = ArrayViewMut2::from_shape((rows, s), &mut bk[..]).expect("scores");
+            let mut se = ArrayViewMut2::from_shape((rows, s), &mut be[..]).expect("scores");
+            general_mat_mul(self.scale, &qk, &self.kk.t(), 0.0, &mut sk);
+            general_mat_mul(self.scale, &qe, &self.ke.t(), 0.0, &mut se);
+            let mut row_facts = Vec::with_capacity(rows);
+            let mut sums = Vec::with_capacity(rows);
+            for (i, (mut rk, mut re)) in sk.rows_mut().into_iter().zip(se.rows_mut()).enumerate() {
+                let rk = rk.as_slice_mut().expect("contiguous");
+                let re = re.as_slice_mut().expect("contiguous");
+                let score_shift = rk
+                    .iter()
+                    .zip(&*re)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                let max_k = rk.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let max_e = re.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum_k = fastexp::exp_shifted_sum(rk, max_k);
+                let sum_e = fastexp::exp_shifted_sum(re, max_e);
+                row_facts.push(bound::RowFacts {
+                    q_norm: norm(qk.row(i).as_slice().expect("contiguous")),
+                    subnormal_weights: rk.iter().filter(|&&w| w < bound::F16_MIN_NORMAL).count(),
+                    score_shift,
+                });
+                sums.push((sum_k, sum_e));
+            }
+            let mut ok = ndarray::Array2::<f64>::zeros((rows, d));
+            let mut a = ndarray::Array2::<f64>::zeros((rows, d));
+            let mut oe = ndarray::Array2::<f64>::zeros((rows, d));
+            general_mat_mul(1.0, &sk, &self.vk, 0.0, &mut ok);
+            general_mat_mul(1.0, &sk, &self.v_abs, 0.0, &mut a);
+            general_mat_mul(1.0, &se, &self.ve, 0.0, &mut oe);
+            for (i, out_row) in out.chunks_mut(d).enumerate() {
+                let (sum_k, sum_e) = sums[i];
+                for (x, slot) in out_row.iter_mut().enumerate() {
+                    let (o_k, o_e, a) = (ok[[i, x]] / sum_k, oe[[i, x]] / sum_e, a[[i, x]] / sum_k);
+                    let (bk, be) = bound::element(&self.facts, &row_facts[i], a, o_k, o_e);
+                    *slot = [o_k, o_e, bk, be];
+                }
+            }
+        });
     }
 }
 
@@ -120,6 +240,7 @@ mod tests {
             d: 64,
             qk_std: 1.0,
             purpose: String::new(),
+            dist: Default::default(),
         }
     }
 

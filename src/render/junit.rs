@@ -28,11 +28,11 @@ pub fn render(
             );
             case.set_classname(format!("correctness.{}", r.variant));
             case.set_system_out(format!(
-                "max_abs_err={:.3e} mean_abs_err={:.3e} pct_bad={:.3} e2e_max={:.3e}",
+                "max_abs_err={:.3e} mean_abs_err={:.3e} err/bound={:.3} e2e/bound={:.3}",
                 r.kernel_ref.max_abs_err,
                 r.kernel_ref.mean_abs_err,
-                r.kernel_ref.pct_bad,
-                r.end_to_end.max_abs_err
+                r.kernel_ref.max_err_over_bound,
+                r.end_to_end.max_err_over_bound
             ));
             suite.add_test_case(case);
         }

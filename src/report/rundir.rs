@@ -58,11 +58,7 @@ impl RunDir {
             let id: u32 = rand::random();
             let name = format!("{stamp}-{:06x}", id & 0xFF_FFFF);
             let target = results_root.join(&name);
-            let staging = results_root.join(format!(
-                "{}{name}-{}",
-                crate::interrupt::STAGING_PREFIX,
-                std::process::id()
-            ));
+            let staging = results_root.join(crate::interrupt::staging_name(&name));
             if target.exists() {
                 continue;
             }
@@ -85,8 +81,10 @@ impl RunDir {
     }
 
     /// Creates `results_root` if missing, or says why it cannot be used (before any work).
+    /// Creates nothing: the folder, or the nearest folder above it that exists, must take
+    /// new entries (the run creates what is missing when it starts writing).
     pub fn check_root(results_root: &Path) -> Result<(), ReportError> {
-        std::fs::create_dir_all(results_root).map_err(|source| ReportError::Unwritable {
+        probe_nearest_dir(results_root).map_err(|source| ReportError::Unwritable {
             path: results_root.to_path_buf(),
             source,
         })
@@ -138,16 +136,47 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     };
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    // A signal before the rename removes the temporary file (interrupt.rs).
+    crate::interrupt::register(&tmp);
     let result = (|| {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        crate::interrupt::commit(&tmp, || std::fs::rename(&tmp, path))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
+    crate::interrupt::unregister(&tmp);
     result.map_err(err)
+}
+
+/// Checks, creating nothing that stays, that `dir` (or the nearest existing folder above it)
+/// is a folder that takes a new file.
+pub fn probe_nearest_dir(dir: &Path) -> std::io::Result<()> {
+    let mut at = dir;
+    while !at.exists() {
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p,
+            _ => {
+                at = Path::new(".");
+                break;
+            }
+        }
+    }
+    if !at.is_dir() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a folder",
+            at.display()
+        )));
+    }
+    let probe = at.join(format!(".sdpa-runner-probe-{}", std::process::id()));
+    std::fs::File::create(&probe)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,196 @@
+//! `sdpa-runner fuzz`: random problems checked with the same gates as a run, to prove that the
+//! limits, derived from the error model, hold far outside the named shapes. Shapes are drawn
+//! toward the kernel's edges (S of 1 to 17, tile boundaries ± 1, several KV tiles, up to
+//! `--max-s`), with random B, H, qk_std and input distribution; every failure is recorded
+//! with a one-line reproduction. Writes fuzz.json; exit 1 on any failure.
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::{Project, build_meta, open_backend};
+use crate::backend::BackendKind;
+use crate::cli::FuzzArgs;
+use crate::emulation::Defect;
+use crate::error::{AppError, Outcome};
+use crate::report::{self, RunDir};
+use crate::runner;
+use crate::schema::{FuzzFile, FuzzRecord, SCHEMA_VERSION};
+use crate::shapes::{self, Dist, Shape};
+use crate::verdict;
+
+pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
+    let started_at = report::now_rfc3339();
+    let project = Project::load(&args.setup.project)?;
+    let mut draw = ChaCha8Rng::seed_from_u64(args.seed);
+    let problems: Vec<(Shape, u64)> = (0..args.count)
+        .map(|_| draw_problem(&mut draw, args.max_s))
+        .collect();
+    let biggest: Vec<Shape> = problems.iter().map(|(s, _)| s.clone()).collect();
+    shapes::check_host_memory(&biggest, shapes::available_host_memory())?;
+    let mut backend = open_backend(
+        args.setup.backend,
+        &args.setup.kernel,
+        Defect::None,
+        &project,
+    )?;
+    let run_dir = RunDir::create(&args.setup.results_root(project.root.path()))?;
+    crate::outln!("{}", backend.describe());
+    crate::outln!(
+        "fuzz: {} problems drawn with seed {}, S up to {}, variants {}",
+        args.count,
+        args.seed,
+        args.max_s,
+        backend.variants().join(", ")
+    );
+    let t0 = Instant::now();
+    let gates = &project.gates.gates;
+    let mut records = Vec::with_capacity(problems.len());
+    for (i, (shape, seed)) in problems.iter().enumerate() {
+        let rows = runner::check_all(
+            backend.as_mut(),
+            std::slice::from_ref(shape),
+            &[*seed],
+            gates,
+            |_| {},
+        )?;
+        let worst = |f: fn(&crate::schema::CorrectnessRecord) -> f64| {
+            rows.iter().map(f).fold(0.0, f64::max)
+        };
+        let failures: Vec<String> = rows
+            .iter()
+            .flat_map(|r| {
+                verdict::failed(&r.gates)
+                    .map(|f| format!("{}: {f}", r.variant))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let pass = failures.is_empty();
+        let record = FuzzRecord {
+            shape: shape.inline(),
+            seed: *seed,
+            pass,
+            kernel_err_over_bound: worst(|r| r.kernel_ref.max_err_over_bound),
+            end_to_end_err_over_bound: worst(|r| r.end_to_end.max_err_over_bound),
+            reproduce: (!pass).then(|| reproduce(args, shape, *seed)),
+            failures,
+        };
+        if !pass {
+            crate::outln!(
+                "FAIL [{}] seed={}: {}\n    reproduce: {}",
+                record.shape,
+                seed,
+                record.failures.join("; "),
+                record.reproduce.as_deref().unwrap_or_default()
+            );
+        }
+        if (i + 1) % 500 == 0 {
+            crate::outln!("  {} / {} checked", i + 1, problems.len());
+        }
+        records.push(record);
+    }
+    let failures = records.iter().filter(|r| !r.pass).count();
+    let file = FuzzFile {
+        schema_version: SCHEMA_VERSION,
+        backend: backend.name().to_string(),
+        draw_seed: args.seed,
+        count: records.len(),
+        failures,
+        seconds: t0.elapsed().as_secs_f64(),
+        all_pass: failures == 0,
+        problems: records,
+    };
+    run_dir.write_json(
+        "build_meta.json",
+        &build_meta(&project, backend.as_ref(), started_at),
+    )?;
+    run_dir.write_json("fuzz.json", &file)?;
+    let path = run_dir.commit()?;
+    let worst = |f: fn(&FuzzRecord) -> f64| file.problems.iter().map(f).fold(0.0, f64::max);
+    crate::outln!(
+        "fuzz: {} problems, {} failed, {:.1} s; worst kernel err/bound {:.3}, worst e2e err/bound {:.3}",
+        file.count,
+        file.failures,
+        file.seconds,
+        worst(|r| r.kernel_err_over_bound),
+        worst(|r| r.end_to_end_err_over_bound)
+    );
+    crate::outln!("results: {}", path.display());
+    Ok(Outcome::from_pass(file.all_pass))
+}
+
+/// One random problem: B in 1..=2, H in 1..=4, S toward the kernel's edges, qk_std mostly in
+/// [1/4, 4] (sometimes at the allowed extremes' neighbourhood), any distribution.
+fn draw_problem(rng: &mut ChaCha8Rng, max_s: usize) -> (Shape, u64) {
+    const EDGES: [usize; 18] = [
+        31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 511, 512, 513,
+    ];
+    let s = match rng.random_range(0..100) {
+        0..40 => rng.random_range(1..=17),
+        40..70 => EDGES[rng.random_range(0..EDGES.len())],
+        70..92 => rng.random_range(18..=1024),
+        _ => rng.random_range(1025..=4096),
+    }
+    .clamp(1, max_s);
+    let qk_std = if rng.random_range(0..10) == 0 {
+        10f64.powf(rng.random_range(-2.0..=1.3))
+    } else {
+        4f64.powf(rng.random_range(-1.0..=1.0))
+    };
+    let qk_std = (qk_std * 1000.0).round() / 1000.0;
+    let mut shape = Shape {
+        name: String::new(),
+        b: rng.random_range(1..=2),
+        h: rng.random_range(1..=4),
+        s,
+        d: shapes::HEAD_DIM,
+        qk_std: qk_std.max(shapes::QK_STD_MIN),
+        purpose: String::new(),
+        dist: Dist::ALL[rng.random_range(0..Dist::ALL.len())],
+    };
+    shape.name = shape.inline();
+    (shape, rng.random_range(0..1_000_000))
+}
+
+/// The command that checks this one problem again.
+fn reproduce(args: &FuzzArgs, shape: &Shape, seed: u64) -> String {
+    let mut cmd = format!(
+        "sdpa-runner --shapes {} --seeds {seed} --iters 0",
+        shape.inline()
+    );
+    if args.setup.backend == BackendKind::Cpu {
+        cmd.push_str(" --backend cpu");
+    }
+    for (name, value) in &args.setup.kernel.defines {
+        if value.is_empty() {
+            cmd.push_str(&format!(" --define {name}"));
+        } else {
+            cmd.push_str(&format!(" --define {name}={value}"));
+        }
+    }
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drawn_problems_are_valid_cover_the_edges_and_reparse_from_their_inline_name() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let drawn: Vec<(Shape, u64)> = (0..2000).map(|_| draw_problem(&mut rng, 4096)).collect();
+        for (shape, _) in &drawn {
+            shape.validate().unwrap();
+            let again = Shape::parse_inline(&shape.inline()).unwrap().unwrap();
+            assert_eq!(&again, shape);
+        }
+        let has = |f: &dyn Fn(&Shape) -> bool| drawn.iter().any(|(s, _)| f(s));
+        assert!(has(&|s| s.s == 1) && has(&|s| s.s == 65) && has(&|s| s.s > 1024));
+        for dist in Dist::ALL {
+            assert!(has(&|s| s.dist == dist), "{dist:?}");
+        }
+        let mut capped = ChaCha8Rng::seed_from_u64(1);
+        assert!((0..500).all(|_| draw_problem(&mut capped, 100).0.s <= 100));
+    }
+}

@@ -1,0 +1,145 @@
+//! The quantizer gate: proves, exactly, that the host's FP8 codes are what the FP8 convention
+//! (docs/DESIGN.md "FP8 convention") says the kernel's decoder expects. For every (b, h) slice
+//! the scale must be `amax / 448` (1 for an all-zero slice), and every code must decode to an
+//! E4M3 value nearest to `x / scale` (ties either way). The oracle is a sorted table of the
+//! 253 finite E4M3 magnitudes searched for the nearest one, independent of the encoder.
+//!
+//! A host quantizer that does not match the decoder (the seed system's
+//! `round((x/amax + 1) * 127.5)`, or encoding with `amax / 447` against a decoder using
+//! `amax / 448`) fails `not_nearest`; one scale per tensor instead of per (b, h) fails
+//! `scale_off`. No statistics, so no flakiness and no tolerance to loosen.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fp8::{self, E4M3_MAX, Fp8Tensor};
+
+/// What the audit of one tensor found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Audit {
+    /// Elements whose code is not a nearest E4M3 value to `x / scale`.
+    pub not_nearest: usize,
+    /// (b, h) slices whose scale is not `amax / 448`.
+    pub scale_off: usize,
+    /// (b, h) slices that are all zero (inputs are drawn, never zeros).
+    pub zero_slices: usize,
+}
+
+impl Audit {
+    pub fn add(self, o: Audit) -> Audit {
+        Audit {
+            not_nearest: self.not_nearest + o.not_nearest,
+            scale_off: self.scale_off + o.scale_off,
+            zero_slices: self.zero_slices + o.zero_slices,
+        }
+    }
+}
+
+/// Audits `t`, the quantization of `values`.
+pub fn audit(values: &[f32], t: &Fp8Tensor) -> Audit {
+    let magnitudes = finite_magnitudes();
+    let mut a = Audit::default();
+    for ((slice, codes), &scale) in values
+        .chunks(t.head_len)
+        .zip(t.codes.chunks(t.head_len))
+        .zip(&t.scales)
+    {
+        let amax = slice.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+        if amax == 0.0 {
+            a.zero_slices += 1;
+        }
+        let expected = if amax == 0.0 { 1.0 } else { amax / E4M3_MAX };
+        if scale.to_bits() != expected.to_bits() {
+            a.scale_off += 1;
+        }
+        for (&x, &c) in slice.iter().zip(codes) {
+            let target = x / scale;
+            let got = fp8::decode(c);
+            if got.is_nan() || (got - target).abs() > nearest_distance(&magnitudes, target) {
+                a.not_nearest += 1;
+            }
+        }
+    }
+    a
+}
+
+/// The finite non-negative E4M3 values, ascending.
+fn finite_magnitudes() -> Vec<f32> {
+    let mut m: Vec<f32> = (0..=0x7Eu8).map(fp8::decode).collect();
+    m.sort_by(f32::total_cmp);
+    m
+}
+
+/// Distance from `t` to the nearest value of ±`magnitudes`.
+fn nearest_distance(magnitudes: &[f32], t: f32) -> f32 {
+    let a = t.abs();
+    let i = magnitudes.partition_point(|&m| m < a);
+    let above = magnitudes.get(i).map_or(f32::INFINITY, |&m| m - a);
+    let below = i
+        .checked_sub(1)
+        .map_or(f32::INFINITY, |j| a - magnitudes[j]);
+    above.min(below)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values() -> Vec<f32> {
+        // Two slices of 64 with different ranges, covering subnormals and ties.
+        (0..128)
+            .map(|i| {
+                let x = ((i as f32) * 0.37).sin() * if i < 64 { 3.0 } else { 0.02 };
+                if i == 5 { 0.0 } else { x }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_runners_own_quantization_passes() {
+        let v = values();
+        assert_eq!(audit(&v, &Fp8Tensor::quantize(&v, 64)), Audit::default());
+    }
+
+    #[test]
+    fn encoding_with_amax_over_447_is_not_nearest_under_the_recorded_scale() {
+        let v = values();
+        let mut t = Fp8Tensor::quantize(&v, 64);
+        for ((codes, slice), &scale) in t.codes.chunks_mut(64).zip(v.chunks(64)).zip(&t.scales) {
+            for (c, &x) in codes.iter_mut().zip(slice) {
+                *c = fp8::encode(x / (scale * 448.0 / 447.0));
+            }
+        }
+        let a = audit(&v, &t);
+        assert!(a.not_nearest > 0 && a.scale_off == 0, "{a:?}");
+    }
+
+    #[test]
+    fn one_scale_per_tensor_is_a_scale_off_in_the_smaller_slice() {
+        let v = values();
+        let global = fp8::scale_for(&v);
+        let t = Fp8Tensor {
+            codes: v.iter().map(|&x| fp8::encode(x / global)).collect(),
+            scales: vec![global; 2],
+            head_len: 64,
+        };
+        let a = audit(&v, &t);
+        assert_eq!((a.scale_off, a.not_nearest), (1, 0), "{a:?}");
+    }
+
+    #[test]
+    fn an_all_zero_slice_is_counted() {
+        let mut v = values();
+        v[64..].fill(0.0);
+        let a = audit(&v, &Fp8Tensor::quantize(&v, 64));
+        assert_eq!(a.zero_slices, 1);
+    }
+
+    #[test]
+    fn nearest_distance_handles_saturation_and_zero() {
+        let m = finite_magnitudes();
+        assert_eq!(m.len(), 127);
+        assert_eq!(nearest_distance(&m, 500.0), 52.0);
+        assert_eq!(nearest_distance(&m, -0.0), 0.0);
+        assert_eq!(nearest_distance(&m, 1.0625), 0.0625);
+    }
+}

@@ -1,0 +1,156 @@
+//! The error model (docs/DESIGN.md "Error model"): per output element, how far a correct
+//! kernel may be from the kernel reference, and a correct kernel on correctly quantized inputs
+//! from the end-to-end reference. Every limit of the correctness gates is one of these bounds,
+//! computed from the problem's own data, so it holds for S = 1 as for S = 65536 and for any
+//! input scale; nothing is keyed by a shape's name.
+//!
+//! Notation: u32 = 2^-24 and u16 = 2^-11 (unit roundoffs), p_j the kernel reference's softmax
+//! weights (max 1 before normalization), A = Σ_j p_j |v̂_j| / Σ_j p_j, O the reference output,
+//! T = ceil(ceil(S / 64) / KV_SPLIT) the KV tiles one warp's chain sums.
+//!
+//! Kernel (against the reference on the dequantized codes), per element:
+//! - scores: 4 MMA steps of 16 exact products (each step off by at most 16 u32 of the sum of
+//!   magnitudes: products are exact, the alignment may truncate), the scale, the max
+//!   subtraction and `ex2.approx`: the exponent is off by at most
+//!   δ = 72 u32 · qk_scale_log2 · ‖q̂_i‖ · max_j ‖k̂_j‖ (Cauchy-Schwarz), so each weight by a
+//!   factor within 2^±δ; P is rounded to f16 (u16) and `ex2.approx` adds 2^-22:
+//!   ρ = (2^δ − 1) + 2^-22 + u16, and the output moves by at most ρ · (A + |O|).
+//! - weights below f16's normal range (2^-14) are off by up to 2^-25 absolute each:
+//!   n_sub · 2^-25 · (max|v̂| + |O|).
+//! - P·V in f32: per tile 4 MMA steps (16 u32 each) and one rescale: (65 T + 8) u32 · A.
+//! - the row sum l in f32 (16 adds and one fma per tile): (17 T + 8) u32 · |O|.
+//! - the end: two f32 operations and the f16 rounding: (u16 + 4 u32) |O| + 2^-25.
+//!
+//! End to end (against the reference on the original f32 inputs) adds the quantization of
+//! correctly rounded E4M3 codes: each v̂ within 2^-4 |v| + 2^-10 s_v of v (s_v the head's V
+//! scale; 2^-10 s_v is half the subnormal step), so Σ p̂ |v̂ − v| <= 2^-4/(1 − 2^-4) A +
+//! 2^-10 s_v / (1 − 2^-4); and scores off by at most Δ_i = max_j |ŝ_ij − s_ij| (measured on the
+//! actual data: the codes themselves are checked exactly by the quantizer gate), which moves
+//! each weight by a factor within e^±2Δ, so the output by at most (e^{2Δ} − 1) Σ p̂ |v − O|.
+
+/// f32 unit roundoff.
+const U32: f64 = 1.0 / (1u64 << 24) as f64;
+/// f16 unit roundoff.
+const U16: f64 = 1.0 / 2048.0;
+/// Half the spacing of f16 subnormals.
+const F16_SUB_HALF: f64 = 1.0 / (1u64 << 25) as f64;
+/// Weights below this are f16 subnormals.
+pub const F16_MIN_NORMAL: f64 = 1.0 / 16384.0;
+/// E4M3: relative half-ulp of normals and half the subnormal step (in units of the scale).
+const E4M3_REL: f64 = 1.0 / 16.0;
+const E4M3_SUB_HALF: f64 = 1.0 / 1024.0;
+
+/// What the bounds of one head need beyond the per-row figures.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadFacts {
+    /// softmax_scale · log2(e): the kernel's scores are in base 2.
+    pub qk_scale_log2: f64,
+    /// max_j ‖k̂_j‖₂ over the head's keys.
+    pub k_norm_max: f64,
+    /// max |v̂| over the head.
+    pub v_abs_max: f64,
+    /// The head's V scale.
+    pub v_scale: f64,
+    /// KV tiles in one warp's chain.
+    pub tiles: usize,
+}
+
+impl HeadFacts {
+    pub fn tiles(s: usize, kv_split: usize) -> usize {
+        s.div_ceil(64).div_ceil(kv_split.max(1))
+    }
+}
+
+/// Per query row.
+#[derive(Debug, Clone, Copy)]
+pub struct RowFacts {
+    /// ‖q̂_i‖₂.
+    pub q_norm: f64,
+    /// Keys whose weight is below [`F16_MIN_NORMAL`].
+    pub subnormal_weights: usize,
+    /// max_j |ŝ_ij − s_ij| (natural-log units, scale applied).
+    pub score_shift: f64,
+}
+
+/// The two bounds of one element: `a` = Σ p̂|v̂| / Σ p̂, `o_k` and `o_e` the two references.
+pub fn element(head: &HeadFacts, row: &RowFacts, a: f64, o_k: f64, o_e: f64) -> (f64, f64) {
+    let t = head.tiles as f64;
+    let delta = 72.0 * U32 * head.qk_scale_log2 * row.q_norm * head.k_norm_max;
+    let rho = (delta.exp2() - 1.0) + 2f64.powi(-22) + U16;
+    let (ok, oe) = (o_k.abs(), o_e.abs());
+    let kernel = rho * (a + ok)
+        + row.subnormal_weights as f64 * F16_SUB_HALF * (head.v_abs_max + ok)
+        + (65.0 * t + 8.0) * U32 * a
+        + (17.0 * t + 8.0) * U32 * ok
+        + (U16 + 4.0 * U32) * ok
+        + F16_SUB_HALF;
+    let shrink = 1.0 - E4M3_REL;
+    let sub = E4M3_SUB_HALF * head.v_scale;
+    let v_term = (E4M3_REL * a + sub) / shrink;
+    let a_orig = (a + sub) / shrink;
+    let score_term = (2.0 * row.score_shift).exp_m1() * (a_orig + oe);
+    (kernel, kernel + v_term + score_term)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(tiles: usize) -> HeadFacts {
+        HeadFacts {
+            qk_scale_log2: 0.125 * std::f64::consts::LOG2_E,
+            k_norm_max: 10.0,
+            v_abs_max: 4.0,
+            v_scale: 4.0 / 448.0,
+            tiles,
+        }
+    }
+
+    const ROW: RowFacts = RowFacts {
+        q_norm: 8.0,
+        subnormal_weights: 0,
+        score_shift: 0.0,
+    };
+
+    #[test]
+    fn the_kernel_bound_is_a_few_f16_roundings_of_the_output_for_ordinary_data() {
+        let (k, _) = element(&head(8), &ROW, 0.8, 0.3, 0.3);
+        // ρ·(A + |O|) + u16·|O| ≈ 2^-11 · 1.4, plus small f32 terms.
+        assert!(k > U16 * 1.4 && k < U16 * 1.6, "{k}");
+    }
+
+    #[test]
+    fn longer_chains_and_subnormal_weights_widen_the_kernel_bound() {
+        let (short, _) = element(&head(1), &ROW, 0.8, 0.3, 0.3);
+        let (long, _) = element(&head(1024), &ROW, 0.8, 0.3, 0.3);
+        assert!(long > short * 1.5, "{short} {long}");
+        let many_tiny = RowFacts {
+            subnormal_weights: 60_000,
+            ..ROW
+        };
+        let (tiny, _) = element(&head(1), &many_tiny, 0.8, 0.3, 0.3);
+        assert!(tiny > short + 60_000.0 * F16_SUB_HALF * 4.0, "{tiny}");
+    }
+
+    #[test]
+    fn the_end_to_end_bound_adds_v_rounding_and_grows_with_the_score_shift() {
+        let (k, e) = element(&head(8), &ROW, 0.8, 0.3, 0.3);
+        assert!(
+            e - k >= 0.8 / 16.0,
+            "V rounding alone is up to 2^-4 of A: {}",
+            e - k
+        );
+        let shifted = RowFacts {
+            score_shift: 0.1,
+            ..ROW
+        };
+        let (_, e2) = element(&head(8), &shifted, 0.8, 0.3, 0.3);
+        let a_orig = (0.8 + 4.0 / 448.0 / 1024.0) / (15.0 / 16.0);
+        let expected = 0.2f64.exp_m1() * (a_orig + 0.3);
+        assert!(
+            (e2 - e - expected).abs() < 1e-12,
+            "{} vs {expected}",
+            e2 - e
+        );
+    }
+}
