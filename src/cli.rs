@@ -333,6 +333,9 @@ pub struct FuzzArgs {
     pub max_s: usize,
     #[command(flatten)]
     pub setup: SetupArgs,
+    /// Test hook: plant a defect in the cpu backend to prove fuzz catches and reproduces it
+    #[arg(long, value_enum, default_value = "none", hide = true)]
+    pub emulation_defect: Defect,
 }
 
 fn fuzz_count(t: &str) -> Result<usize, String> {

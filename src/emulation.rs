@@ -45,6 +45,24 @@ pub enum Defect {
     LeaveRowUnwritten,
 }
 
+/// The clean emulation's output of `p` (poison where it writes nothing), computed once per
+/// problem and split: the yardstick of a run and the `cpu` backend's checked launch of the same
+/// problem are the same O(S²) computation, so the second is a copy of the first.
+pub fn clean(p: &Problem, kv_split: usize) -> Vec<f16> {
+    type Memo = Option<((u64, usize), std::sync::Arc<Vec<f16>>)>;
+    static LAST: std::sync::Mutex<Memo> = std::sync::Mutex::new(None);
+    let key = (p.id, kv_split);
+    if let Some((k, out)) = LAST.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+        && *k == key
+    {
+        return out.to_vec();
+    }
+    let mut out = vec![crate::metrics::POISON; p.output_len()];
+    run(p, kv_split, Defect::None, &mut out);
+    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, std::sync::Arc::new(out.clone())));
+    out
+}
+
 /// Runs the emulation into `out` (`[B, H, S, D]` f16). Elements the algorithm does not write
 /// keep whatever `out` held, so a poisoned buffer exposes unwritten rows.
 pub fn run(p: &Problem, kv_split: usize, defect: Defect, out: &mut [f16]) {
@@ -252,6 +270,26 @@ mod tests {
             dist: Default::default(),
         };
         Problem::new(&shape, 0)
+    }
+
+    #[test]
+    fn the_clean_output_is_memoized_per_problem_not_per_shape_and_seed() {
+        let shape = problem(1, 2, 70, 1.0).shape;
+        let p = Problem::new(&shape, 0);
+        let other = crate::problem::Problem::with_host_defect(
+            &shape,
+            0,
+            crate::problem::HostDefect::Scale447,
+        );
+        let first = clean(&p, KV_SPLIT);
+        assert_eq!(first, emulate(&p, Defect::None));
+        let theirs = clean(&other, KV_SPLIT);
+        assert_ne!(
+            theirs, first,
+            "same shape and seed, other codes: not the memo's answer"
+        );
+        assert_eq!(theirs, emulate(&other, Defect::None));
+        assert_eq!(clean(&p.clone(), KV_SPLIT), first);
     }
 
     fn emulate(p: &Problem, defect: Defect) -> Vec<f16> {

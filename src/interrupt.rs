@@ -133,7 +133,7 @@ pub(crate) const STAGING_PREFIX: &str = ".partial-";
 
 /// This machine's name as staging folders carry it (`-` and odd characters replaced), so that
 /// a sweep never judges another machine's pid (a results folder on a shared file system).
-pub(crate) fn host_tag() -> String {
+pub fn host_tag() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_default();

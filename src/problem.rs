@@ -7,6 +7,9 @@ use crate::shapes::Shape;
 
 #[derive(Debug, Clone)]
 pub struct Problem {
+    /// Unique per construction (clones share it): names this problem's inputs and codes for
+    /// [`crate::emulation::clean`]'s memo.
+    pub(crate) id: u64,
     pub shape: Shape,
     pub seed: u64,
     pub inputs: Inputs,
@@ -91,7 +94,9 @@ impl Problem {
             }
             _ => Fp8Tensor::quantize(x, head_len),
         };
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Problem {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             shape: shape.clone(),
             seed,
             q: quantize(&inputs.q),

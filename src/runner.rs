@@ -5,9 +5,9 @@
 use half::f16;
 
 use crate::backend::{Backend, BackendError};
-use crate::emulation::{self, Defect};
+use crate::emulation;
 use crate::gates::Gates;
-use crate::metrics::{self, ErrorMetrics, POISON};
+use crate::metrics::{self, ErrorMetrics};
 use crate::problem::{HostDefect, Problem};
 use crate::quantizer::{self, Audit};
 use crate::reference::References;
@@ -32,8 +32,7 @@ impl Yardsticks {
     /// `kv_split`: the backend's ([`Backend::kv_split`]), so the emulation sums as it does.
     pub fn compute(p: &Problem, kv_split: usize) -> Self {
         let refs = References::compute(p, kv_split);
-        let mut emulation_out = vec![POISON; p.output_len()];
-        emulation::run(p, kv_split, Defect::None, &mut emulation_out);
+        let emulation_out = emulation::clean(p, kv_split);
         let emulation =
             metrics::measure(&emulation_out, &refs.kernel, &refs.kernel_bound, &p.shape);
         let quantizer = [
@@ -245,6 +244,7 @@ pub fn check_all(
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
+    use crate::emulation::Defect;
     use crate::gates::GateFile;
 
     fn gates() -> Gates {

@@ -418,29 +418,21 @@ fn correct_kernels_pass_on_the_small_shapes_the_old_fixed_gates_failed() {
 
 #[test]
 fn fuzz_checks_random_problems_records_each_and_passes_a_correct_kernel() {
+    let fuzz = |results: &std::path::Path| {
+        output(
+            runner()
+                .args(["fuzz", "--backend", "cpu", "--count", "60", "--seed", "3"])
+                .args(["--max-s", "300", "--results-dir"])
+                .arg(results),
+        )
+    };
     let results = tempfile::tempdir().unwrap();
-    let (code, stdout, stderr) = output(
-        runner()
-            .args([
-                "fuzz",
-                "--backend",
-                "cpu",
-                "--count",
-                "60",
-                "--seed",
-                "3",
-                "--max-s",
-                "300",
-            ])
-            .arg("--results-dir")
-            .arg(results.path()),
-    );
+    let (code, stdout, stderr) = fuzz(results.path());
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("fuzz: 60 problems, 0 failed"), "{stdout}");
-    let dirs = run_dirs(results.path());
-    let fuzz = read_json(&dirs[0].join("fuzz.json"));
-    assert_eq!(fuzz["schema_version"], 2);
-    let problems = fuzz["problems"].as_array().unwrap();
+    let file = read_json(&run_dirs(results.path())[0].join("fuzz.json"));
+    assert_eq!(file["schema_version"], 2);
+    let problems = file["problems"].as_array().unwrap();
     assert_eq!(problems.len(), 60);
     for p in problems {
         let shape = p["shape"].as_str().unwrap();
@@ -449,24 +441,8 @@ fn fuzz_checks_random_problems_records_each_and_passes_a_correct_kernel() {
     }
     // The same seed draws the same problems.
     let again = tempfile::tempdir().unwrap();
-    output(
-        runner()
-            .args([
-                "fuzz",
-                "--backend",
-                "cpu",
-                "--count",
-                "60",
-                "--seed",
-                "3",
-                "--max-s",
-                "300",
-            ])
-            .arg("--results-dir")
-            .arg(again.path()),
-    );
-    let fuzz2 = read_json(&run_dirs(again.path())[0].join("fuzz.json"));
-    let shapes = |f: &serde_json::Value| {
+    fuzz(again.path());
+    let drawn = |f: &serde_json::Value| {
         f["problems"]
             .as_array()
             .unwrap()
@@ -474,5 +450,48 @@ fn fuzz_checks_random_problems_records_each_and_passes_a_correct_kernel() {
             .map(|p| (p["shape"].clone(), p["seed"].clone()))
             .collect::<Vec<_>>()
     };
-    assert_eq!(shapes(&fuzz), shapes(&fuzz2));
+    let file2 = read_json(&run_dirs(again.path())[0].join("fuzz.json"));
+    assert_eq!(drawn(&file), drawn(&file2));
+}
+
+#[test]
+fn fuzz_fails_a_broken_kernel_and_its_reproduction_fails_the_same_way() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(
+        runner()
+            .args([
+                "fuzz",
+                "--backend",
+                "cpu",
+                "--count",
+                "30",
+                "--seed",
+                "5",
+                "--max-s",
+                "200",
+            ])
+            .args(["--emulation-defect", "skip-last-kv-tile", "--results-dir"])
+            .arg(results.path()),
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let file = read_json(&run_dirs(results.path())[0].join("fuzz.json"));
+    assert!(file["failures"].as_u64().unwrap() > 0 && file["all_pass"] == false);
+    let repro = file["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|p| p["reproduce"].as_str())
+        .expect("a failed problem carries its reproduction")
+        .to_string();
+    let words: Vec<&str> = repro.split_whitespace().collect();
+    assert_eq!(words[0], "sdpa-runner", "{repro}");
+    let again = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(
+        runner()
+            .args(&words[1..])
+            .arg("--results-dir")
+            .arg(again.path()),
+    );
+    assert_eq!(code, 1, "{repro}: {stdout}{stderr}");
+    assert!(stdout.contains("FAIL ("), "{stdout}");
 }

@@ -6,6 +6,7 @@
 
 use std::time::Instant;
 
+use clap::ValueEnum;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -32,7 +33,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,
-        Defect::None,
+        args.emulation_defect,
         &project,
     )?;
     let run_dir = RunDir::create(&args.setup.results_root(project.root.path()))?;
@@ -129,8 +130,9 @@ fn draw_problem(rng: &mut ChaCha8Rng, max_s: usize) -> (Shape, u64) {
     let s = match rng.random_range(0..100) {
         0..40 => rng.random_range(1..=17),
         40..70 => EDGES[rng.random_range(0..EDGES.len())],
-        70..92 => rng.random_range(18..=1024),
-        _ => rng.random_range(1025..=4096),
+        70..93 => rng.random_range(18..=1024),
+        93..98 => rng.random_range(1025..=2048),
+        _ => rng.random_range(2049..=4096),
     }
     .clamp(1, max_s);
     let qk_std = if rng.random_range(0..10) == 0 {
@@ -161,6 +163,11 @@ fn reproduce(args: &FuzzArgs, shape: &Shape, seed: u64) -> String {
     );
     if args.setup.backend == BackendKind::Cpu {
         cmd.push_str(" --backend cpu");
+    }
+    if let Some(defect) = args.emulation_defect.to_possible_value()
+        && args.emulation_defect != Defect::None
+    {
+        cmd.push_str(&format!(" --emulation-defect {}", defect.get_name()));
     }
     for (name, value) in &args.setup.kernel.defines {
         if value.is_empty() {

@@ -276,6 +276,51 @@ mod tests {
     }
 
     #[test]
+    fn the_joint_pass_gives_both_references_as_textbook_attention_and_positive_bounds() {
+        // S = 150: three row blocks, the last partial; two heads with their own scales.
+        let sh = shape(1, 2, 150);
+        let p = Problem::new(&sh, 3);
+        let refs = References::compute(&p, 2);
+        let scale = p.softmax_scale as f64;
+        let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+        let kernel = naive(
+            &sh,
+            &p.q.dequantize_f64(),
+            &p.k.dequantize_f64(),
+            &p.v.dequantize_f64(),
+            scale,
+        );
+        let e2e = naive(
+            &sh,
+            &widen(&p.inputs.q),
+            &widen(&p.inputs.k),
+            &widen(&p.inputs.v),
+            scale,
+        );
+        let worst = |a: &[f64], b: &[f64]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+        };
+        assert!(worst(&refs.kernel, &kernel) < 1e-12);
+        assert!(worst(&refs.end_to_end, &e2e) < 1e-12);
+        // Each e2e bound adds V's rounding (2^-4 of A >= 2^-4 |O|) to the kernel bound.
+        for ((&bk, &be), &o) in refs
+            .kernel_bound
+            .iter()
+            .zip(&refs.end_to_end_bound)
+            .zip(&kernel)
+        {
+            assert!(bk > 0.0 && be >= bk + o.abs() / 16.0, "{bk} {be} {o}");
+        }
+        // The quantization is what separates the references: the model's bound covers it.
+        for ((&k, &e), &be) in kernel.iter().zip(&e2e).zip(&refs.end_to_end_bound) {
+            assert!((k - e).abs() <= be, "{k} {e} {be}");
+        }
+    }
+
+    #[test]
     fn blocked_parallel_reference_matches_textbook_attention() {
         // S = 150 spans three row blocks, the last one partial; two batches and two heads.
         let sh = shape(2, 2, 150);
