@@ -69,6 +69,8 @@ pub enum Command {
     Selftest(SelftestArgs),
     /// Check random problems (shapes at tile edges, input distributions) with the same gates.
     Fuzz(FuzzArgs),
+    /// How small a mistake the gates catch: planted perturbations of a correct output.
+    Sensitivity(SensitivityArgs),
 }
 
 /// A comma-separated seed list (`0,1,2`, `0-4`).
@@ -318,6 +320,18 @@ pub struct StressArgs {
     pub modes: Vec<StressMode>,
     #[command(flatten)]
     pub setup: SetupArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SensitivityArgs {
+    /// Shapes: names, inline BxHxSxD[:qk=F][:dist=NAME], or `all`
+    #[arg(long, default_value = "small,mission")]
+    pub shapes: String,
+    /// Seeds: the table shows, per shape, the largest smallest-caught size over them
+    #[arg(long, default_value = "0,1,2", value_parser = seed_list)]
+    pub seeds: SeedList,
+    #[command(flatten)]
+    pub project: ProjectArgs,
 }
 
 #[derive(Args, Debug, Clone)]

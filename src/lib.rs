@@ -35,6 +35,7 @@ pub(crate) mod repeat;
 pub(crate) mod report;
 pub mod runner;
 pub(crate) mod schema;
+pub(crate) mod sensitivity;
 pub mod shapes;
 pub(crate) mod stats;
 pub(crate) mod timing;

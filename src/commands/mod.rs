@@ -8,6 +8,7 @@ mod compare;
 mod fuzz;
 mod run;
 mod selftest;
+mod sensitivity;
 mod shapes;
 pub(crate) mod stress;
 
@@ -43,6 +44,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Compare(args)) => compare::compare(&args),
         Some(Command::Stress(args)) => stress::stress(&args),
         Some(Command::Fuzz(args)) => fuzz::fuzz(&args),
+        Some(Command::Sensitivity(args)) => sensitivity::sensitivity(&args),
         Some(Command::Selftest(args)) => selftest::selftest(&args),
     }
 }

@@ -1,0 +1,46 @@
+//! `sdpa-runner sensitivity`: the smallest planted mistake each correctness gate catches, per
+//! shape (src/sensitivity.rs). CPU only: the perturbations are of the emulation's output, which
+//! stands in for a correct kernel (the GPU's outputs match it to the last bit, or nearly).
+
+use super::Project;
+use crate::cli::SensitivityArgs;
+use crate::error::{AppError, Outcome};
+use crate::problem::Problem;
+use crate::sensitivity::{Perturbation, smallest_caught};
+use crate::shapes;
+
+pub fn sensitivity(args: &SensitivityArgs) -> Result<Outcome, AppError> {
+    let project = Project::load(&args.project)?;
+    let selected = project.catalog.select(&args.shapes)?;
+    shapes::check_host_memory(&selected, shapes::available_host_memory())?;
+    let gates = &project.gates.gates;
+    crate::outln!(
+        "smallest relative error caught (largest over seeds {:?}; sizes 10^(k/4) from 1e-6)",
+        args.seeds.0
+    );
+    crate::outln!("| shape | perturbation | smallest caught | caught by |");
+    crate::outln!("|---|---|---|---|");
+    let mut all_caught = true;
+    for shape in &selected {
+        for what in Perturbation::ALL {
+            let mut worst: Option<(f64, Vec<String>)> = Some((0.0, Vec::new()));
+            for &seed in &args.seeds.0 {
+                let caught = smallest_caught(&Problem::new(shape, seed), what, gates);
+                worst = match (worst, caught) {
+                    (Some((e, _)), Some(c)) if c.epsilon > e => Some((c.epsilon, c.gates)),
+                    (Some(w), Some(_)) => Some(w),
+                    _ => None,
+                };
+            }
+            let (eps, by) = match worst {
+                Some((e, g)) => (format!("{:.2}%", e * 100.0), g.join(", ")),
+                None => {
+                    all_caught = false;
+                    ("not caught up to 100%".into(), String::new())
+                }
+            };
+            crate::outln!("| {} | {} | {eps} | {by} |", shape.name, what.name());
+        }
+    }
+    Ok(Outcome::from_pass(all_caught))
+}

@@ -1,0 +1,120 @@
+//! How small a mistake the correctness gates catch: planted perturbations of a correct output
+//! (the emulation, in the kernel's precisions), each scanned over relative sizes from 1e-6 up
+//! until some gate fails. Three perturbations, each a classic kernel bug in miniature: the
+//! softmax scale off by a factor (1 + ε), the V scale off by (1 + ε), and one output row
+//! scaled by (1 + ε).
+
+use half::f16;
+
+use crate::emulation::{self, Defect};
+use crate::gates::Gates;
+use crate::problem::Problem;
+use crate::runner::{Yardsticks, judge_output};
+
+/// The perturbations, in the order the table shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Perturbation {
+    SoftmaxScale,
+    VScale,
+    OneRow,
+}
+
+impl Perturbation {
+    pub const ALL: [Perturbation; 3] = [
+        Perturbation::SoftmaxScale,
+        Perturbation::VScale,
+        Perturbation::OneRow,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Perturbation::SoftmaxScale => "softmax scale",
+            Perturbation::VScale => "V scale",
+            Perturbation::OneRow => "one output row",
+        }
+    }
+}
+
+/// The smallest relative size caught, and the gates that caught it there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Caught {
+    pub epsilon: f64,
+    pub gates: Vec<String>,
+}
+
+/// Relative sizes tried: 10^(-6 + k/4), k = 0..=24 (1e-6 to 1).
+fn sizes() -> impl Iterator<Item = f64> {
+    (0..=24).map(|k| 10f64.powf(-6.0 + k as f64 / 4.0))
+}
+
+/// The smallest size of `what` that fails a gate on `p`, or None up to a factor of 2.
+pub fn smallest_caught(p: &Problem, what: Perturbation, gates: &Gates) -> Option<Caught> {
+    let kv = emulation::KV_SPLIT;
+    let y = Yardsticks::compute(p, kv);
+    sizes().find_map(|eps| {
+        let out = perturbed(p, &y, what, eps, kv);
+        let r = judge_output("cpu", "perturbed", p, &y, &out, gates);
+        (!r.pass).then(|| Caught {
+            epsilon: eps,
+            gates: crate::verdict::failed(&r.gates)
+                .map(|f| f.gate.to_string())
+                .collect(),
+        })
+    })
+}
+
+fn perturbed(p: &Problem, y: &Yardsticks, what: Perturbation, eps: f64, kv: usize) -> Vec<f16> {
+    let rerun = |q: Problem| {
+        let mut out = vec![crate::metrics::POISON; q.output_len()];
+        emulation::run(&q, kv, Defect::None, &mut out);
+        out
+    };
+    match what {
+        Perturbation::SoftmaxScale => {
+            let mut q = p.clone();
+            q.softmax_scale *= (1.0 + eps) as f32;
+            rerun(q)
+        }
+        Perturbation::VScale => {
+            let mut q = p.clone();
+            q.v.scales.iter_mut().for_each(|s| *s *= (1.0 + eps) as f32);
+            rerun(q)
+        }
+        Perturbation::OneRow => {
+            // The middle row of the last head: not a tile edge, not the first block.
+            let d = p.shape.d;
+            let row = (p.shape.heads() - 1) * p.shape.s + p.shape.s / 2;
+            let mut out = y.emulation_out.clone();
+            for x in &mut out[row * d..(row + 1) * d] {
+                *x = f16::from_f64(x.to_f64() * (1.0 + eps));
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gates::GateFile;
+    use crate::shapes::Shape;
+
+    fn gates() -> Gates {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
+        GateFile::load(&path).unwrap().gates
+    }
+
+    #[test]
+    fn every_perturbation_is_caught_somewhere_between_a_millionth_and_a_factor_two() {
+        let shape = Shape::parse_inline("1x2x100x64").unwrap().unwrap();
+        let p = Problem::new(&shape, 0);
+        for what in Perturbation::ALL {
+            let c = smallest_caught(&p, what, &gates()).unwrap_or_else(|| panic!("{what:?}"));
+            // A correct output (eps far below the arithmetic's own error) passes...
+            assert!(c.epsilon > 1e-6, "{what:?} caught at {}", c.epsilon);
+            // ...and a one-percent mistake does not.
+            assert!(c.epsilon <= 1e-2, "{what:?} only caught at {}", c.epsilon);
+            assert!(!c.gates.is_empty());
+        }
+    }
+}
