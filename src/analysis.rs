@@ -89,17 +89,6 @@ impl Decision {
     pub fn outcome(&self) -> Outcome {
         Outcome::from_pass(self.failures.is_empty())
     }
-
-    /// The failures of one kind about `subject`.
-    pub fn failures_of<'a>(
-        &'a self,
-        kind: GateKind,
-        subject: &'a str,
-    ) -> impl Iterator<Item = &'a GateFailure> + 'a {
-        self.failures
-            .iter()
-            .filter(move |f| f.kind == kind && f.subject == subject)
-    }
 }
 
 /// A run's result files and its decision, ready to publish.
@@ -245,13 +234,18 @@ pub fn analyze_compare(
     }
 }
 
+/// How a correctness row is named as the subject of a failure (and of its JUnit case).
+pub fn row_subject(r: &CorrectnessRecord) -> String {
+    format!("{} seed={} {}", r.shape, r.seed, r.variant)
+}
+
 fn correctness_failures(records: &[CorrectnessRecord]) -> Vec<GateFailure> {
     records
         .iter()
         .filter(|r| !r.pass)
         .map(|r| GateFailure {
             kind: GateKind::Correctness,
-            subject: format!("{} seed={} {}", r.shape, r.seed, r.variant),
+            subject: row_subject(r),
             why: {
                 let failed: Vec<String> = crate::verdict::failed(&r.gates)
                     .map(|f| f.to_string())

@@ -20,6 +20,9 @@ static STOPPING: AtomicBool = AtomicBool::new(false);
 /// Staging folders of this process that are not yet committed.
 static STAGED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
+/// Child processes (selftest's runs) that a stop must end too.
+static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
 /// The exit code of a process ended by `signal`, as shells report it.
 pub const fn exit_code_for(signal: i32) -> u8 {
     128 + signal as u8
@@ -50,6 +53,11 @@ pub fn install() {
 /// Removes this process's staged run directories and exits as `signal` would have.
 pub fn stop(signal: i32) -> ! {
     STOPPING.store(true, Ordering::SeqCst);
+    #[cfg(unix)]
+    for pid in CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        // SAFETY: sends the signal we got to a child we started and have not yet reaped.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+    }
     let mut staged = STAGED.lock().unwrap_or_else(|e| e.into_inner());
     for dir in staged.drain(..) {
         remove_staging(&dir);
@@ -84,6 +92,27 @@ pub fn park_if_stopping() {
 /// stdout's reader went away (`| head`): stop as SIGPIPE's default action would, cleaning up.
 pub fn broken_pipe() -> ! {
     stop(SIGPIPE)
+}
+
+/// Runs `cmd` to completion like `Command::output`, but as a child a stop also ends (a child
+/// left running would keep the GPU busy and write into a removed staging folder).
+pub(crate) fn output_of_child(
+    cmd: &mut std::process::Command,
+) -> std::io::Result<std::process::Output> {
+    use std::process::Stdio;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+    let out = child.wait_with_output();
+    CHILDREN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&p| p != pid);
+    out
 }
 
 /// Registers a staging folder; it is removed if the process is stopped before [`commit`].

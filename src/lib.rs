@@ -5,8 +5,8 @@
 //! [`runner`] measures (shape + seed -> `inputs` -> [`fp8`] quantization ([`problem`]) -> a
 //! [`backend`] run -> `metrics` against the `reference`s and the `emulation` -> `verdict`s),
 //! `analysis` decides every gate once, `publish` writes the files atomically, and `console`
-//! prints. `error` turns the outcome into the exit code. No module imports one that comes
-//! after it (tests/architecture.rs).
+//! prints. `error` turns the outcome into the exit code. No two top-level modules depend on
+//! each other, directly or through others (tests/architecture.rs).
 
 pub(crate) mod analysis;
 pub mod backend;

@@ -9,11 +9,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::analysis::{Decision, RunAnalysis};
+use crate::analysis::RunAnalysis;
 use crate::render::svg;
 use crate::report::{ReportError, RunDir, write_atomic};
-use crate::schema::{BuildMeta, CorrectnessRecord, PerfFile, ShapeComparison};
-use crate::verdict::Verdict;
+use crate::schema::{BuildMeta, PerfFile, ShapeComparison};
 
 /// The latency picture of a comparison, from the raw samples of both sides.
 pub fn latency_svg(cmps: &[ShapeComparison], base: &PerfFile, cand: &PerfFile) -> String {
@@ -165,16 +164,6 @@ fn append_step_summary(markdown: &str) -> Result<(), String> {
                 Path::new(&path).display()
             )
         })
-}
-
-/// JUnit XML of a run or a comparison.
-pub fn junit(
-    records: &[CorrectnessRecord],
-    resources: &[(String, Verdict)],
-    comparisons: &[ShapeComparison],
-    decision: &Decision,
-) -> String {
-    crate::render::junit::render(records, resources, comparisons, decision)
 }
 
 #[cfg(test)]

@@ -46,29 +46,76 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
                 .collect::<Vec<_>>()
                 .join("\n");
             let code = code.as_str();
-            let uses = deps.entry(top.clone()).or_default();
-            for (i, _) in code.match_indices("crate::") {
-                let name: String = code[i + 7..]
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if modules.contains(&name) && name != top {
-                    uses.insert(name);
-                }
-            }
-            // `use crate::{a, b::c}` lists.
-            for (i, _) in code.match_indices("crate::{") {
-                let list = &code[i + 8..i + 8 + code[i + 8..].find('}').unwrap_or(0)];
-                for item in list.split(',') {
-                    let name = item.trim().split("::").next().unwrap().to_string();
-                    if modules.contains(&name) && name != top {
-                        uses.insert(name);
-                    }
-                }
-            }
+            deps.entry(top.clone())
+                .or_default()
+                .extend(names_used(code, &top, &modules));
         }
     }
     deps
+}
+
+/// The top-level modules (other than `top`) that `code` names: `crate::m`, `use crate::{..}`
+/// lists, and the printing macros, which are console's.
+fn names_used(code: &str, top: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut uses = BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        let name: String = code[i + 7..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        uses.insert(name);
+    }
+    for (i, _) in code.match_indices("crate::{") {
+        uses.extend(top_level_items(&code[i + 8..]));
+    }
+    if code.contains("outln!(") || code.contains("out!(") {
+        uses.insert("console".to_string());
+    }
+    uses.retain(|n| modules.contains(n) && n != top);
+    uses
+}
+
+/// The first path segment of each item of a `{...}` list that starts `text` (after the `{`),
+/// up to its matching `}`.
+fn top_level_items(text: &str) -> Vec<String> {
+    let (mut depth, mut item, mut items) = (0, String::new(), Vec::new());
+    for c in text.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => items.push(std::mem::take(&mut item)),
+            _ if depth == 0 => item.push(c),
+            _ => {}
+        }
+    }
+    items.push(item);
+    items
+        .iter()
+        .map(|i| i.trim().split("::").next().unwrap().to_string())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+#[test]
+fn the_dependency_reader_sees_paths_nested_lists_and_macros() {
+    assert_eq!(
+        top_level_items("a, b::{c, d::{e}}, f::g} h"),
+        ["a", "b", "f"]
+    );
+    let deps = dependencies();
+    for (from, to) in [
+        ("analysis", "verdict"),  // use crate::verdict::Verdict
+        ("runner", "backend"),    // use crate::backend::{Backend, BackendError}
+        ("commands", "analysis"), // through a nested list in commands/run.rs
+        ("repeat", "console"),    // crate::outln! only
+    ] {
+        assert!(
+            deps[from].contains(to),
+            "{from} -> {to} not seen: {:?}",
+            deps[from]
+        );
+    }
 }
 
 #[test]

@@ -396,3 +396,51 @@ fn unwritable_outputs_of_compare_exit_2_and_write_nothing() {
         "nothing new beside the inputs (not even the folder of --out)"
     );
 }
+
+#[test]
+fn compare_junit_fails_exactly_when_the_gate_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = cpu_run(&dir.path().join("results"), &[]);
+    let junit = dir.path().join("j.xml");
+    let junit_arg = junit.to_str().unwrap();
+    let failures = |xml: &str| -> u32 {
+        xml.split("<testsuite ")
+            .skip(1)
+            .map(|s| {
+                let f = s.split("failures=\"").nth(1).unwrap();
+                f[..f.find('"').unwrap()].parse::<u32>().unwrap()
+            })
+            .sum()
+    };
+    // Resources failed (a failure about a variant) and a perf.json with no correctness.json
+    // beside it (a failure about the candidate run, which has no case of its own).
+    let spilled = edited_copy(&base, &dir.path().join("spill"), |_, c| {
+        c["all_pass"] = false.into();
+        c["resources"] = serde_json::json!({"cpu-emu": {"checks": {"resources.spill_bytes":
+            {"value": 48.0, "limit": 0.0, "rule": "<=", "pass": false}}}});
+    });
+    let alone = dir.path().join("alone");
+    std::fs::create_dir(&alone).unwrap();
+    std::fs::copy(base.join("perf.json"), alone.join("perf.json")).unwrap();
+    for cand in [&spilled, &alone] {
+        let (code, stdout, _) = compare(
+            &base,
+            cand,
+            &dir.path().join("C.md"),
+            &["--gate", "--junit", junit_arg],
+        );
+        assert_eq!(code, 1, "{stdout}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(failures(&xml) >= 1, "{}: {xml}", cand.display());
+        // Without --gate nothing fails, and JUnit agrees.
+        let (code, _, _) = compare(
+            &base,
+            cand,
+            &dir.path().join("C.md"),
+            &["--junit", junit_arg],
+        );
+        assert_eq!(code, 0);
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert_eq!(failures(&xml), 0, "{xml}");
+    }
+}

@@ -61,8 +61,19 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
         return Err(e.into());
     }
     let records: &[CorrectnessRecord] = cand.correctness.as_ref().map_or(&[], |c| &c.results);
+    let resources: Vec<(String, crate::verdict::Verdict)> = cand
+        .correctness
+        .as_ref()
+        .map(|c| c.resources.clone().into_iter().collect())
+        .unwrap_or_default();
+    // Without --gate nothing fails, and the JUnit report says the same.
+    let enforced = if args.gate {
+        decision.clone()
+    } else {
+        analysis::Decision::default()
+    };
     let extra_warnings = extras.write(
-        || publish::junit(records, &[], &cmps, &decision),
+        || crate::render::junit::render(records, &resources, &cmps, &enforced),
         Some((report.markdown.as_str(), "")),
     );
 

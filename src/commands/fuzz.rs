@@ -164,6 +164,14 @@ fn reproduce(args: &FuzzArgs, shape: &Shape, seed: u64) -> String {
     if args.setup.backend == BackendKind::Cpu {
         cmd.push_str(" --backend cpu");
     }
+    if let Some(choice) = args
+        .setup
+        .kernel
+        .cp_async
+        .and_then(|c| c.to_possible_value())
+    {
+        cmd.push_str(&format!(" --cp-async {}", choice.get_name()));
+    }
     if let Some(defect) = args.emulation_defect.to_possible_value()
         && args.emulation_defect != Defect::None
     {

@@ -38,7 +38,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let warnings = job.extras.write(
         || {
             let resources: Vec<_> = analysis.correctness.resources.clone().into_iter().collect();
-            publish::junit(
+            crate::render::junit::render(
                 &analysis.correctness.results,
                 &resources,
                 comparisons(&analysis),

@@ -330,7 +330,7 @@ impl Child {
         }
         cmd.arg(inner.get_program()).args(inner.get_args());
         cmd.env_remove("USE_CP_ASYNC");
-        match cmd.output() {
+        match crate::interrupt::output_of_child(&mut cmd) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => {
                 Err(ConfigError::Usage(format!("cannot start compute-sanitizer: {e}")).into())
@@ -341,8 +341,7 @@ impl Child {
 }
 
 fn finish(cmd: &mut Command, results: &Path) -> Result<ChildRun, AppError> {
-    let out = cmd
-        .output()
+    let out = crate::interrupt::output_of_child(cmd)
         .map_err(|e| ConfigError::Usage(format!("cannot start {:?}: {e}", cmd.get_program())))?;
     collect(out, results)
 }

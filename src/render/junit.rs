@@ -1,10 +1,12 @@
 //! JUnit XML for CI: one test case per (shape, seed, variant) correctness verdict, per
 //! variant's resource verdict, and per shape's performance verdict; a case fails exactly when
-//! the [`Decision`] holds a failure about it.
+//! the [`Decision`] holds a failure about it, and every failure of the decision that is about
+//! none of those (the inputs of a run, a candidate run as a whole) is a failing case of its
+//! own, so the report fails exactly when the outcome does.
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
-use crate::analysis::{Decision, GateKind};
+use crate::analysis::{Decision, GateFailure, GateKind, row_subject};
 use crate::schema::CorrectnessRecord;
 use crate::schema::ShapeComparison;
 use crate::verdict::Verdict;
@@ -16,16 +18,24 @@ pub fn render(
     decision: &Decision,
 ) -> String {
     let mut report = Report::new("sdpa-runner");
+    let mut shown: Vec<&GateFailure> = Vec::new();
+    let mut about = |kind: GateKind, subject: &str| -> Vec<String> {
+        decision
+            .failures
+            .iter()
+            .filter(|f| f.kind == kind && f.subject == subject)
+            .map(|f| {
+                shown.push(f);
+                f.why.clone()
+            })
+            .collect()
+    };
     if !records.is_empty() {
         let mut suite = TestSuite::new("correctness");
         for r in records {
-            let failures: Vec<String> = crate::verdict::failed(&r.gates)
-                .map(|f| f.to_string())
-                .collect();
-            let mut case = TestCase::new(
-                format!("{} seed={} {}", r.shape, r.seed, r.variant),
-                status(&failures),
-            );
+            let subject = row_subject(r);
+            let failures = about(GateKind::Correctness, &subject);
+            let mut case = TestCase::new(subject, status(&failures));
             case.set_classname(format!("correctness.{}", r.variant));
             case.set_system_out(format!(
                 "max_abs_err={:.3e} mean_abs_err={:.3e} err/bound={:.3} e2e/bound={:.3}",
@@ -41,11 +51,8 @@ pub fn render(
     if !resources.is_empty() {
         let mut suite = TestSuite::new("resources");
         for (variant, v) in resources {
-            let failures: Vec<String> = decision
-                .failures_of(GateKind::Resources, variant)
-                .map(|f| f.why.clone())
-                .collect();
-            debug_assert_eq!(failures.is_empty(), v.pass());
+            let failures = about(GateKind::Resources, variant);
+            debug_assert!(!failures.is_empty() || v.pass());
             let mut case = TestCase::new(variant.clone(), status(&failures));
             case.set_classname("resources");
             suite.add_test_case(case);
@@ -55,10 +62,7 @@ pub fn render(
     if !comparisons.is_empty() {
         let mut suite = TestSuite::new("performance");
         for c in comparisons {
-            let failures: Vec<String> = decision
-                .failures_of(GateKind::Performance, &c.shape)
-                .map(|f| f.why.clone())
-                .collect();
+            let failures = about(GateKind::Performance, &c.shape);
             let mut case = TestCase::new(
                 format!("{}: {} vs {}", c.shape, c.candidate, c.baseline),
                 status(&failures),
@@ -72,6 +76,23 @@ pub fn render(
                 c.speedup_ci_pct[1],
                 c.estimate.p_value
             ));
+            suite.add_test_case(case);
+        }
+        report.add_test_suite(suite);
+    }
+    let rest: Vec<&GateFailure> = decision
+        .failures
+        .iter()
+        .filter(|f| !shown.iter().any(|s| std::ptr::eq(*s, *f)))
+        .collect();
+    if !rest.is_empty() {
+        let mut suite = TestSuite::new("gates");
+        for f in rest {
+            let mut case = TestCase::new(
+                format!("{} gate, {}", f.kind, f.subject),
+                status(std::slice::from_ref(&f.why)),
+            );
+            case.set_classname("gates");
             suite.add_test_case(case);
         }
         report.add_test_suite(suite);
@@ -130,5 +151,28 @@ mod tests {
             "{xml}"
         );
         assert!(xml.contains("mission: cp1 vs cp0") && xml.contains("mission is SLOWER by 10%"));
+    }
+
+    #[test]
+    fn a_failure_about_no_case_is_a_failing_case_of_its_own() {
+        let decision = Decision {
+            failures: vec![crate::analysis::GateFailure {
+                kind: GateKind::Inputs,
+                subject: "mission".into(),
+                why: "inputs.redrawn: seeds 0 and 1 drew identical inputs".into(),
+            }],
+            ..Decision::default()
+        };
+        let xml = render(&[], &[], &[], &decision);
+        assert!(
+            xml.contains(r#"<testsuite name="gates" tests="1""#) && xml.contains(r#"failures="1""#),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("inputs gate, mission") && xml.contains("inputs.redrawn"),
+            "{xml}"
+        );
+        let clean = render(&[], &[], &[], &Decision::default());
+        assert!(!clean.contains(r#"name="gates""#), "{clean}");
     }
 }
