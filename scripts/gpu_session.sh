@@ -6,6 +6,8 @@
 #             (restricted run; two runs + compare), batched and cold-L2 timing, a calibration
 #             run (seeds 0-4) summarized by `sdpa-runner calibrate`
 #   verdicts  the A/A and planted-slowdown proof of the performance verdicts
+#   prgate    the PR gate (scripts/prove_pr_gate.sh: A/A, planted 3%, a mutant), then the
+#             workflow's commands (base git:HEAD where the checkout has history)
 #   validate  stress --repeats 1000 on every shape, the mutation self-test, sanitize.sh on the
 #             clean kernel and on the out-of-bounds mutant, the ncu profile of mission
 #   perf      issue 6: our kernel beside PyTorch SDPA (scripts/peer_torch_sdpa.py) on mission,
@@ -15,7 +17,7 @@
 set -u
 out=${1:-${OUT:-./gpu-session}}
 shift || true
-sections=${*:-check verdicts validate perf tests}
+sections=${*:-check verdicts prgate validate perf tests}
 mkdir -p "$out"
 work=$(mktemp -d)
 export SDPA_RUNNER_BIN=$PWD/.device/sdpa-runner
@@ -99,6 +101,16 @@ perf() { # issue 6: the kernel beside PyTorch, warp-grid choices, before/after
     grep -E '^\| *(mission|long|large|small)|WARNING|verdict' "$f" | head -12
   done >"$work/perf_digest.txt"
   keep+=("$work/perf_digest.txt" "$work/perf_ours.log" "$work/perf_peer_torch.log" "$work/perf_floors.log" "$work/perf_ncu_mission.log")
+}
+
+prgate() { # issue 12: the PR gate's proof, then the workflow's commands as CI runs them
+  step prove_pr_gate scripts/prove_pr_gate.sh "${PR_GATE_REPEATS:-20}" "$work/pr-gate"
+  local base=cuda/sdpa_fp8_stage_c_mma.cu
+  git rev-parse --verify -q HEAD >/dev/null 2>&1 && base=git:HEAD
+  step workflow_correctness "$runner" --shapes all --seeds 0,1,2 --iters 0 --results-dir "$work/wf/pr-all" --junit "$work/wf/junit-all.xml"
+  step workflow_gate "$runner" --shapes small,mission --seeds 0,1,2 --base-kernel "$base" --gate --results-dir "$work/wf/pr" --junit "$work/wf/junit-gate.xml"
+  step workflow_baseline sh -c "'$runner' baseline compare \"\$(ls -d '$work'/wf/pr/2* | tail -n1)\" --out '$work/wf/COMPARE-vs-baseline.md'"
+  keep+=("$work/prove_pr_gate.log" "$work/workflow_gate.log" "$work/workflow_baseline.log")
 }
 
 tests() {

@@ -10,7 +10,9 @@ use std::fmt;
 use crate::error::Outcome;
 use crate::gates::{Gates, PerformanceGates};
 use crate::perf::compare::SavedRun;
-use crate::schema::{CorrectnessFile, CorrectnessRecord, PerfFile, ShapeComparison};
+use crate::schema::{
+    CorrectnessFile, CorrectnessRecord, PairKind, PerfFile, ShapeComparison, VariantMeta,
+};
 use crate::stats::PerfVerdict;
 use crate::verdict::Verdict;
 
@@ -62,16 +64,42 @@ pub enum TargetStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Regression {
     pub shape: String,
+    pub baseline: String,
+    pub candidate: String,
+    pub pair: PairKind,
     pub slowdown_pct: f64,
     pub allowed_pct: f64,
+}
+
+impl Regression {
+    fn failure(&self) -> GateFailure {
+        GateFailure {
+            kind: GateKind::Performance,
+            subject: pair_subject(&self.shape, &self.candidate, &self.baseline),
+            why: format!(
+                "SLOWER by {:.1}% (more than the allowed {:.1}%)",
+                self.slowdown_pct, self.allowed_pct
+            ),
+        }
+    }
+}
+
+/// How a comparison is named as the subject of a failure (and of its JUnit case):
+/// `mission: cp0 vs base-cp0`.
+pub fn comparison_subject(c: &ShapeComparison) -> String {
+    pair_subject(&c.shape, &c.candidate, &c.baseline)
+}
+
+fn pair_subject(shape: &str, candidate: &str, baseline: &str) -> String {
+    format!("{shape}: {candidate} vs {baseline}")
 }
 
 impl fmt::Display for Regression {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} is SLOWER by {:.1}% (more than the allowed {:.1}%)",
-            self.shape, self.slowdown_pct, self.allowed_pct
+            "{} vs {} on {} is SLOWER by {:.1}% (more than the allowed {:.1}%)",
+            self.candidate, self.baseline, self.shape, self.slowdown_pct, self.allowed_pct
         )
     }
 }
@@ -83,6 +111,9 @@ pub struct Decision {
     pub regressions: Vec<Regression>,
     /// Every failure that counts; empty means the outcome is a pass.
     pub failures: Vec<GateFailure>,
+    /// What the reader must know but fails nothing: the base kernel's own failures, a
+    /// verdict measured at an unsteady clock without `--gate`.
+    pub notices: Vec<String>,
 }
 
 impl Decision {
@@ -102,50 +133,103 @@ pub struct RunAnalysis {
 /// What a run measured, before anything is decided.
 pub struct RunMeasured {
     pub backend: String,
+    /// Every variant that ran, the base kernel's included.
+    pub variants: Vec<VariantMeta>,
     pub records: Vec<CorrectnessRecord>,
     pub resources: Vec<(String, Verdict)>,
     /// With an empty `comparisons`; None for a correctness-only run.
     pub perf: Option<PerfFile>,
 }
 
-/// Decides a run: every correctness row and resource gate; with `require_speedup`, every
-/// target shape's speedup. In-run regressions of the candidate variant are reported but are
-/// no failure of the run (they are the question the run answers, not a gate).
-pub fn analyze_run(measured: RunMeasured, gates: &Gates, require_speedup: bool) -> RunAnalysis {
+/// What turns a run's verdicts into failures beyond correctness and resources.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunPolicy {
+    /// `--require-speedup`: every target shape must be FASTER by `min_speedup_pct`.
+    pub require_speedup: bool,
+    /// `--gate` (with `--base-kernel`): SLOWER than the base kernel beyond
+    /// `max_regression_pct`, or a verdict measured at an unsteady clock, fails the run.
+    pub gate: bool,
+}
+
+/// Decides a run: every correctness row and resource gate of the kernel under test (the
+/// base kernel's failures are notices); with `require_speedup`, every target shape's
+/// speedup; with `gate`, every comparison against the base kernel. Regressions of one
+/// variant against another are reported but fail nothing (they are the question the run
+/// answers, not a gate).
+pub fn analyze_run(measured: RunMeasured, gates: &Gates, policy: RunPolicy) -> RunAnalysis {
     let RunMeasured {
         backend,
+        variants,
         records,
         resources,
         perf,
     } = measured;
     let perf = perf.map(|mut p| {
-        p.comparisons = crate::perf::paired_comparisons(
-            &p,
-            gates.performance.confidence,
-            gates.performance.noise_floor_pct,
-        );
+        p.comparisons = crate::perf::paired_comparisons(&p, &gates.performance);
         p
     });
     let cmps = perf.as_ref().map_or(&[][..], |p| &p.comparisons[..]);
-    let mut failures = correctness_failures(&records);
+    let is_base = |name: &str| variants.iter().any(|v| v.name == name && v.is_base());
+    let (base_rows, rows): (Vec<_>, Vec<_>) =
+        records.iter().cloned().partition(|r| is_base(&r.variant));
+    let (base_resources, own_resources): (Vec<_>, Vec<_>) =
+        resources.iter().cloned().partition(|(v, _)| is_base(v));
+    let mut notices: Vec<String> = correctness_failures(&base_rows)
+        .into_iter()
+        .chain(resource_failures(&base_resources, None))
+        .map(|f| format!("the base kernel fails: {f}"))
+        .collect();
+    let mut failures = correctness_failures(&rows);
     failures.extend(repeated_inputs(&records));
-    failures.extend(resource_failures(&resources, None));
-    let targets = targets(cmps, &gates.performance);
-    if require_speedup {
-        failures.extend(target_failures(&targets));
+    failures.extend(resource_failures(&own_resources, None));
+    let correctness_pass = failures.is_empty();
+    let variant_cmps: Vec<ShapeComparison> = cmps
+        .iter()
+        .filter(|c| c.pair == PairKind::Variants)
+        .cloned()
+        .collect();
+    let targets = targets(&variant_cmps, &gates.performance);
+    if policy.require_speedup {
+        failures.extend(target_failures(&targets, &variant_cmps));
+    }
+    let regressions = regressions(cmps, &gates.performance);
+    for c in cmps.iter().filter(|c| crate::perf::unsteady(c)) {
+        let why = format!(
+            "the SM clock sagged in {} of {} rounds, too many to leave out; the verdict is \
+             not trustworthy, rerun on an idle, cool GPU",
+            c.rounds_dropped_for_clock, c.rounds_total
+        );
+        if policy.gate && c.pair == PairKind::BaseKernel {
+            failures.push(GateFailure {
+                kind: GateKind::Performance,
+                subject: comparison_subject(c),
+                why,
+            });
+        } else {
+            notices.push(format!("{}: {why}", comparison_subject(c)));
+        }
+    }
+    if policy.gate {
+        failures.extend(
+            regressions
+                .iter()
+                .filter(|r| r.pair == PairKind::BaseKernel)
+                .map(Regression::failure),
+        );
     }
     let correctness = CorrectnessFile {
         schema_version: crate::schema::SCHEMA_VERSION,
-        all_pass: failures.iter().all(|f| f.kind == GateKind::Performance),
+        all_pass: correctness_pass,
         backend,
         resources: resources.into_iter().collect(),
         results: records,
     };
     RunAnalysis {
         decision: Decision {
-            regressions: regressions(cmps, &gates.performance),
+            regressions,
             targets,
             failures,
+            notices,
         },
         correctness,
         perf,
@@ -222,15 +306,12 @@ pub fn analyze_compare(
         }
     }
     let regressions = regressions(cmps, gates);
-    failures.extend(regressions.iter().map(|r| GateFailure {
-        kind: GateKind::Performance,
-        subject: r.shape.clone(),
-        why: r.to_string(),
-    }));
+    failures.extend(regressions.iter().map(Regression::failure));
     Decision {
         targets: targets(cmps, gates),
         regressions,
         failures,
+        notices: Vec::new(),
     }
 }
 
@@ -272,13 +353,20 @@ fn resource_failures(resources: &[(String, Verdict)], only: Option<&str>) -> Vec
         .collect()
 }
 
-fn target_failures(targets: &[(String, TargetStatus)]) -> Vec<GateFailure> {
+/// Each target not met, about its comparison (or its shape, when it was not measured).
+fn target_failures(
+    targets: &[(String, TargetStatus)],
+    cmps: &[ShapeComparison],
+) -> Vec<GateFailure> {
     targets
         .iter()
         .filter(|(_, status)| *status != TargetStatus::Met)
         .map(|(shape, status)| GateFailure {
             kind: GateKind::Performance,
-            subject: shape.clone(),
+            subject: cmps
+                .iter()
+                .find(|c| &c.shape == shape)
+                .map_or_else(|| shape.clone(), comparison_subject),
             why: match status {
                 TargetStatus::NotMet(why) => format!("target not met: {why}"),
                 _ => "target shape not measured in this run".into(),
@@ -296,6 +384,9 @@ pub fn regressions(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<Re
         })
         .map(|c| Regression {
             shape: c.shape.clone(),
+            baseline: c.baseline.clone(),
+            candidate: c.candidate.clone(),
+            pair: c.pair,
             slowdown_pct: (c.estimate.ratio - 1.0) * 100.0,
             allowed_pct: gates.max_regression_pct,
         })
@@ -324,4 +415,147 @@ pub fn targets(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<(Strin
             (t.clone(), status)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gates::GateFile;
+    use crate::perf::fixtures::perf_file;
+    use crate::schema::fixtures::record;
+    use crate::schema::{KernelRef, KernelRole};
+
+    fn gates() -> Gates {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
+        GateFile::load(&path).unwrap().gates
+    }
+
+    /// A timed run of cp0, cp1 and their base twins; `factors` are the time factors of
+    /// (cp0, cp1, base-cp0, base-cp1), `passing` whether each one's row passes.
+    fn measured(factors: [f64; 4], passing: [bool; 4]) -> RunMeasured {
+        let names = ["cp0", "cp1", "base-cp0", "base-cp1"];
+        let variants: Vec<(&str, f64)> = names.iter().copied().zip(factors).collect();
+        let mut perf = perf_file("GPU", &["mission"], &[0, 1], &variants);
+        for v in &mut perf.variants {
+            v.kernel = Some(KernelRef {
+                role: if v.name.starts_with("base-") {
+                    KernelRole::Base
+                } else {
+                    KernelRole::Candidate
+                },
+                source: "k.cu".into(),
+                sha256: String::new(),
+            });
+        }
+        RunMeasured {
+            backend: "cuda".into(),
+            variants: perf.variants.clone(),
+            records: names
+                .iter()
+                .zip(passing)
+                .map(|(n, pass)| record(n, pass))
+                .collect(),
+            resources: Vec::new(),
+            perf: Some(perf),
+        }
+    }
+
+    const GATE: RunPolicy = RunPolicy {
+        require_speedup: false,
+        gate: true,
+    };
+
+    #[test]
+    fn with_the_gate_a_kernel_slower_than_its_base_fails_and_without_it_is_only_reported() {
+        let slow = [1.05, 1.05, 1.0, 1.0];
+        let gated = analyze_run(measured(slow, [true; 4]), &gates(), GATE);
+        let subjects: Vec<&str> = gated
+            .decision
+            .failures
+            .iter()
+            .map(|f| f.why.as_str())
+            .collect();
+        assert_eq!(subjects.len(), 2, "{subjects:?}");
+        assert!(
+            subjects[0].starts_with("SLOWER by")
+                && subjects[0].ends_with("(more than the allowed 2.0%)"),
+            "{subjects:?}"
+        );
+        assert_eq!(
+            gated.decision.failures[0].subject,
+            "mission: cp0 vs base-cp0"
+        );
+        assert!(gated.correctness.all_pass, "slow, but correct");
+        let reported = analyze_run(measured(slow, [true; 4]), &gates(), RunPolicy::default());
+        assert!(reported.decision.failures.is_empty());
+        assert_eq!(reported.decision.regressions.len(), 2);
+    }
+
+    #[test]
+    fn a_slowdown_within_the_allowed_regression_passes_the_gate() {
+        let a = analyze_run(measured([1.015, 1.0, 1.0, 1.0], [true; 4]), &gates(), GATE);
+        assert!(a.decision.failures.is_empty(), "{:?}", a.decision.failures);
+    }
+
+    #[test]
+    fn cp1_slower_than_cp0_is_the_question_of_the_run_not_a_failure_of_the_gate() {
+        let a = analyze_run(measured([1.0, 1.2, 1.0, 1.2], [true; 4]), &gates(), GATE);
+        assert!(a.decision.failures.is_empty(), "{:?}", a.decision.failures);
+        assert_eq!(a.decision.regressions[0].pair, PairKind::Variants);
+    }
+
+    #[test]
+    fn the_base_kernels_own_failures_are_notices_and_the_candidates_are_failures() {
+        let base_broken = analyze_run(
+            measured([1.0; 4], [true, true, false, true]),
+            &gates(),
+            GATE,
+        );
+        assert!(base_broken.decision.failures.is_empty());
+        assert!(base_broken.correctness.all_pass);
+        assert!(
+            base_broken.decision.notices[0]
+                .starts_with("the base kernel fails: correctness gate, mission seed=0 base-cp0"),
+            "{:?}",
+            base_broken.decision.notices
+        );
+        let cand_broken = analyze_run(
+            measured([1.0; 4], [true, false, true, true]),
+            &gates(),
+            GATE,
+        );
+        assert_eq!(cand_broken.decision.failures.len(), 1);
+        assert!(cand_broken.decision.failures[0].subject.contains("cp1"));
+        assert!(!cand_broken.correctness.all_pass);
+    }
+
+    #[test]
+    fn a_verdict_against_the_base_at_an_unsteady_clock_fails_the_gate() {
+        let mut m = measured([1.0; 4], [true; 4]);
+        for x in &mut m.perf.as_mut().unwrap().measurements {
+            if x.variant == "cp0" {
+                for r in 0..18 {
+                    x.round_sm_mhz[r] = Some(1500.0);
+                }
+            }
+        }
+        let a = analyze_run(m, &gates(), GATE);
+        let why: Vec<String> = a.decision.failures.iter().map(|f| f.to_string()).collect();
+        assert!(
+            why.iter().any(|w| w.contains(
+                "performance gate, mission: cp0 vs base-cp0: the SM clock sagged in 36 of 40 rounds"
+            )),
+            "{why:?}"
+        );
+        // The same clocks without the gate: a notice (the cp1 vs cp0 A/B one too).
+        let mut m = measured([1.0; 4], [true; 4]);
+        for x in &mut m.perf.as_mut().unwrap().measurements {
+            if x.variant == "cp0" {
+                x.round_sm_mhz[..18].fill(Some(1500.0));
+            }
+        }
+        let a = analyze_run(m, &gates(), RunPolicy::default());
+        assert!(a.decision.failures.is_empty());
+        assert_eq!(a.decision.notices.len(), 2, "{:?}", a.decision.notices);
+    }
 }

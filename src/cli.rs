@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::backend::BackendKind;
+use crate::backend::cuda::kernel::KernelLocation;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::emulation::Defect;
 use crate::problem::HostDefect;
@@ -27,6 +28,8 @@ Examples:
                                                        diff two saved runs; exit 1 on a regression
   sdpa-runner --cp-async 1 --candidate-define SDPA_DELAY_CYCLES=1000 --shapes mission
                                                        A/B a define against the same variant without it
+  sdpa-runner --base-kernel git:origin/main --gate     the PR gate: this kernel against the base
+                                                       branch's, both in one interleaved run
   sdpa-runner stress --shapes all --repeats 1000       race detection: bit-identical relaunches
   sdpa-runner selftest                                 every planted MUTANT_* bug must be caught
 
@@ -63,6 +66,9 @@ pub enum Command {
     Calibrate(CalibrateArgs),
     /// Compare the timings of two saved runs (run directories or perf.json files).
     Compare(CompareArgs),
+    /// Committed baselines per GPU model (trend data, not the PR gate): record a run, or
+    /// compare a run with its GPU model's baseline.
+    Baseline(BaselineArgs),
     /// Relaunch each variant many times and demand bit-identical outputs (race detection).
     Stress(StressArgs),
     /// Prove the checks catch planted bugs: every MUTANT_* kernel must be caught.
@@ -221,6 +227,15 @@ pub struct RunArgs {
     /// Exit 1 unless every target shape of the gates file is FASTER by at least min_speedup_pct
     #[arg(long)]
     pub require_speedup: bool,
+    /// Judge the kernel against a base kernel in the same run: a file, or a git revision
+    /// (git:origin/main, git:REV:PATH); every variant is built from both, checked, and timed
+    /// interleaved against its twin of the base (base-cp0 vs cp0, base-cp1 vs cp1)
+    #[arg(long, value_name = "FILE|git:REV[:PATH]", value_parser = KernelLocation::parse)]
+    pub base_kernel: Option<KernelLocation>,
+    /// With --base-kernel, the PR gate: exit 1 if the kernel is SLOWER than the base beyond
+    /// max_regression_pct on any shape (or its timing was unsteady)
+    #[arg(long)]
+    pub gate: bool,
     /// Test hook: plant a defect in the cpu backend to prove the gates catch it
     #[arg(long, value_enum, default_value = "none", hide = true)]
     pub emulation_defect: Defect,
@@ -298,6 +313,41 @@ pub struct CompareArgs {
     pub ci: CiArgs,
     #[command(flatten)]
     pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BaselineArgs {
+    #[command(subcommand)]
+    pub action: BaselineAction,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum BaselineAction {
+    /// Record a passing, timed run as the baseline of its GPU model: <DIR>/<GPU model>/
+    Record {
+        /// The run directory
+        #[arg(value_name = "RUN")]
+        run: PathBuf,
+        /// Where baselines are kept [default: <root>/results/baselines]
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        #[command(flatten)]
+        project: ProjectArgs,
+    },
+    /// Compare a run with the baseline of its GPU model; without one, a notice and exit 0
+    Compare {
+        /// The run directory
+        #[arg(value_name = "RUN")]
+        run: PathBuf,
+        /// Where baselines are kept [default: <root>/results/baselines]
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Where COMPARE.md goes [default: <root>/results/COMPARE.md]
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        project: ProjectArgs,
+    },
 }
 
 #[derive(Args, Debug, Clone)]

@@ -232,48 +232,8 @@ pub fn identity_table(ids: &[VariantMeta], verdicts: &[(String, Verdict)]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::ErrorMetrics;
-    use crate::verdict::Check;
 
-    fn record(variant: &str, pass: bool) -> CorrectnessRecord {
-        let m = ErrorMetrics {
-            max_abs_err: 1e-3,
-            mean_abs_err: 1e-4,
-            rmse: 1e-4,
-            max_err_over_bound: 0.2,
-            nonfinite: 0,
-            unwritten: 0,
-            elements: 10,
-            worst_at: None,
-        };
-        let mut gates = std::collections::BTreeMap::new();
-        gates.insert(
-            "kernel.max_abs_err".to_string(),
-            if pass {
-                Check::at_most(1e-3, 1e-2)
-            } else {
-                Check::at_most(1e-1, 1e-2)
-            },
-        );
-        CorrectnessRecord {
-            shape: "mission".into(),
-            b: 1,
-            h: 8,
-            s: 512,
-            d: 64,
-            seed: 0,
-            variant: variant.into(),
-            backend: "cpu".into(),
-            input_checksum: String::new(),
-            output_checksum: String::new(),
-            kernel_ref: m.clone(),
-            end_to_end: m.clone(),
-            emulation_ref: m,
-            emulation_bits_equal_pct: 100.0,
-            gates,
-            pass,
-        }
-    }
+    use crate::schema::fixtures::record;
 
     #[test]
     fn rows_say_pass_or_name_the_failed_gate() {

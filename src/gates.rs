@@ -79,6 +79,15 @@ pub struct PerformanceGates {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unpaired_noise_floor_by_shape: BTreeMap<String, f64>,
     pub target_shapes: Vec<String>,
+    /// A round is left out of a paired verdict when either side's block ran with its mean
+    /// SM clock more than this below the run's median block clock, or the two sides' clocks
+    /// differ by more than this (docs/DESIGN.md "Timing and comparison").
+    #[serde(default = "default_clock_sag_pct")]
+    pub clock_sag_pct: f64,
+}
+
+fn default_clock_sag_pct() -> f64 {
+    3.0
 }
 
 impl PerformanceGates {
@@ -184,6 +193,7 @@ impl Gates {
             p.max_regression_pct,
         ));
         numbers.push(("performance.noise_floor_pct".into(), p.noise_floor_pct));
+        numbers.push(("performance.clock_sag_pct".into(), p.clock_sag_pct));
         numbers.push((
             "performance.unpaired_noise_floor_pct".into(),
             p.unpaired_noise_floor_pct,

@@ -21,35 +21,42 @@ pub fn latency_svg(cmps: &[ShapeComparison], base: &PerfFile, cand: &PerfFile) -
             .flat_map(|m| m.samples_us.iter().copied())
             .collect()
     };
-    let data: Vec<(Vec<f64>, Vec<f64>, String)> = cmps
+    let one_pair = cmps.iter().all(|c| {
+        cmps.first()
+            .is_some_and(|f| (f.baseline == c.baseline) && (f.candidate == c.candidate))
+    });
+    let data: Vec<(Vec<f64>, Vec<f64>, String, String)> = cmps
         .iter()
         .map(|c| {
             (
                 gather(base, &c.shape, &c.baseline),
                 gather(cand, &c.shape, &c.candidate),
                 format!("{} {:+.1}%", c.verdict, c.speedup_pct),
+                if one_pair {
+                    c.shape.clone()
+                } else {
+                    format!("{} {} vs {}", c.shape, c.candidate, c.baseline)
+                },
             )
         })
         .collect();
-    let panels: Vec<svg::Panel> = cmps
+    let panels: Vec<svg::Panel> = data
         .iter()
-        .zip(&data)
-        .map(|(c, (b, k, v))| svg::Panel {
-            shape: &c.shape,
+        .map(|(b, k, v, label)| svg::Panel {
+            shape: label,
             base: b,
             cand: k,
             verdict: v,
         })
         .collect();
-    let (bl, cl) = cmps
-        .first()
-        .map(|c| {
-            (
-                format!("baseline {}", c.baseline),
-                format!("candidate {}", c.candidate),
-            )
-        })
-        .unwrap_or_default();
+    let (bl, cl) = match cmps.first() {
+        Some(c) if one_pair => (
+            format!("baseline {}", c.baseline),
+            format!("candidate {}", c.candidate),
+        ),
+        Some(_) => ("baseline".to_string(), "candidate".to_string()),
+        None => Default::default(),
+    };
     svg::render(&panels, &bl, &cl, &cand.clock)
 }
 

@@ -173,8 +173,8 @@ mod tests {
             _: usize,
             _: usize,
             _: &crate::timing::TimingPlan,
-        ) -> Result<Vec<f64>, BackendError> {
-            Ok(vec![])
+        ) -> Result<crate::timing::TimedBlock, BackendError> {
+            Ok(Default::default())
         }
         fn clock(&self) -> &'static str {
             "none"

@@ -184,6 +184,44 @@ pub struct VariantMeta {
     pub smem_bytes: Option<u32>,
     pub spill_bytes: Option<u32>,
     pub blocks_per_sm: Option<u32>,
+    /// The kernel source it was built from (GPU runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelRef>,
+    /// Of the PTX without line information and comments: equal when two builds' code is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_code_sha256: Option<String>,
+}
+
+impl VariantMeta {
+    /// Whether it was built from the base kernel of a `--base-kernel` run.
+    pub fn is_base(&self) -> bool {
+        self.kernel
+            .as_ref()
+            .is_some_and(|k| k.role == KernelRole::Base)
+    }
+}
+
+/// Prefixes the name of a variant built from `--base-kernel`: `base-cp0` is `cp0` of the base.
+pub const BASE_PREFIX: &str = "base-";
+
+/// Which kernel a variant was built from: the one under test, or the base it is judged
+/// against (`--base-kernel`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelRole {
+    #[default]
+    Candidate,
+    Base,
+}
+
+/// A kernel source as a run read it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelRef {
+    pub role: KernelRole,
+    /// A file path, or `git:REV (commit):PATH`.
+    pub source: String,
+    /// Of the kernel file's text.
+    pub sha256: String,
 }
 
 /// The timings of one (shape, seed, variant).
@@ -205,6 +243,17 @@ pub struct Measurement {
     pub summary: Summary,
     pub round_medians_us: Vec<f64>,
     pub samples_us: Vec<f64>,
+    /// The mean SM clock over each round's block, MHz; None where the backend cannot tell
+    /// (docs/DESIGN.md "Timing and comparison": rounds measured while the clock sagged are
+    /// left out of the paired verdicts).
+    #[serde(default)]
+    pub round_sm_mhz: Vec<Option<f64>>,
+    /// Blocks measured again because their hold expired before the host released it.
+    #[serde(default)]
+    pub hold_retries: u32,
+    /// Blocks kept although the hold expired in every attempt.
+    #[serde(default)]
+    pub hold_expired_blocks: u32,
 }
 
 /// The verdict on one shape: candidate against baseline, pooled over seeds.
@@ -222,6 +271,29 @@ pub struct ShapeComparison {
     /// The noise floor the verdict used, percent.
     pub noise_floor_pct: f64,
     pub verdict: PerfVerdict,
+    /// What is compared: two variants of the kernel under test, or a variant of it against
+    /// the same variant of the base kernel.
+    #[serde(default)]
+    pub pair: PairKind,
+    /// Rounds left out of the paired verdict because the SM clock sagged while either side
+    /// was measured, and how many there were.
+    #[serde(default)]
+    pub rounds_dropped_for_clock: usize,
+    #[serde(default)]
+    pub rounds_total: usize,
+}
+
+/// The two kinds of in-run comparison.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairKind {
+    /// cp1 against cp0 of the kernel under test (or a `--candidate-define` A/B): the
+    /// question the run answers; a regression is reported, not a failure.
+    #[default]
+    Variants,
+    /// A variant of the kernel under test against the same variant of `--base-kernel`:
+    /// the PR gate (`run --gate`).
+    BaseKernel,
 }
 
 impl ShapeComparison {
@@ -246,6 +318,9 @@ impl ShapeComparison {
             noise_floor_pct,
             verdict: crate::stats::verdict(&estimate, noise_floor_pct),
             estimate,
+            pair: PairKind::Variants,
+            rounds_dropped_for_clock: 0,
+            rounds_total: 0,
         }
     }
 }
@@ -394,4 +469,53 @@ pub fn read_versioned<T: serde::de::DeserializeOwned + Versioned>(
     check_version(value.schema_version())
         .map_err(|why| crate::usage::ConfigError::invalid_key(path, "schema_version", why))?;
     Ok(value)
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    //! Result records for tests of what reads them.
+    use super::CorrectnessRecord;
+    use crate::metrics::ErrorMetrics;
+    use crate::verdict::Check;
+
+    /// A mission, seed 0 row of `variant` whose one check passes or fails.
+    pub fn record(variant: &str, pass: bool) -> CorrectnessRecord {
+        let m = ErrorMetrics {
+            max_abs_err: 1e-3,
+            mean_abs_err: 1e-4,
+            rmse: 1e-4,
+            max_err_over_bound: 0.2,
+            nonfinite: 0,
+            unwritten: 0,
+            elements: 10,
+            worst_at: None,
+        };
+        let mut gates = std::collections::BTreeMap::new();
+        gates.insert(
+            "kernel.max_abs_err".to_string(),
+            if pass {
+                Check::at_most(1e-3, 1e-2)
+            } else {
+                Check::at_most(1e-1, 1e-2)
+            },
+        );
+        CorrectnessRecord {
+            shape: "mission".into(),
+            b: 1,
+            h: 8,
+            s: 512,
+            d: 64,
+            seed: 0,
+            variant: variant.into(),
+            backend: "cpu".into(),
+            input_checksum: String::new(),
+            output_checksum: String::new(),
+            kernel_ref: m.clone(),
+            end_to_end: m.clone(),
+            emulation_ref: m,
+            emulation_bits_equal_pct: 100.0,
+            gates,
+            pass,
+        }
+    }
 }

@@ -78,22 +78,58 @@ impl TimingPlan {
     }
 }
 
-/// The samples of one variant, round by round, in microseconds per launch.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// One block of samples of one variant (one round), as the backend measured it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TimedBlock {
+    /// Microseconds per launch.
+    pub samples: Vec<f64>,
+    /// The mean SM clock over the block, MHz, where the backend can tell.
+    pub sm_mhz: Option<f64>,
+    /// Attempts discarded because the hold expired before the host released it.
+    pub retries: u32,
+    /// Every attempt's hold expired; the last one is kept (its first samples may include
+    /// the host's launch latency).
+    pub hold_expired: bool,
+}
+
+impl TimedBlock {
+    /// A block from a clock that needs no hold and reports no SM clock (the CPU).
+    pub fn plain(samples: Vec<f64>) -> Self {
+        TimedBlock {
+            samples,
+            ..TimedBlock::default()
+        }
+    }
+}
+
+/// The blocks of one variant, round by round.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct VariantTiming {
-    pub rounds: Vec<Vec<f64>>,
+    pub rounds: Vec<TimedBlock>,
 }
 
 impl VariantTiming {
     pub fn samples(&self) -> Vec<f64> {
-        self.rounds.concat()
+        self.rounds.iter().flat_map(|b| b.samples.clone()).collect()
     }
 
     pub fn round_medians(&self) -> Vec<f64> {
         self.rounds
             .iter()
-            .map(|r| crate::stats::median(r))
+            .map(|b| crate::stats::median(&b.samples))
             .collect()
+    }
+
+    pub fn round_sm_mhz(&self) -> Vec<Option<f64>> {
+        self.rounds.iter().map(|b| b.sm_mhz).collect()
+    }
+
+    pub fn hold_retries(&self) -> u32 {
+        self.rounds.iter().map(|b| b.retries).sum()
+    }
+
+    pub fn hold_expired_blocks(&self) -> u32 {
+        self.rounds.iter().filter(|b| b.hold_expired).count() as u32
     }
 }
 

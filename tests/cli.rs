@@ -495,3 +495,23 @@ fn fuzz_fails_a_broken_kernel_and_its_reproduction_fails_the_same_way() {
     assert_eq!(code, 1, "{repro}: {stdout}{stderr}");
     assert!(stdout.contains("FAIL ("), "{stdout}");
 }
+
+#[test]
+fn the_pr_gate_flags_are_refused_where_they_cannot_work() {
+    refused(
+        &["--backend", "cpu", "--base-kernel", "git:HEAD"],
+        2,
+        &["--base-kernel compares two GPU kernels", "--backend cuda"],
+    );
+    refused(
+        &["--backend", "cpu", "--gate"],
+        2,
+        &["--gate", "needs --base-kernel"],
+    );
+    refused(
+        &["--base-kernel", "git:HEAD", "--gate", "--iters", "0"],
+        2,
+        &["--gate", "timing (--iters above 0)"],
+    );
+    refused(&["--base-kernel", "git:"], 2, &["git:REV or git:REV:PATH"]);
+}

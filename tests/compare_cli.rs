@@ -121,7 +121,8 @@ fn the_gate_passes_a_copy_and_refuses_a_slowdown_and_a_correctness_failure() {
     let (code, stdout, _) = compare(&base, &slow, &out, &["--gate"]);
     assert_eq!(code, 1, "{stdout}");
     assert!(
-        stdout.contains("GATE FAILED: performance gate, small: small is SLOWER by 20.0%"),
+        stdout
+            .contains("GATE FAILED: performance gate, small: cpu-emu vs cpu-emu: SLOWER by 20.0%"),
         "{stdout}"
     );
     let (code, _, _) = compare(&base, &slow, &out, &[]);

@@ -10,7 +10,7 @@ use super::{Backend, BackendError};
 use crate::emulation::{self, Defect, KV_SPLIT, KV_TILE};
 use crate::metrics::POISON;
 use crate::problem::Problem;
-use crate::timing::TimingPlan;
+use crate::timing::{TimedBlock, TimingPlan};
 
 pub const VARIANT: &str = "cpu-emu";
 
@@ -82,16 +82,18 @@ impl Backend for CpuBackend {
         _variant: usize,
         count: usize,
         plan: &TimingPlan,
-    ) -> Result<Vec<f64>, BackendError> {
-        Ok((0..count)
-            .map(|_| {
-                let start = Instant::now();
-                for _ in 0..plan.batch {
-                    std::hint::black_box(self.emulate());
-                }
-                start.elapsed().as_secs_f64() * 1e6 / plan.batch as f64
-            })
-            .collect())
+    ) -> Result<TimedBlock, BackendError> {
+        Ok(TimedBlock::plain(
+            (0..count)
+                .map(|_| {
+                    let start = Instant::now();
+                    for _ in 0..plan.batch {
+                        std::hint::black_box(self.emulate());
+                    }
+                    start.elapsed().as_secs_f64() * 1e6 / plan.batch as f64
+                })
+                .collect(),
+        ))
     }
 
     fn clock(&self) -> &'static str {

@@ -9,7 +9,7 @@ use half::f16;
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
 use crate::schema::VariantMeta;
-use crate::timing::TimingPlan;
+use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
 
 /// `--backend`.
@@ -60,14 +60,15 @@ pub trait Backend {
     /// Untimed launches of `variant` on the loaded problem.
     fn warm_up(&mut self, variant: usize, launches: usize) -> Result<(), BackendError>;
 
-    /// `count` timed samples of `variant` on the loaded problem, in microseconds per launch,
-    /// each sample `plan.batch` launches long (outputs are not checked).
+    /// A block of `count` timed samples of `variant` on the loaded problem, in microseconds
+    /// per launch, each sample `plan.batch` launches long (outputs are not checked), with
+    /// what the backend knows of the conditions it ran under.
     fn time_samples(
         &mut self,
         variant: usize,
         count: usize,
         plan: &TimingPlan,
-    ) -> Result<Vec<f64>, BackendError>;
+    ) -> Result<TimedBlock, BackendError>;
 
     /// What the timings measure, said plainly for reports.
     fn clock(&self) -> &'static str;
@@ -89,6 +90,11 @@ pub trait Backend {
     /// follows the same one.
     fn kv_split(&self) -> usize {
         crate::emulation::KV_SPLIT
+    }
+
+    /// The KV split of one variant (variants of different kernel sources may differ).
+    fn kv_split_of(&self, _variant: usize) -> usize {
+        self.kv_split()
     }
 
     /// Each variant as reports show it: defines, and for a compiled kernel its PTX hash,

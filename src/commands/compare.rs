@@ -135,6 +135,7 @@ fn render(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let doc = CompareDoc {
+        others: Vec::new(),
         design: "unpaired: two saved runs, per-round medians of each",
         base: Side {
             run: args.base.display().to_string(),

@@ -33,6 +33,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,
+        None,
         args.emulation_defect,
         &project,
     )?;

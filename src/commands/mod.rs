@@ -1,6 +1,7 @@
 //! One module per subcommand; each returns an [`Outcome`] or an [`AppError`], and main turns
 //! those into exit codes.
 
+mod baseline;
 mod bench;
 mod build;
 mod calibrate;
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::cuda::kernel::KernelSource;
+use crate::backend::cuda::kernel::{KernelLocation, KernelSource};
 use crate::backend::cuda::variant::{self, VariantSpec};
 use crate::backend::{Backend, BackendError, BackendKind};
 use crate::cli::{Cli, Command, KernelArgs, ProjectArgs};
@@ -42,6 +43,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Bench(args)) => bench::bench(&args),
         Some(Command::Calibrate(args)) => calibrate::calibrate(&args),
         Some(Command::Compare(args)) => compare::compare(&args),
+        Some(Command::Baseline(args)) => baseline::baseline(&args),
         Some(Command::Stress(args)) => stress::stress(&args),
         Some(Command::Fuzz(args)) => fuzz::fuzz(&args),
         Some(Command::Sensitivity(args)) => sensitivity::sensitivity(&args),
@@ -105,10 +107,12 @@ pub fn variant_specs(args: &KernelArgs) -> Result<Vec<VariantSpec>, ConfigError>
 }
 
 /// Opens the chosen backend: the CPU emulation (with an optional planted defect), or the GPU
-/// with the variants the kernel arguments select.
+/// with the variants the kernel arguments select; with `base`, each variant is also built
+/// from the base kernel (`base-cp0`, ...), after the kernel under test's.
 pub fn open_backend(
     kind: BackendKind,
     kernel: &KernelArgs,
+    base: Option<&KernelLocation>,
     defect: Defect,
     project: &Project,
 ) -> Result<Box<dyn Backend>, AppError> {
@@ -120,15 +124,35 @@ pub fn open_backend(
                 )
                 .into());
             }
+            if base.is_some() {
+                return Err(ConfigError::Usage(
+                    "--base-kernel compares two GPU kernels; it needs --backend cuda (the cpu \
+                     backend emulates one algorithm)"
+                        .into(),
+                )
+                .into());
+            }
             // The emulation has one variant, but a bad or conflicting choice is still refused.
             variant_specs(kernel)?;
             Box::new(CpuBackend::new(defect))
         }
         BackendKind::Cuda => {
             let specs = variant_specs(kernel)?;
-            let source =
-                KernelSource::load(&project.kernel_path(kernel), &project.root.cuda_dir())?;
-            Box::new(CudaBackend::new(source, &specs).map_err(|e| match e {
+            if base.is_some() && !kernel.candidate_defines.is_empty() {
+                return Err(ConfigError::Usage(
+                    "--base-kernel and --candidate-define are two different A/Bs; run them one at a time"
+                        .into(),
+                )
+                .into());
+            }
+            let cuda_dir = project.root.cuda_dir();
+            let source = KernelSource::load(&project.kernel_path(kernel), &cuda_dir)?;
+            let mut sources = vec![(source, specs.clone())];
+            if let Some(location) = base {
+                let base = KernelSource::locate(location, project.root.path(), &cuda_dir)?;
+                sources.push((base, specs.iter().map(VariantSpec::of_base).collect()));
+            }
+            Box::new(CudaBackend::from_sources(sources).map_err(|e| match e {
                 BackendError::Environment(why) => {
                     BackendError::Environment(format!("{why}\n{CPU_BACKEND_ADVICE}"))
                 }

@@ -4,7 +4,7 @@
 //! -> print.
 
 use super::{Project, build_meta, open_backend};
-use crate::analysis::{self, RunAnalysis, RunMeasured};
+use crate::analysis::{self, RunAnalysis, RunMeasured, RunPolicy};
 use crate::backend::{Backend, BackendKind};
 use crate::cli::{RunArgs, TimingArgs};
 use crate::clocks::{self, ClockReading};
@@ -15,7 +15,7 @@ use crate::publish::{self, CompareReport, Extras};
 use crate::render::markdown::{CompareDoc, Side};
 use crate::report::{self, RunDir};
 use crate::runner;
-use crate::schema::{PerfFile, SCHEMA_VERSION};
+use crate::schema::{PerfFile, SCHEMA_VERSION, VariantMeta};
 use crate::shapes::{self, Shape};
 use crate::timing::TimingPlan;
 use crate::usage::ConfigError;
@@ -27,7 +27,11 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let run_dir = RunDir::create(&job.results_root)?;
     job.print_header();
     let measured = job.measure(args, &started_at)?;
-    let analysis = analysis::analyze_run(measured, &job.project.gates.gates, args.require_speedup);
+    let policy = RunPolicy {
+        require_speedup: args.require_speedup,
+        gate: args.gate,
+    };
+    let analysis = analysis::analyze_run(measured, &job.project.gates.gates, policy);
     let report = compare_report(&analysis, &job.project);
     let meta = build_meta(&job.project, job.backend.as_ref(), started_at);
     let path = publish::commit_run(run_dir, &meta, &analysis, report.as_ref())?;
@@ -79,9 +83,19 @@ impl Job {
             latest_compare: Some(results_root.join("COMPARE.md")),
         };
         extras.check()?;
+        if args.gate && (args.base_kernel.is_none() || !plan.enabled()) {
+            return Err(ConfigError::Usage(
+                "--gate judges the kernel against a base kernel's timings: it needs \
+                 --base-kernel FILE|git:REV and timing (--iters above 0); to gate two saved \
+                 runs use `sdpa-runner compare BASE CAND --gate`"
+                    .into(),
+            )
+            .into());
+        }
         let backend = open_backend(
             args.setup.backend,
             &args.setup.kernel,
+            args.base_kernel.as_ref(),
             args.emulation_defect,
             &project,
         )?;
@@ -116,6 +130,16 @@ impl Job {
                 .backend
                 .resource_verdicts(&self.project.gates.gates.resources);
             out!("{}", console::identity_table(&variants, &resources));
+            for (name, same) in crate::render::markdown::same_code_as_base(&variants) {
+                outln!(
+                    "{name} vs base-{name}: {}",
+                    if same {
+                        "the same code (PTX without line information): the change does not touch this variant"
+                    } else {
+                        "the code differs"
+                    }
+                );
+            }
         }
     }
 
@@ -156,6 +180,7 @@ impl Job {
         });
         Ok(RunMeasured {
             backend: backend.name().to_string(),
+            variants: backend.variant_meta(),
             records: out.records,
             resources: backend.resource_verdicts(&self.project.gates.gates.resources),
             perf,
@@ -167,20 +192,33 @@ fn comparisons(a: &RunAnalysis) -> &[crate::schema::ShapeComparison] {
     a.perf.as_ref().map_or(&[][..], |p| &p.comparisons[..])
 }
 
-/// COMPARE.md and its picture, when the run compared two variants.
+/// COMPARE.md and its picture, when the run compared variants: the first comparison's
+/// pair is the headline; every other variant is shown beside it.
 fn compare_report(a: &RunAnalysis, project: &Project) -> Option<CompareReport> {
     let p = a.perf.as_ref().filter(|p| !p.comparisons.is_empty())?;
     let counts = |v: &str| a.correctness.passing(v);
-    let side = |i: usize| Side {
-        run: "this run".into(),
-        perf: p,
-        variant: &p.variants[i],
-        correctness: Some(counts(&p.variants[i].name)),
-    };
+    fn side<'a>(p: &'a PerfFile, v: &'a VariantMeta, counts: (usize, usize)) -> Side<'a> {
+        Side {
+            run: "this run".into(),
+            perf: p,
+            variant: v,
+            correctness: Some(counts),
+        }
+    }
+    let first = &p.comparisons[0];
+    let find = |name: &str| p.variants.iter().find(|v| v.name == name);
+    let (base, cand) = (find(&first.baseline)?, find(&first.candidate)?);
+    let others = p
+        .variants
+        .iter()
+        .filter(|v| v.name != base.name && v.name != cand.name)
+        .map(|v| side(p, v, counts(&v.name)))
+        .collect();
     let doc = CompareDoc {
-        design: "paired: both variants on the same inputs in one process, interleaved in rounds",
-        base: side(0),
-        cand: side(1),
+        design: "paired: every variant on the same inputs in one process, interleaved in rounds",
+        base: side(p, base, counts(&base.name)),
+        cand: side(p, cand, counts(&cand.name)),
+        others,
         comparisons: &p.comparisons,
         gates: &project.gates.gates.performance,
         decision: &a.decision,
@@ -223,6 +261,9 @@ fn print_outcome(a: &RunAnalysis, job: &Job, warnings: &[String], path: &std::pa
         .filter(|f| f.kind != crate::analysis::GateKind::Correctness)
     {
         outln!("GATE FAILED: {f}");
+    }
+    for n in &a.decision.notices {
+        outln!("notice: {n}");
     }
     for w in warnings {
         eprintln!("warning: {w}");

@@ -22,6 +22,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,
+        None,
         Defect::None,
         &project,
     )?;

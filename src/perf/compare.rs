@@ -101,8 +101,8 @@ fn check_samples(path: &Path, perf: &PerfFile) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Picks the variant of each run: explicit names, else the only variant of each, else the
-/// last (candidate) variant when both runs name it the same.
+/// Picks the variant of each run: explicit names, else the only variant of the kernel under
+/// test of each, else its last (candidate) variant when both runs name it the same.
 pub fn pick_variants(
     base: &PerfFile,
     cand: &PerfFile,
@@ -123,7 +123,17 @@ pub fn pick_variants(
                 ))
             });
         }
-        match (names.as_slice(), other.variant_names().as_slice()) {
+        // Unless named, a variant of the kernel under test: never one of a --base-kernel run's
+        // base-* variants.
+        let own = |f: &PerfFile| -> Vec<String> {
+            f.variants
+                .iter()
+                .filter(|v| !v.is_base())
+                .map(|v| v.name.clone())
+                .collect()
+        };
+        let names = own(file);
+        match (names.as_slice(), own(other).as_slice()) {
             ([only], [_]) => Ok(only.clone()),
             (mine, theirs) if mine.last().is_some() && mine.last() == theirs.last() => {
                 Ok(mine.last().unwrap().clone())
@@ -257,6 +267,7 @@ mod tests {
             unpaired_noise_floor_pct: 1.0,
             unpaired_noise_floor_by_shape: [("small".to_string(), 4.0)].into(),
             target_shapes: vec!["mission".into()],
+            clock_sag_pct: 3.0,
         }
     }
 
@@ -300,6 +311,41 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("--base-variant")
+        );
+    }
+
+    #[test]
+    fn a_base_kernel_runs_base_variants_are_never_picked_unless_named() {
+        let plain = perf_file("H200", &["mission"], &[0], &[("cp0", 1.0), ("cp1", 0.9)]);
+        let mut gated = perf_file(
+            "H200",
+            &["mission"],
+            &[0],
+            &[
+                ("cp0", 1.0),
+                ("cp1", 0.9),
+                ("base-cp0", 1.0),
+                ("base-cp1", 0.9),
+            ],
+        );
+        for v in gated
+            .variants
+            .iter_mut()
+            .filter(|v| v.name.starts_with("base-"))
+        {
+            v.kernel = Some(crate::schema::KernelRef {
+                role: crate::schema::KernelRole::Base,
+                source: "git:main".into(),
+                sha256: String::new(),
+            });
+        }
+        assert_eq!(
+            pick_variants(&plain, &gated, None, None).unwrap(),
+            ("cp1".into(), "cp1".into())
+        );
+        assert_eq!(
+            pick_variants(&gated, &plain, Some("base-cp1"), None).unwrap(),
+            ("base-cp1".into(), "cp1".into())
         );
     }
 

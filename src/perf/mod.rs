@@ -1,53 +1,166 @@
 //! perf.json (all timings of a run, raw samples included) and the comparisons made from it:
-//! in-run A/B (paired) and across two saved runs (unpaired), with the gates of the
-//! `performance` section applied.
+//! in-run (paired: variant against variant, and against the base kernel) and across two
+//! saved runs (unpaired), with the gates of the `performance` section applied.
 
 pub mod compare;
 
-use crate::schema::{PerfFile, ShapeComparison};
+use crate::gates::PerformanceGates;
+use crate::schema::{BASE_PREFIX, Measurement, PairKind, PerfFile, ShapeComparison, VariantMeta};
+use crate::timing::MIN_ROUNDS;
 
-/// Builds the in-run A/B verdicts: for each shape, the candidate (second variant) against the
-/// baseline (first), pairing round medians of the same seed and round.
-pub fn paired_comparisons(
-    file: &PerfFile,
-    confidence: f64,
-    noise_floor_pct: f64,
-) -> Vec<ShapeComparison> {
-    let names = file.variant_names();
-    if names.len() < 2 {
-        return Vec::new();
+/// One in-run comparison: (kind, baseline variant, candidate variant).
+pub type Pair = (PairKind, String, String);
+
+/// The pairs a run compares, from its variants (baseline first): the second variant of the
+/// kernel under test against its first (cp1 vs cp0, or a `--candidate-define` A/B), and each
+/// variant of the kernel under test against the same variant of the base kernel
+/// (`base-cp0` vs `cp0`).
+pub fn pairs(variants: &[VariantMeta]) -> Vec<Pair> {
+    let (base, cand): (Vec<&VariantMeta>, Vec<&VariantMeta>) =
+        variants.iter().partition(|v| v.is_base());
+    let mut out = Vec::new();
+    if let [first, second, ..] = cand.as_slice() {
+        out.push((PairKind::Variants, first.name.clone(), second.name.clone()));
     }
-    let (base, cand) = (&names[0], &names[1]);
-    file.shapes()
+    for c in &cand {
+        let base_name = format!("{BASE_PREFIX}{}", c.name);
+        if base.iter().any(|b| b.name == base_name) {
+            out.push((PairKind::BaseKernel, base_name, c.name.clone()));
+        }
+    }
+    out
+}
+
+/// The median of every block's mean SM clock in the run, MHz: the clock the run ran at.
+pub fn reference_clock(file: &PerfFile) -> Option<f64> {
+    let clocks: Vec<f64> = file
+        .measurements
         .iter()
-        .map(|shape| {
-            let (mut b_rounds, mut c_rounds, mut b_all, mut c_all, mut seeds) =
-                (vec![], vec![], vec![], vec![], vec![]);
+        .flat_map(|m| m.round_sm_mhz.iter().flatten().copied())
+        .collect();
+    (!clocks.is_empty()).then(|| crate::stats::median(&clocks))
+}
+
+/// Whether round `r` of a pair ran at a steady clock: neither side more than `sag_pct` below
+/// `reference`, and the two sides within `sag_pct` of each other. Unknown clocks are steady.
+fn steady(
+    b: &Measurement,
+    c: &Measurement,
+    r: usize,
+    reference: Option<f64>,
+    sag_pct: f64,
+) -> bool {
+    let clock = |m: &Measurement| m.round_sm_mhz.get(r).copied().flatten();
+    match (reference, clock(b), clock(c)) {
+        (Some(reference), Some(x), Some(y)) => {
+            let tol = reference * sag_pct / 100.0;
+            x.min(y) >= reference - tol && (x - y).abs() <= tol
+        }
+        (Some(reference), Some(x), None) | (Some(reference), None, Some(x)) => {
+            x >= reference - reference * sag_pct / 100.0
+        }
+        _ => true,
+    }
+}
+
+/// The samples of each round of `m`, split as the plan spread them; None when the split
+/// does not add up (a file from elsewhere).
+fn round_samples<'a>(m: &'a Measurement, file: &PerfFile) -> Option<Vec<&'a [f64]>> {
+    let rounds = m.round_medians_us.len();
+    let sizes: Vec<usize> = (0..rounds).map(|r| file.plan.samples_in_round(r)).collect();
+    if file.plan.rounds != rounds || sizes.iter().sum::<usize>() != m.samples_us.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(rounds);
+    let mut at = 0;
+    for n in sizes {
+        out.push(&m.samples_us[at..at + n]);
+        at += n;
+    }
+    Some(out)
+}
+
+/// One round of a pair: both medians, both rounds' samples, and whether the clock was steady.
+struct PairedRound<'a> {
+    medians: (f64, f64),
+    samples: (&'a [f64], &'a [f64]),
+    steady: bool,
+}
+
+/// Builds the in-run verdicts of every pair ([`pairs`]) on every shape, pairing the round
+/// medians of the same seed and round. Rounds run while the SM clock sagged are left out
+/// (counted in `rounds_dropped_for_clock`), unless fewer than [`MIN_ROUNDS`] would remain:
+/// then all are used and the comparison is unsteady ([`unsteady`]).
+pub fn paired_comparisons(file: &PerfFile, gates: &PerformanceGates) -> Vec<ShapeComparison> {
+    let reference = reference_clock(file);
+    let mut out = Vec::new();
+    for (kind, base, cand) in pairs(&file.variants) {
+        for shape in file.shapes() {
+            let mut rounds: Vec<PairedRound> = Vec::new();
+            let mut seeds = Vec::new();
             for (b, c) in file
-                .measurements_of(shape, base)
-                .zip(file.measurements_of(shape, cand))
+                .measurements_of(&shape, &base)
+                .zip(file.measurements_of(&shape, &cand))
             {
                 assert_eq!(
                     b.seed, c.seed,
                     "measurements are stored seed by seed for every variant"
                 );
                 seeds.push(b.seed);
-                b_rounds.extend_from_slice(&b.round_medians_us);
-                c_rounds.extend_from_slice(&c.round_medians_us);
-                b_all.extend_from_slice(&b.samples_us);
-                c_all.extend_from_slice(&c.samples_us);
+                let split = round_samples(b, file).zip(round_samples(c, file));
+                let n = b.round_medians_us.len().min(c.round_medians_us.len());
+                for r in 0..n {
+                    let samples = match &split {
+                        Some((bs, cs)) => (bs[r], cs[r]),
+                        // Unsplittable: every sample counts once, with the first round.
+                        None if r == 0 => (&b.samples_us[..], &c.samples_us[..]),
+                        None => (&[][..], &[][..]),
+                    };
+                    rounds.push(PairedRound {
+                        medians: (b.round_medians_us[r], c.round_medians_us[r]),
+                        samples,
+                        steady: steady(b, c, r, reference, gates.clock_sag_pct),
+                    });
+                }
             }
-            let estimate = crate::stats::paired_ratio(&b_rounds, &c_rounds, confidence);
-            ShapeComparison::new(
-                shape,
+            if rounds.is_empty() {
+                continue;
+            }
+            let sagged = rounds.iter().filter(|r| !r.steady).count();
+            let enough = rounds.len() - sagged >= MIN_ROUNDS;
+            let kept: Vec<&PairedRound> = rounds.iter().filter(|r| r.steady || !enough).collect();
+            let side = |f: fn(&PairedRound) -> f64| kept.iter().map(|r| f(r)).collect::<Vec<f64>>();
+            let (b_rounds, c_rounds) = (side(|r| r.medians.0), side(|r| r.medians.1));
+            let b_all: Vec<f64> = kept
+                .iter()
+                .flat_map(|r| r.samples.0.iter().copied())
+                .collect();
+            let c_all: Vec<f64> = kept
+                .iter()
+                .flat_map(|r| r.samples.1.iter().copied())
+                .collect();
+            let estimate = crate::stats::paired_ratio(&b_rounds, &c_rounds, gates.confidence);
+            let mut cmp = ShapeComparison::new(
+                &shape,
                 seeds,
-                (base, cand),
+                (&base, &cand),
                 (&b_all, &c_all),
                 estimate,
-                noise_floor_pct,
-            )
-        })
-        .collect()
+                gates.noise_floor_pct,
+            );
+            cmp.pair = kind;
+            cmp.rounds_dropped_for_clock = sagged;
+            cmp.rounds_total = rounds.len();
+            out.push(cmp);
+        }
+    }
+    out
+}
+
+/// A comparison whose rounds ran at a sagging SM clock so often that too few steady ones
+/// remained: its verdict used them all and cannot be trusted.
+pub fn unsteady(c: &ShapeComparison) -> bool {
+    c.rounds_dropped_for_clock > 0 && c.estimate.n == c.rounds_total
 }
 
 #[cfg(test)]
@@ -57,6 +170,20 @@ pub(crate) mod fixtures {
     use crate::schema::{GitInfo, Measurement, PerfFile, SCHEMA_VERSION, VariantMeta};
     use crate::stats::Summary;
     use crate::timing::{L2Mode, TimingPlan};
+
+    /// The performance gates of gates/default.json's shape, with a 1% paired floor.
+    pub fn gates() -> crate::gates::PerformanceGates {
+        crate::gates::PerformanceGates {
+            min_speedup_pct: 10.0,
+            max_regression_pct: 2.0,
+            confidence: 0.95,
+            noise_floor_pct: 1.0,
+            unpaired_noise_floor_pct: 1.0,
+            unpaired_noise_floor_by_shape: Default::default(),
+            target_shapes: vec!["mission".into()],
+            clock_sag_pct: 3.0,
+        }
+    }
 
     /// A perf file with one measurement per (shape, seed, variant) whose samples are
     /// `base_us * factor(variant)` with a small deterministic wobble.
@@ -89,6 +216,9 @@ pub(crate) mod fixtures {
                         summary: Summary::of(&rounds),
                         round_medians_us: rounds.clone(),
                         samples_us: rounds,
+                        round_sm_mhz: vec![Some(1980.0); 20],
+                        hold_retries: 0,
+                        hold_expired_blocks: 0,
                     });
                 }
             }
@@ -125,6 +255,8 @@ pub(crate) mod fixtures {
                     smem_bytes: None,
                     spill_bytes: None,
                     blocks_per_sm: None,
+                    kernel: None,
+                    ptx_code_sha256: None,
                 })
                 .collect(),
             measurements,
@@ -146,7 +278,7 @@ mod tests {
             &[0, 1, 2],
             &[("cp0", 1.0), ("cp1", 0.8)],
         );
-        let cmp = paired_comparisons(&file, 0.95, 1.0);
+        let cmp = paired_comparisons(&file, &fixtures::gates());
         assert_eq!(cmp.len(), 2);
         assert_eq!(
             (
@@ -166,9 +298,136 @@ mod tests {
         assert_eq!(cmp[1].estimate.n, 60, "20 rounds x 3 seeds");
     }
 
+    use crate::schema::{KernelRef, KernelRole, PairKind};
+
+    fn with_base(file: &mut PerfFile) {
+        for v in &mut file.variants {
+            let role = if v.name.starts_with(BASE_PREFIX) {
+                KernelRole::Base
+            } else {
+                KernelRole::Candidate
+            };
+            v.kernel = Some(KernelRef {
+                role,
+                source: format!("{role:?}.cu"),
+                sha256: String::new(),
+            });
+        }
+    }
+
+    #[test]
+    fn pairs_are_the_ab_of_the_kernel_under_test_and_each_variant_against_its_base_twin() {
+        let mut file = fixtures::perf_file(
+            "GPU",
+            &["mission"],
+            &[0],
+            &[
+                ("cp0", 1.0),
+                ("cp1", 1.0),
+                ("base-cp0", 1.0),
+                ("base-cp1", 1.0),
+            ],
+        );
+        with_base(&mut file);
+        let got: Vec<(PairKind, String, String)> = pairs(&file.variants);
+        let want = [
+            (PairKind::Variants, "cp0", "cp1"),
+            (PairKind::BaseKernel, "base-cp0", "cp0"),
+            (PairKind::BaseKernel, "base-cp1", "cp1"),
+        ]
+        .map(|(k, b, c)| (k, b.to_string(), c.to_string()));
+        assert_eq!(got, want);
+        // A run without a base kernel has the A/B only; a name alone does not make a base.
+        file.variants.iter_mut().for_each(|v| v.kernel = None);
+        assert_eq!(pairs(&file.variants).len(), 1);
+    }
+
+    #[test]
+    fn a_candidate_slower_than_its_base_twin_is_slower_per_variant() {
+        let mut file = fixtures::perf_file(
+            "GPU",
+            &["mission"],
+            &[0, 1],
+            &[
+                ("cp0", 1.0),
+                ("cp1", 1.0),
+                ("base-cp0", 1.0),
+                ("base-cp1", 0.9),
+            ],
+        );
+        with_base(&mut file);
+        let cmps = paired_comparisons(&file, &fixtures::gates());
+        let find = |b: &str| cmps.iter().find(|c| c.baseline == b).unwrap();
+        assert_eq!(find("base-cp0").verdict, PerfVerdict::Same);
+        assert_eq!(find("base-cp1").pair, PairKind::BaseKernel);
+        assert_eq!(find("base-cp1").verdict, PerfVerdict::Slower);
+        assert_eq!(find("cp0").pair, PairKind::Variants);
+    }
+
+    /// cp1 is 30% slower in `slow` rounds of every seed, and in those its SM clock reads
+    /// `slow_mhz` (the others 1980 MHz).
+    fn sagging(slow: usize, slow_mhz: f64) -> PerfFile {
+        let mut file =
+            fixtures::perf_file("GPU", &["mission"], &[0, 1], &[("cp0", 1.0), ("cp1", 1.0)]);
+        for m in file.measurements.iter_mut().filter(|m| m.variant == "cp1") {
+            for r in 0..slow {
+                m.round_medians_us[r] *= 1.3;
+                m.samples_us[r] *= 1.3;
+                m.round_sm_mhz[r] = Some(slow_mhz);
+            }
+        }
+        file
+    }
+
+    #[test]
+    fn rounds_measured_while_the_clock_sagged_are_left_out_of_the_paired_verdict() {
+        let g = fixtures::gates();
+        // 16 of 20 rounds slow at a steady clock: a real slowdown, SLOWER.
+        let steady = &paired_comparisons(&sagging(16, 1980.0), &g)[0];
+        assert_eq!(
+            (steady.verdict, steady.rounds_dropped_for_clock),
+            (PerfVerdict::Slower, 0)
+        );
+        // The same rounds at 1500 MHz: left out, the 4 steady rounds per seed say SAME.
+        let sagged = &paired_comparisons(&sagging(16, 1500.0), &g)[0];
+        assert_eq!(sagged.verdict, PerfVerdict::Same, "{sagged:?}");
+        assert_eq!(
+            (sagged.rounds_dropped_for_clock, sagged.rounds_total),
+            (32, 40)
+        );
+        assert_eq!(sagged.estimate.n, 8);
+        assert!(!unsteady(sagged));
+        assert!(
+            sagged.candidate_summary.max < 21.0,
+            "dropped rounds' samples left out too"
+        );
+    }
+
+    #[test]
+    fn too_few_steady_rounds_keep_them_all_and_mark_the_comparison_unsteady() {
+        let c = &paired_comparisons(&sagging(18, 1500.0), &fixtures::gates())[0];
+        assert_eq!((c.rounds_dropped_for_clock, c.estimate.n), (36, 40));
+        assert!(unsteady(c));
+        assert_eq!(c.verdict, PerfVerdict::Slower);
+    }
+
+    #[test]
+    fn unknown_clocks_drop_nothing() {
+        let mut file = sagging(16, 1500.0);
+        file.measurements
+            .iter_mut()
+            .for_each(|m| m.round_sm_mhz = vec![None; 20]);
+        let c = &paired_comparisons(&file, &fixtures::gates())[0];
+        assert_eq!(
+            (c.rounds_dropped_for_clock, c.verdict),
+            (0, PerfVerdict::Slower)
+        );
+        assert_eq!(reference_clock(&file), None);
+    }
+
     #[test]
     fn a_single_variant_has_nothing_to_compare() {
         let file = fixtures::perf_file("GPU", &["small"], &[0], &[("cp1", 1.0)]);
-        assert!(paired_comparisons(&file, 0.95, 1.0).is_empty());
+        assert!(paired_comparisons(&file, &fixtures::gates()).is_empty());
     }
 }

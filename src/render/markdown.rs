@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use crate::analysis::{Decision, TargetStatus};
 use crate::gates::PerformanceGates;
-use crate::schema::{PerfFile, ShapeComparison, VariantMeta};
+use crate::schema::{BASE_PREFIX, PerfFile, ShapeComparison, VariantMeta};
 
 /// One side of a comparison.
 pub struct Side<'a> {
@@ -23,6 +23,9 @@ pub struct CompareDoc<'a> {
     pub design: &'a str,
     pub base: Side<'a>,
     pub cand: Side<'a>,
+    /// Further variants of the same run, shown beside them (the base kernel's, with
+    /// `--base-kernel`).
+    pub others: Vec<Side<'a>>,
     pub comparisons: &'a [ShapeComparison],
     pub gates: &'a PerformanceGates,
     pub decision: &'a Decision,
@@ -36,19 +39,35 @@ pub struct CompareDoc<'a> {
 pub fn render(doc: &CompareDoc) -> String {
     let mut s = String::new();
     let (b, c) = (&doc.base, &doc.cand);
-    let _ = writeln!(
-        s,
-        "# COMPARE: {} (candidate) vs {} (baseline)\n",
-        c.variant.name, b.variant.name
-    );
+    let sides: Vec<&Side> = [b, c].into_iter().chain(&doc.others).collect();
+    let against_base = sides.iter().any(|side| side.variant.is_base());
+    let _ = if against_base {
+        writeln!(s, "# COMPARE: the kernel under test vs the base kernel\n")
+    } else {
+        writeln!(
+            s,
+            "# COMPARE: {} (candidate) vs {} (baseline)\n",
+            c.variant.name, b.variant.name
+        )
+    };
     for w in doc.warnings {
         let _ = writeln!(s, "> **WARNING:** {w}\n");
     }
     header(&mut s, doc);
-    variants(&mut s, b.variant, c.variant);
+    if against_base {
+        kernels(&mut s, &sides);
+    }
+    variants(&mut s, &sides);
     timings(&mut s, doc);
     let _ = writeln!(s, "\n## Correctness\n");
-    for (role, side) in [("baseline", b), ("candidate", c)] {
+    for side in &sides {
+        let role = if side.variant.is_base() {
+            "base kernel"
+        } else if std::ptr::eq(*side, b) && !against_base {
+            "baseline"
+        } else {
+            "candidate"
+        };
         let status = match side.correctness {
             Some((p, t)) => format!("{p}/{t} PASS{}", if p == t { "" } else { " — FAILURES" }),
             None => "not recorded with this run".into(),
@@ -57,6 +76,69 @@ pub fn render(doc: &CompareDoc) -> String {
     }
     verdicts(&mut s, doc);
     s
+}
+
+/// The two kernel sources, and whether each variant's code is the same in both.
+fn kernels(s: &mut String, sides: &[&Side]) {
+    let _ = writeln!(s, "\n## Kernels\n");
+    let _ = writeln!(s, "| role | source | sha256 |\n|---|---|---|");
+    let mut seen = Vec::new();
+    for side in sides {
+        if let Some(k) = &side.variant.kernel
+            && !seen.contains(&k)
+        {
+            seen.push(k);
+            let role = if side.variant.is_base() {
+                "base"
+            } else {
+                "under test"
+            };
+            let _ = writeln!(
+                s,
+                "| {role} | `{}` | `{}` |",
+                k.source,
+                &k.sha256[..12.min(k.sha256.len())]
+            );
+        }
+    }
+    let metas: Vec<VariantMeta> = sides.iter().map(|side| side.variant.clone()).collect();
+    let twins = same_code_as_base(&metas);
+    if !twins.is_empty() && twins.iter().all(|(_, same)| *same) {
+        let _ = writeln!(
+            s,
+            "\n**The kernel under test compiles to the same code as the base kernel** (PTX \
+             without line information, every variant): this change does not touch the kernel, \
+             and any verdict other than SAME below is noise."
+        );
+    } else {
+        for (name, same) in twins {
+            let _ = writeln!(
+                s,
+                "\n- `{name}`: {}",
+                if same {
+                    "same code as the base (PTX without line information)"
+                } else {
+                    "the code differs from the base"
+                }
+            );
+        }
+    }
+}
+
+/// For each variant of the kernel under test with a twin from the base kernel: whether the
+/// two compile to the same code (PTX without line information); unknown counts as differing.
+pub fn same_code_as_base(variants: &[VariantMeta]) -> Vec<(String, bool)> {
+    variants
+        .iter()
+        .filter(|v| !v.is_base())
+        .filter_map(|v| {
+            let twin = variants
+                .iter()
+                .find(|b| b.is_base() && b.name == format!("{BASE_PREFIX}{}", v.name))?;
+            let same = v.ptx_code_sha256.is_some() && v.ptx_code_sha256 == twin.ptx_code_sha256;
+            Some((v.name.clone(), same))
+        })
+        .collect()
 }
 
 fn header(s: &mut String, doc: &CompareDoc) {
@@ -134,26 +216,45 @@ fn header(s: &mut String, doc: &CompareDoc) {
     }
 }
 
-fn variants(s: &mut String, b: &VariantMeta, c: &VariantMeta) {
+fn variants(s: &mut String, sides: &[&Side]) {
     let opt = |x: Option<u32>| x.map_or("-".to_string(), |v| v.to_string());
     let _ = writeln!(s, "\n## Variants\n");
+    let row = |label: &str, cell: &dyn Fn(&VariantMeta) -> String| {
+        let cells: Vec<String> = sides.iter().map(|side| cell(side.variant)).collect();
+        format!("| {label} | {} |\n", cells.join(" | "))
+    };
+    let heads: Vec<String> = sides
+        .iter()
+        .enumerate()
+        .map(|(i, side)| {
+            let role = match (side.variant.is_base(), i) {
+                (true, _) => "base kernel",
+                (false, 0) if sides.len() == 2 => "baseline",
+                _ => "candidate",
+            };
+            format!("{role} `{}`", side.variant.name)
+        })
+        .collect();
     let _ = writeln!(
         s,
-        "| | baseline `{}` | candidate `{}` |\n|---|---|---|",
-        b.name, c.name
+        "| | {} |\n|---|{}",
+        heads.join(" | "),
+        "---|".repeat(sides.len())
     );
-    let _ = writeln!(
-        s,
-        "| defines | {} | {} |",
-        b.defines.join(" "),
-        c.defines.join(" ")
-    );
-    let hash = |v: &VariantMeta| {
-        v.ptx_sha256
-            .as_deref()
+    s.push_str(&row("defines", &|v| v.defines.join(" ")));
+    let hash = |h: &Option<String>| {
+        h.as_deref()
             .map_or("-".to_string(), |h| format!("`{}`", &h[..12.min(h.len())]))
     };
-    let _ = writeln!(s, "| PTX sha256 | {} | {} |", hash(b), hash(c));
+    s.push_str(&row("PTX sha256", &|v| hash(&v.ptx_sha256)));
+    if sides
+        .iter()
+        .any(|side| side.variant.ptx_code_sha256.is_some())
+    {
+        s.push_str(&row("code sha256 (no line info)", &|v| {
+            hash(&v.ptx_code_sha256)
+        }));
+    }
     type Field = fn(&VariantMeta) -> Option<u32>;
     let rows: [(&str, Field); 4] = [
         ("registers / thread", |v| v.registers),
@@ -162,7 +263,7 @@ fn variants(s: &mut String, b: &VariantMeta, c: &VariantMeta) {
         ("blocks / SM", |v| v.blocks_per_sm),
     ];
     for (label, field) in rows {
-        let _ = writeln!(s, "| {label} | {} | {} |", opt(field(b)), opt(field(c)));
+        s.push_str(&row(label, &|v| opt(field(v))));
     }
 }
 
@@ -171,19 +272,41 @@ fn timings(s: &mut String, doc: &CompareDoc) {
         .comparisons
         .first()
         .map_or(95.0, |c| c.estimate.confidence * 100.0);
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for c in doc.comparisons {
+        if !pairs.contains(&(&c.candidate, &c.baseline)) {
+            pairs.push((&c.candidate, &c.baseline));
+        }
+    }
+    let show_pair = pairs.len() > 1;
+    let show_rounds = doc.comparisons.iter().any(|c| c.rounds_total > 0);
     let _ = writeln!(s, "\n## Timing, µs per launch\n");
-    let _ = writeln!(
-        s,
-        "| shape | seeds | p50 base | p50 cand | p90 base | p90 cand | mean base | mean cand | speedup | {conf:.0}% CI | p | floor | verdict |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut head = String::from("| shape |");
+    if show_pair {
+        head.push_str(" candidate vs baseline |");
+    }
+    head.push_str(" seeds |");
+    if show_rounds {
+        head.push_str(" rounds |");
+    }
+    head.push_str(&format!(
+        " p50 base | p50 cand | p90 base | p90 cand | mean base | mean cand | speedup | {conf:.0}% CI | p | floor | verdict |"
+    ));
+    let columns = head.matches('|').count() - 1;
+    let _ = writeln!(s, "{head}\n|{}", "---|".repeat(columns));
     for c in doc.comparisons {
         let (bs, cs) = (&c.baseline_summary, &c.candidate_summary);
+        let mut row = format!("| {} |", c.shape);
+        if show_pair {
+            row.push_str(&format!(" {} vs {} |", c.candidate, c.baseline));
+        }
+        row.push_str(&format!(" {} |", c.seeds.len()));
+        if show_rounds {
+            row.push_str(&format!(" {}/{} |", c.estimate.n, c.rounds_total));
+        }
         let _ = writeln!(
             s,
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.1}% | **{}** |",
-            c.shape,
-            c.seeds.len(),
+            "{row} {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.1}% | **{}** |",
             bs.p50,
             cs.p50,
             bs.p90,
@@ -196,6 +319,20 @@ fn timings(s: &mut String, doc: &CompareDoc) {
             c.estimate.p_value,
             c.noise_floor_pct,
             c.verdict
+        );
+    }
+    if show_rounds {
+        let dropped: usize = doc
+            .comparisons
+            .iter()
+            .map(|c| c.rounds_dropped_for_clock)
+            .sum();
+        let _ = writeln!(
+            s,
+            "\nRounds: those used of those measured. A round is left out when either side's \
+             block ran with its SM clock more than {:.1}% below the run's median or the two \
+             sides' clocks differ by more than that ({dropped} left out in all).",
+            doc.gates.clock_sag_pct
         );
     }
     let _ = writeln!(
@@ -246,6 +383,9 @@ fn verdicts(s: &mut String, doc: &CompareDoc) {
     for f in failures {
         let _ = writeln!(s, "  - {f}");
     }
+    for n in &doc.decision.notices {
+        let _ = writeln!(s, "- notice: {n}");
+    }
 }
 
 #[cfg(test)]
@@ -262,7 +402,7 @@ mod tests {
             &[0, 1],
             &[("cp0", 1.0), ("cp1", 0.85)],
         );
-        let cmps = paired_comparisons(&file, 0.95, 1.0);
+        let cmps = paired_comparisons(&file, &crate::perf::fixtures::gates());
         let gates = PerformanceGates {
             min_speedup_pct: 10.0,
             max_regression_pct: 3.0,
@@ -271,6 +411,7 @@ mod tests {
             unpaired_noise_floor_pct: 1.0,
             unpaired_noise_floor_by_shape: Default::default(),
             target_shapes: vec!["mission".into()],
+            clock_sag_pct: 3.0,
         };
         let doc = CompareDoc {
             design: "paired: A/B interleaved in one run",
@@ -292,8 +433,10 @@ mod tests {
                 targets: crate::analysis::targets(&cmps, &gates),
                 regressions: crate::analysis::regressions(&cmps, &gates),
                 failures: vec![],
+                notices: vec![],
             },
             gate_enforced: true,
+            others: vec![],
             warnings: &["compared despite a mismatch".into()],
             svg: Some("latency.svg"),
         };
@@ -313,5 +456,82 @@ mod tests {
         ] {
             assert!(md.contains(needle), "missing `{needle}` in:\n{md}");
         }
+    }
+
+    #[test]
+    fn a_base_kernel_report_names_both_kernels_every_pair_and_says_when_the_code_is_the_same() {
+        use crate::schema::{KernelRef, KernelRole};
+        let mut file = perf_file(
+            "NVIDIA H100 80GB HBM3",
+            &["mission"],
+            &[0],
+            &[
+                ("cp0", 1.0),
+                ("cp1", 1.1),
+                ("base-cp0", 1.0),
+                ("base-cp1", 1.1),
+            ],
+        );
+        for v in &mut file.variants {
+            let base = v.name.starts_with("base-");
+            v.kernel = Some(KernelRef {
+                role: if base {
+                    KernelRole::Base
+                } else {
+                    KernelRole::Candidate
+                },
+                source: if base {
+                    "git:main (0123456789ab):cuda/k.cu"
+                } else {
+                    "cuda/k.cu"
+                }
+                .into(),
+                sha256: if base { "aaaa" } else { "bbbb" }.into(),
+            });
+            v.ptx_code_sha256 = Some(format!("code-{}", v.name.trim_start_matches("base-")));
+        }
+        let gates = crate::perf::fixtures::gates();
+        let cmps = paired_comparisons(&file, &gates);
+        let render_with = |file: &crate::schema::PerfFile| {
+            let side = |i: usize| Side {
+                run: "this run".into(),
+                perf: file,
+                variant: &file.variants[i],
+                correctness: Some((1, 1)),
+            };
+            render(&CompareDoc {
+                design: "paired",
+                base: side(0),
+                cand: side(1),
+                others: vec![side(2), side(3)],
+                comparisons: &cmps,
+                gates: &gates,
+                decision: &crate::analysis::Decision::default(),
+                gate_enforced: true,
+                warnings: &[],
+                svg: None,
+            })
+        };
+        let md = render_with(&file);
+        for needle in [
+            "# COMPARE: the kernel under test vs the base kernel",
+            "| base | `git:main (0123456789ab):cuda/k.cu` |",
+            "| under test | `cuda/k.cu` |",
+            "**The kernel under test compiles to the same code as the base kernel**",
+            "base kernel `base-cp1`",
+            "| mission | cp0 vs base-cp0 | 1 | 20/20 |",
+            "| mission | cp1 vs cp0 |",
+            "- base kernel base-cp0: 1/1 PASS",
+        ] {
+            assert!(md.contains(needle), "missing `{needle}` in:\n{md}");
+        }
+        file.variants[1].ptx_code_sha256 = Some("changed".into());
+        let md = render_with(&file);
+        assert!(
+            md.contains("- `cp1`: the code differs from the base")
+                && md.contains("- `cp0`: same code as the base")
+                && !md.contains("compiles to the same code as the base kernel"),
+            "{md}"
+        );
     }
 }

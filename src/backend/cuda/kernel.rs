@@ -3,25 +3,66 @@
 
 use std::path::{Path, PathBuf};
 
-use super::identity::{KernelConstants, PtxasReport, VariantIdentity, ptx_has_cp_async};
+use super::identity::{KernelConstants, PtxasReport, VariantIdentity, ptx_code, ptx_has_cp_async};
 use super::nvrtc::{self, Compiled};
+use super::revision;
 use super::variant::VariantSpec;
 use crate::backend::BackendError;
 use crate::emulation::KV_TILE;
 use crate::report::sha256_hex;
+use crate::schema::KernelRef;
 use crate::shapes::HEAD_DIM;
 
 /// The kernel file under cuda/ and its entry point (docs/DESIGN.md "Kernel ABI").
 pub const KERNEL_FILE: &str = "sdpa_fp8_stage_c_mma.cu";
 pub const ENTRY: &str = "sdpa_fp8_stage_c_mma";
 
-/// A kernel source file, read once, with the folders its `#include "..."` lines resolve in.
+/// Where a kernel comes from: a file, or a file at a git revision (`git:REV[:PATH]`, PATH
+/// relative to the repository root, by default cuda/<KERNEL_FILE>).
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelLocation {
+    File(PathBuf),
+    Git { rev: String, path: String },
+}
+
+impl KernelLocation {
+    /// Parses `--base-kernel`: `git:REV`, `git:REV:PATH` or a file path.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let Some(rest) = text.strip_prefix("git:") else {
+            if text.trim().is_empty() {
+                return Err("name a kernel file or git:REV".into());
+            }
+            return Ok(KernelLocation::File(PathBuf::from(text)));
+        };
+        let (rev, path) = match rest.split_once(':') {
+            Some((rev, path)) => (rev, path.to_string()),
+            None => (rest, format!("cuda/{KERNEL_FILE}")),
+        };
+        if rev.is_empty() || path.is_empty() {
+            return Err(format!(
+                "`{text}`: write git:REV or git:REV:PATH, e.g. git:origin/main"
+            ));
+        }
+        Ok(KernelLocation::Git {
+            rev: rev.to_string(),
+            path,
+        })
+    }
+}
+
+/// A kernel source, read once, with where its `#include "..."` lines resolve: folders on
+/// disk, or headers held in memory (a git revision's).
 #[derive(Debug, Clone)]
 pub struct KernelSource {
     pub path: PathBuf,
+    /// As reports name it: the file's path, or `git:REV (commit):PATH`.
+    pub origin: String,
     pub text: String,
+    /// Of the kernel file's text.
     pub sha256: String,
     pub include_dirs: Vec<PathBuf>,
+    /// (include name, text) given to NVRTC in memory.
+    pub headers: Vec<(String, String)>,
 }
 
 impl KernelSource {
@@ -42,10 +83,35 @@ impl KernelSource {
         }
         Ok(KernelSource {
             path: path.to_path_buf(),
+            origin: path.display().to_string(),
             sha256: sha256_hex(text.as_bytes()),
             text,
             include_dirs,
+            headers: Vec::new(),
         })
+    }
+
+    /// Reads the kernel at `location`: a file (as [`KernelSource::load`]) or a file of the
+    /// repository at `repo` as it is at a revision, with the headers of that revision only.
+    pub fn locate(
+        location: &KernelLocation,
+        repo: &Path,
+        project_cuda_dir: &Path,
+    ) -> Result<Self, BackendError> {
+        match location {
+            KernelLocation::File(path) => Self::load(path, project_cuda_dir),
+            KernelLocation::Git { rev, path } => {
+                let files = revision::read(repo, rev, path).map_err(BackendError::Config)?;
+                Ok(KernelSource {
+                    path: PathBuf::from(path),
+                    origin: format!("git:{rev} ({}):{path}", &files.commit[..12]),
+                    sha256: sha256_hex(files.text.as_bytes()),
+                    text: files.text,
+                    include_dirs: Vec::new(),
+                    headers: files.headers,
+                })
+            }
+        }
     }
 }
 
@@ -84,19 +150,16 @@ pub fn build_variant(
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or(KERNEL_FILE);
-    let compiled = nvrtc::compile(&src.text, name, &options).map_err(|failure| {
-        BackendError::Kernel(format!(
-            "variant {} of {} failed to compile: {failure}",
-            spec.name,
-            src.path.display()
-        ))
-    })?;
+    let compiled = nvrtc::compile_with_headers(&src.text, name, &src.headers, &options).map_err(
+        |failure| {
+            BackendError::Kernel(format!(
+                "variant {} of {} failed to compile: {failure}",
+                spec.name, src.origin
+            ))
+        },
+    )?;
     let refuse = |msg: String| {
-        BackendError::Kernel(format!(
-            "variant {} of {}: {msg}",
-            spec.name,
-            src.path.display()
-        ))
+        BackendError::Kernel(format!("variant {} of {}: {msg}", spec.name, src.origin))
     };
     let constants = KernelConstants::from_ptx(&compiled.ptx).map_err(refuse)?;
     if constants.head_dim as usize != HEAD_DIM || constants.block_n as usize != KV_TILE {
@@ -115,6 +178,12 @@ pub fn build_variant(
         constants,
         ptxas: PtxasReport::parse(&compiled.log, ENTRY),
         driver: None,
+        kernel: KernelRef {
+            role: spec.role,
+            source: src.origin.clone(),
+            sha256: src.sha256.clone(),
+        },
+        ptx_code_sha256: sha256_hex(ptx_code(&compiled.ptx).as_bytes()),
     };
     identity
         .check_toggle(spec.use_cp_async)
@@ -124,4 +193,34 @@ pub fn build_variant(
         compiled,
         identity,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_kernel_is_a_file_or_a_git_revision_with_an_optional_path() {
+        assert_eq!(
+            KernelLocation::parse("cuda/old.cu").unwrap(),
+            KernelLocation::File("cuda/old.cu".into())
+        );
+        assert_eq!(
+            KernelLocation::parse("git:origin/main").unwrap(),
+            KernelLocation::Git {
+                rev: "origin/main".into(),
+                path: format!("cuda/{KERNEL_FILE}")
+            }
+        );
+        assert_eq!(
+            KernelLocation::parse("git:abc123:kernels/k.cu").unwrap(),
+            KernelLocation::Git {
+                rev: "abc123".into(),
+                path: "kernels/k.cu".into()
+            }
+        );
+        for bad in ["git:", "git::x.cu", "git:HEAD:", ""] {
+            assert!(KernelLocation::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod kernel;
 pub mod launch;
 pub mod nvrtc;
+pub mod revision;
 pub mod timer;
 pub mod variant;
 
@@ -23,7 +24,7 @@ use super::{Backend, BackendError};
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
 use crate::schema::VariantMeta;
-use crate::timing::TimingPlan;
+use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
 use device::DeviceInfo;
 use identity::{DriverResources, KernelConstants, VariantIdentity};
@@ -58,16 +59,26 @@ pub struct CudaBackend {
     device: DeviceInfo,
     nvrtc_version: String,
     include_dir: PathBuf,
-    kernel: KernelSource,
+    /// The kernel sources, the one under test first.
+    kernels: Vec<KernelSource>,
     /// (shape, seed) of the loaded problem, for error messages.
     loaded: String,
-    /// The KV split every variant builds (checked at construction).
-    kv_split: usize,
+    /// The KV split each variant builds (shared by the variants of one source).
+    kv_splits: Vec<usize>,
 }
 
 impl CudaBackend {
     /// Opens the GPU, finds NVRTC and the headers, compiles and loads every variant.
     pub fn new(kernel: KernelSource, specs: &[VariantSpec]) -> Result<Self, BackendError> {
+        Self::from_sources(vec![(kernel, specs.to_vec())])
+    }
+
+    /// As [`CudaBackend::new`], for variants of several kernel sources (the kernel under test
+    /// and `--base-kernel`), in the order given. The variants of one source must share their
+    /// KV split; each source may have its own.
+    pub fn from_sources(
+        sources: Vec<(KernelSource, Vec<VariantSpec>)>,
+    ) -> Result<Self, BackendError> {
         let (ctx, device) = device::open()?;
         // One stream only, synchronized explicitly: cudarc's per-buffer event records would
         // otherwise sit inside every timed region.
@@ -76,20 +87,33 @@ impl CudaBackend {
         let include_dir =
             headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
         let stream = ctx.default_stream();
-        let timer = timer::Timer::new(&ctx, &include_dir, &device.arch(), device.max_sm_clock_mhz)?;
+        let timer = timer::Timer::new(
+            &ctx,
+            &include_dir,
+            &device.arch(),
+            device.max_sm_clock_mhz,
+            device.sm_count,
+        )?;
         let mut variants = Vec::new();
-        for spec in specs {
-            let built = kernel::build_variant(&kernel, &include_dir, &device.arch(), spec)?;
-            variants.push(load_variant(&ctx, built)?);
+        let mut kv_splits = Vec::new();
+        let mut names = Vec::new();
+        for (source, specs) in &sources {
+            let first = variants.len();
+            for spec in specs {
+                let built = kernel::build_variant(source, &include_dir, &device.arch(), spec)?;
+                variants.push(load_variant(&ctx, built)?);
+                names.push(spec.name.clone());
+            }
+            let constants: Vec<(&str, KernelConstants)> = variants[first..]
+                .iter()
+                .map(|v: &LoadedVariant| (v.identity.name.as_str(), v.identity.constants))
+                .collect();
+            let split =
+                identity::shared_kv_split(&constants).map_err(BackendError::Config)? as usize;
+            kv_splits.extend(std::iter::repeat_n(split, specs.len()));
         }
-        let constants: Vec<(&str, KernelConstants)> = variants
-            .iter()
-            .map(|v| (v.identity.name.as_str(), v.identity.constants))
-            .collect();
-        let kv_split =
-            identity::shared_kv_split(&constants).map_err(BackendError::Config)? as usize;
         Ok(CudaBackend {
-            names: specs.iter().map(|s| s.name.clone()).collect(),
+            names,
             gpu: ManuallyDrop::new(Gpu {
                 ctx,
                 stream,
@@ -102,9 +126,9 @@ impl CudaBackend {
             device,
             nvrtc_version,
             include_dir,
-            kernel,
+            kernels: sources.into_iter().map(|(k, _)| k).collect(),
             loaded: String::new(),
-            kv_split,
+            kv_splits,
         })
     }
 
@@ -198,7 +222,14 @@ impl Backend for CudaBackend {
     }
 
     fn kv_split(&self) -> usize {
-        self.kv_split
+        self.kv_splits
+            .first()
+            .copied()
+            .unwrap_or(crate::emulation::KV_SPLIT)
+    }
+
+    fn kv_split_of(&self, variant: usize) -> usize {
+        self.kv_splits[variant]
     }
 
     fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
@@ -313,7 +344,7 @@ impl Backend for CudaBackend {
         variant: usize,
         count: usize,
         plan: &TimingPlan,
-    ) -> Result<Vec<f64>, BackendError> {
+    ) -> Result<TimedBlock, BackendError> {
         let l2_bytes = self.device.l2_bytes as usize;
         let gpu = &mut *self.gpu;
         let dp = gpu.problem.as_mut().expect("load() before time_samples()");
@@ -347,6 +378,15 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         let d = &self.device;
+        let kernels: Vec<String> = self
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(i, k)| match i {
+                0 => k.origin.clone(),
+                _ => format!("against base {}", k.origin),
+            })
+            .collect();
         format!(
             "backend: cuda — {} (compute {}, {} SMs), driver CUDA {}, NVRTC {}, kernel {}",
             d.name,
@@ -354,7 +394,7 @@ impl Backend for CudaBackend {
             d.sm_count,
             d.driver_cuda_version,
             self.nvrtc_version,
-            self.kernel.path.display()
+            kernels.join(" ")
         )
     }
 
@@ -368,9 +408,13 @@ impl Backend for CudaBackend {
             "nvrtc_version": self.nvrtc_version,
             "cuda_include": self.include_dir.display().to_string(),
             "kernel_source": {
-                "path": self.kernel.path.display().to_string(),
-                "sha256": self.kernel.sha256,
+                "path": self.kernels[0].origin,
+                "sha256": self.kernels[0].sha256,
             },
+            "base_kernel_source": self.kernels.get(1).map(|k| serde_json::json!({
+                "path": k.origin,
+                "sha256": k.sha256,
+            })),
             "variants": self.gpu.variants.iter().map(|v| serde_json::json!({
                 "identity": v.identity,
                 "nvrtc_options": v.options,

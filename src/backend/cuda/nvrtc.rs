@@ -78,17 +78,58 @@ pub fn build_options(
 
 /// Compiles `source` (named `name` in diagnostics). Call only when [`is_available`].
 pub fn compile(source: &str, name: &str, options: &[String]) -> Result<Compiled, CompileFailure> {
+    compile_with_headers(source, name, &[], options)
+}
+
+/// Compiles `source` with `headers` ((include name, text)) given to NVRTC in memory: an
+/// `#include "NAME"` resolves to them before any include path.
+pub fn compile_with_headers(
+    source: &str,
+    name: &str,
+    headers: &[(String, String)],
+    options: &[String],
+) -> Result<Compiled, CompileFailure> {
     let fail = |status: String, log: String| CompileFailure {
         status,
         options: options.to_vec(),
         log,
     };
-    let src = CString::new(source)
-        .map_err(|_| fail("source contains a NUL byte".into(), String::new()))?;
+    let nul = |what: &str| fail(format!("{what} contains a NUL byte"), String::new());
+    let src = CString::new(source).map_err(|_| nul("the source"))?;
     let cname = CString::new(name).unwrap_or_else(|_| CString::new("kernel.cu").unwrap());
-    let prog = result::create_program(&src, Some(&cname))
-        .map_err(|e| fail(format!("{e:?}"), String::new()))?;
-    let program = Program(prog);
+    let mut texts = Vec::with_capacity(headers.len());
+    let mut names = Vec::with_capacity(headers.len());
+    for (include, text) in headers {
+        names.push(CString::new(include.as_str()).map_err(|_| nul("a header name"))?);
+        texts.push(CString::new(text.as_str()).map_err(|_| nul("a header"))?);
+    }
+    let text_ptrs: Vec<*const c_char> = texts.iter().map(|t| t.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
+    let mut prog = std::mem::MaybeUninit::uninit();
+    // SAFETY: every pointer outlives the call; NVRTC copies the strings.
+    let status = unsafe {
+        sys::nvrtcCreateProgram(
+            prog.as_mut_ptr(),
+            src.as_ptr(),
+            cname.as_ptr(),
+            headers.len() as i32,
+            if headers.is_empty() {
+                std::ptr::null()
+            } else {
+                text_ptrs.as_ptr()
+            },
+            if headers.is_empty() {
+                std::ptr::null()
+            } else {
+                name_ptrs.as_ptr()
+            },
+        )
+    };
+    if status != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(fail(format!("{status:?}"), String::new()));
+    }
+    // SAFETY: initialized by the successful call above.
+    let program = Program(unsafe { prog.assume_init() });
     let compiled = unsafe { result::compile_program(program.0, options) };
     let log = unsafe { result::get_program_log(program.0) }
         .map(|raw| c_chars_to_string(&raw))

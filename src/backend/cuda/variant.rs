@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::schema::{BASE_PREFIX, KernelRole};
 use crate::usage::ConfigError;
 
 /// `--cp-async`: which variants to build and run.
@@ -25,6 +26,9 @@ pub struct VariantSpec {
     pub use_cp_async: bool,
     /// `(NAME, VALUE)` pairs passed as `-DNAME=VALUE`; USE_CP_ASYNC first.
     pub defines: Vec<(String, String)>,
+    /// Built from the kernel under test, or from `--base-kernel`.
+    #[serde(default)]
+    pub role: KernelRole,
 }
 
 impl VariantSpec {
@@ -38,6 +42,17 @@ impl VariantSpec {
             name: if use_cp_async { "cp1" } else { "cp0" }.to_string(),
             use_cp_async,
             defines,
+            role: KernelRole::Candidate,
+        }
+    }
+
+    /// The same variant built from the base kernel, named `base-<name>`: a run with
+    /// `--base-kernel` pairs `cp0` with `base-cp0`.
+    pub fn of_base(&self) -> Self {
+        VariantSpec {
+            name: format!("{BASE_PREFIX}{}", self.name),
+            role: KernelRole::Base,
+            ..self.clone()
         }
     }
 

@@ -1,0 +1,153 @@
+//! The PR gate on a GPU (`run --base-kernel SRC --gate`): both kernels built, checked and timed
+//! in one run, paired per variant; and the timer's host-released hold and SM clock stamps.
+//! The 20-run proofs of the verdicts are scripts/prove_pr_gate.sh.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{output, project_root, read_json, run_dirs, runner};
+
+const KERNEL: &str = "cuda/sdpa_fp8_stage_c_mma.cu";
+
+/// The runner's kernel with `line` prepended, written into `dir`.
+fn kernel_with(dir: &Path, name: &str, line: &str) -> PathBuf {
+    let text = std::fs::read_to_string(project_root().join(KERNEL)).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{line}\n{text}")).unwrap();
+    path
+}
+
+/// `--shapes SHAPES --seeds 0 --base-kernel KERNEL --gate` with `extra`, into `results`.
+fn gate(shapes: &str, results: &Path, extra: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    output(
+        runner()
+            .args([
+                "--shapes",
+                shapes,
+                "--seeds",
+                "0",
+                "--base-kernel",
+                KERNEL,
+                "--gate",
+            ])
+            .args(extra)
+            .arg("--results-dir")
+            .arg(results),
+    )
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_kernel_against_itself_builds_four_variants_of_the_same_code_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = gate("small,mission", dir.path(), &[]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("cp0 vs base-cp0: the same code")
+            && stdout.contains("cp1 vs base-cp1: the same code"),
+        "{stdout}"
+    );
+    let run = &run_dirs(dir.path())[0];
+    let perf = read_json(&run.join("perf.json"));
+    let names: Vec<&str> = perf["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["cp0", "cp1", "base-cp0", "base-cp1"]);
+    let base_pairs: Vec<(String, String, String)> = perf["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["pair"] == "base_kernel")
+        .map(|c| {
+            (
+                c["shape"].as_str().unwrap().to_string(),
+                c["baseline"].as_str().unwrap().to_string(),
+                c["candidate"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(base_pairs.len(), 4, "{base_pairs:?}");
+    assert!(
+        base_pairs
+            .iter()
+            .any(|(s, b, c)| s == "mission" && b == "base-cp1" && c == "cp1")
+    );
+    let correctness = read_json(&run.join("correctness.json"));
+    assert_eq!(correctness["results"].as_array().unwrap().len(), 8);
+    let md = std::fs::read_to_string(run.join("COMPARE.md")).unwrap();
+    assert!(
+        md.contains("the kernel under test vs the base kernel")
+            && md.contains("compiles to the same code as the base kernel"),
+        "{md}"
+    );
+    // Every block was released by the host (no expired hold kept) and has an SM clock.
+    for m in perf["measurements"].as_array().unwrap() {
+        assert_eq!(m["hold_expired_blocks"], 0, "{m}");
+        let clocks = m["round_sm_mhz"].as_array().unwrap();
+        assert_eq!(clocks.len(), 20);
+        for c in clocks {
+            let mhz = c.as_f64().expect("an SM clock for every block");
+            assert!((300.0..4000.0).contains(&mhz), "{mhz} MHz");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_candidate_made_much_slower_fails_the_gate_with_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = kernel_with(dir.path(), "slow.cu", "#define SDPA_DELAY_CYCLES 40000");
+    let results = dir.path().join("results");
+    let (code, stdout, stderr) = gate(
+        "mission",
+        &results,
+        &["--kernel".as_ref(), slow.as_os_str()],
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "GATE FAILED: performance gate, mission: cp0 vs base-cp0 on mission is SLOWER"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("cp0 vs base-cp0: the code differs"),
+        "{stdout}"
+    );
+    let run = &run_dirs(&results)[0];
+    let correctness = read_json(&run.join("correctness.json"));
+    assert_eq!(correctness["all_pass"], true, "slow, but correct");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_mutant_candidate_fails_the_gate_naming_its_check_while_the_base_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mutant = kernel_with(dir.path(), "mutant.cu", "#define MUTANT_NO_RESCALE 1");
+    let results = dir.path().join("results");
+    let (code, stdout, stderr) = gate(
+        "mission",
+        &results,
+        &["--kernel".as_ref(), mutant.as_os_str()],
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.contains("max_err=")).collect();
+    assert!(
+        rows.iter()
+            .filter(|l| l.contains(" cp0 ") || l.contains(" cp1 "))
+            .all(|l| l.contains("FAIL") && l.contains("kernel.max_err_over_bound")),
+        "{stdout}"
+    );
+    assert!(
+        rows.iter()
+            .filter(|l| l.contains("base-"))
+            .all(|l| l.ends_with("PASS")),
+        "{stdout}"
+    );
+    let correctness = read_json(&run_dirs(&results)[0].join("correctness.json"));
+    assert_eq!(correctness["all_pass"], false);
+}
