@@ -30,6 +30,8 @@ Examples:
                                                        A/B a define against the same variant without it
   sdpa-runner --base-kernel git:origin/main --gate     the PR gate: this kernel against the base
                                                        branch's, both in one interleaved run
+  sdpa-runner merge results/<h100 run> results/<h200 run>
+                                                       shards of a CI matrix made one run
   sdpa-runner stress --shapes all --repeats 1000       race detection: bit-identical relaunches
   sdpa-runner selftest                                 every planted MUTANT_* bug must be caught
 
@@ -69,6 +71,8 @@ pub enum Command {
     /// Committed baselines per GPU model (trend data, not the PR gate): record a run, or
     /// compare a run with its GPU model's baseline.
     Baseline(BaselineArgs),
+    /// Merge run directories (the shards of a CI job matrix) into one run and one verdict.
+    Merge(MergeArgs),
     /// Relaunch each variant many times and demand bit-identical outputs (race detection).
     Stress(StressArgs),
     /// Prove the checks catch planted bugs: every MUTANT_* kernel must be caught.
@@ -311,6 +315,18 @@ pub struct CompareArgs {
     pub cand_variant: Option<String>,
     #[command(flatten)]
     pub ci: CiArgs,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MergeArgs {
+    /// Run directories: shards of one kernel build (other shapes, seeds or GPU models)
+    #[arg(required = true, value_name = "RUN")]
+    pub runs: Vec<PathBuf>,
+    /// Where the merged run directory goes [default: <root>/results]
+    #[arg(long, value_name = "DIR")]
+    pub results_dir: Option<PathBuf>,
     #[command(flatten)]
     pub project: ProjectArgs,
 }

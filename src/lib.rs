@@ -21,6 +21,7 @@ pub mod gates;
 pub(crate) mod inputs;
 pub mod interrupt;
 pub(crate) mod json;
+pub(crate) mod merge;
 pub(crate) mod metrics;
 pub(crate) mod mutants;
 pub mod paths;

@@ -108,6 +108,7 @@ pub fn judge_output(
         emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out),
         pass: v.pass(),
         gates: v.checks,
+        device: None,
     }
 }
 

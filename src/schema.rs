@@ -144,6 +144,9 @@ pub struct CorrectnessRecord {
     pub emulation_bits_equal_pct: f64,
     pub gates: BTreeMap<String, Check>,
     pub pass: bool,
+    /// The GPU model (or CPU) it ran on, where a file holds rows of several (`merge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 /// perf.json
@@ -516,6 +519,7 @@ pub(crate) mod fixtures {
             emulation_bits_equal_pct: 100.0,
             gates,
             pass,
+            device: None,
         }
     }
 }

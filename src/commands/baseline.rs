@@ -48,7 +48,7 @@ fn baselines_dir(dir: Option<&Path>, project: &Project) -> PathBuf {
 
 /// The folder of a GPU model: its name with every run of characters other than letters,
 /// digits, `.` and `_` turned into one `-` (`NVIDIA H100 80GB HBM3` -> `NVIDIA-H100-80GB-HBM3`).
-pub fn model_dir(device_name: &str) -> String {
+pub(super) fn model_dir(device_name: &str) -> String {
     let mut out = String::new();
     for c in device_name.chars() {
         if c.is_ascii_alphanumeric() || c == '.' || c == '_' {

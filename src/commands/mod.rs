@@ -7,6 +7,7 @@ mod build;
 mod calibrate;
 mod compare;
 mod fuzz;
+mod merge;
 mod run;
 mod selftest;
 mod sensitivity;
@@ -44,6 +45,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Calibrate(args)) => calibrate::calibrate(&args),
         Some(Command::Compare(args)) => compare::compare(&args),
         Some(Command::Baseline(args)) => baseline::baseline(&args),
+        Some(Command::Merge(args)) => merge::merge(&args),
         Some(Command::Stress(args)) => stress::stress(&args),
         Some(Command::Fuzz(args)) => fuzz::fuzz(&args),
         Some(Command::Sensitivity(args)) => sensitivity::sensitivity(&args),

@@ -194,7 +194,7 @@ fn comparisons(a: &RunAnalysis) -> &[crate::schema::ShapeComparison] {
 
 /// COMPARE.md and its picture, when the run compared variants: the first comparison's
 /// pair is the headline; every other variant is shown beside it.
-fn compare_report(a: &RunAnalysis, project: &Project) -> Option<CompareReport> {
+pub(super) fn compare_report(a: &RunAnalysis, project: &Project) -> Option<CompareReport> {
     let p = a.perf.as_ref().filter(|p| !p.comparisons.is_empty())?;
     let counts = |v: &str| a.correctness.passing(v);
     fn side<'a>(p: &'a PerfFile, v: &'a VariantMeta, counts: (usize, usize)) -> Side<'a> {

@@ -1,0 +1,264 @@
+//! Merging run directories (shards of a CI job matrix: one job per GPU model or per group of
+//! shapes) into one run: the rows of every shard, per GPU model one perf file with the
+//! measurements of its shards. Refuses what cannot be one run: different backends or kernels,
+//! different inputs for the same (shape, seed), the same (shape, seed, variant, GPU model)
+//! twice, different timing plans on one GPU model, timed beside untimed runs. Deciding the
+//! merged run is [`crate::analysis`]'s, per GPU model.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::schema::{BuildMeta, CorrectnessFile, CorrectnessRecord, PerfFile, VariantMeta};
+use crate::usage::ConfigError;
+use crate::verdict::Verdict;
+
+/// One run directory as it was saved.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    pub path: PathBuf,
+    pub meta: BuildMeta,
+    pub correctness: CorrectnessFile,
+    pub perf: Option<PerfFile>,
+}
+
+impl Shard {
+    /// Loads a run directory: build_meta.json and correctness.json, and perf.json if timed.
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let file = |name: &str| dir.join(name);
+        if !file("correctness.json").is_file() || !file("build_meta.json").is_file() {
+            return Err(ConfigError::Usage(format!(
+                "{}: not a run directory (no correctness.json and build_meta.json); pass the \
+                 directories runs wrote (results/<run>)",
+                dir.display()
+            )));
+        }
+        let perf = file("perf.json");
+        Ok(Shard {
+            path: dir.to_path_buf(),
+            meta: crate::schema::read_versioned(&file("build_meta.json"))?,
+            correctness: crate::schema::read_versioned(&file("correctness.json"))?,
+            perf: if perf.is_file() {
+                Some(crate::schema::read_versioned(&perf)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The GPU model (or CPU) the run measured on.
+    pub fn device(&self) -> String {
+        if let Some(p) = &self.perf {
+            return p.device_name.clone();
+        }
+        self.meta.backend_details["device"]["name"]
+            .as_str()
+            .map_or_else(|| format!("{} backend", self.meta.backend), String::from)
+    }
+
+    /// What each variant was built from, to refuse merging different kernels: the kernel
+    /// source's hash and the variant's defines on the GPU, the emulation's parameters on the CPU.
+    fn kernel_identity(&self) -> BTreeMap<String, String> {
+        let details = &self.meta.backend_details;
+        let variants = details["variants"].as_array();
+        let mut out = BTreeMap::new();
+        match variants {
+            Some(vs) => {
+                for v in vs {
+                    let id = &v["identity"];
+                    let source = id["kernel"]["sha256"]
+                        .as_str()
+                        .or(details["kernel_source"]["sha256"].as_str())
+                        .unwrap_or("?");
+                    out.insert(
+                        id["name"].as_str().unwrap_or("?").to_string(),
+                        format!("kernel sha256 {source}, defines {}", id["defines"]),
+                    );
+                }
+            }
+            None => {
+                let emulation = format!("emulation {details}");
+                for r in &self.correctness.results {
+                    out.insert(r.variant.clone(), emulation.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The rows and timings of one GPU model, merged from its shards.
+#[derive(Debug, Clone)]
+pub struct ModelPart {
+    pub device: String,
+    pub variants: Vec<VariantMeta>,
+    pub records: Vec<CorrectnessRecord>,
+    pub resources: Vec<(String, Verdict)>,
+    /// With no comparisons yet; None for correctness-only runs.
+    pub perf: Option<PerfFile>,
+}
+
+/// Merges `shards` after checking that they can be one run; parts in first-seen order.
+pub fn merge(shards: &[Shard]) -> Result<(String, Vec<ModelPart>), ConfigError> {
+    let refuse = |msg: String| Err(ConfigError::Usage(msg));
+    let Some(first) = shards.first() else {
+        return refuse("merge needs at least two run directories".into());
+    };
+    if shards.len() < 2 {
+        return refuse("merge needs at least two run directories; one is already a run".into());
+    }
+    let name = |s: &Shard| s.path.display().to_string();
+    for s in shards {
+        if s.meta.backend != first.meta.backend {
+            return refuse(format!(
+                "{} ran on the {} backend and {} on {}; merge runs of one backend",
+                name(first),
+                first.meta.backend,
+                name(s),
+                s.meta.backend
+            ));
+        }
+        if s.perf.is_some() != first.perf.is_some() {
+            return refuse(format!(
+                "{} is {} and {} is not; merge timed runs with timed runs",
+                name(first),
+                if first.perf.is_some() {
+                    "timed"
+                } else {
+                    "correctness-only"
+                },
+                name(s)
+            ));
+        }
+    }
+    check_kernels(shards)?;
+    check_rows(shards)?;
+    let mut parts: Vec<ModelPart> = Vec::new();
+    for s in shards {
+        let device = s.device();
+        let at = match parts.iter().position(|p| p.device == device) {
+            Some(i) => i,
+            None => {
+                parts.push(ModelPart {
+                    device: device.clone(),
+                    variants: Vec::new(),
+                    records: Vec::new(),
+                    resources: Vec::new(),
+                    perf: None,
+                });
+                parts.len() - 1
+            }
+        };
+        let part = &mut parts[at];
+        part.records
+            .extend(s.correctness.results.iter().map(|r| CorrectnessRecord {
+                device: Some(device.clone()),
+                ..r.clone()
+            }));
+        for (v, verdict) in &s.correctness.resources {
+            if !part.resources.iter().any(|(n, _)| n == v) {
+                part.resources.push((v.clone(), verdict.clone()));
+            }
+        }
+        if let Some(p) = &s.perf {
+            for v in &p.variants {
+                if !part.variants.iter().any(|m| m.name == v.name) {
+                    part.variants.push(v.clone());
+                }
+            }
+            match &mut part.perf {
+                None => {
+                    let mut p = p.clone();
+                    p.comparisons.clear();
+                    part.perf = Some(p);
+                }
+                Some(merged) => {
+                    if merged.plan != p.plan {
+                        return refuse(format!(
+                            "{} and another run on {device} were timed with different plans \
+                             ({:?} and {:?}); their rounds cannot be pooled, rerun with one plan",
+                            name(s),
+                            p.plan,
+                            merged.plan
+                        ));
+                    }
+                    merged.measurements.extend(p.measurements.iter().cloned());
+                    merged.clocks_after = p.clocks_after.clone();
+                }
+            }
+        }
+    }
+    for part in &mut parts {
+        if let Some(p) = &mut part.perf {
+            p.variants = part.variants.clone();
+        }
+    }
+    Ok((first.meta.backend.clone(), parts))
+}
+
+/// Every variant name means the same build in every shard.
+fn check_kernels(shards: &[Shard]) -> Result<(), ConfigError> {
+    let mut seen: BTreeMap<String, (String, &Path)> = BTreeMap::new();
+    for s in shards {
+        for (variant, identity) in s.kernel_identity() {
+            match seen.get(&variant) {
+                Some((other, path)) if *other != identity => {
+                    return Err(ConfigError::Usage(format!(
+                        "runs of different kernels: variant {variant} is `{other}` in {} and \
+                         `{identity}` in {}; merge shards of one kernel build",
+                        path.display(),
+                        s.path.display()
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(variant, (identity, &s.path));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One input per (shape, seed), and no (shape, seed, variant, GPU model) twice.
+fn check_rows(shards: &[Shard]) -> Result<(), ConfigError> {
+    let mut inputs: BTreeMap<(String, u64), (String, &Path)> = BTreeMap::new();
+    let mut rows: BTreeMap<(String, u64, String, String), &Path> = BTreeMap::new();
+    for s in shards {
+        let device = s.device();
+        for r in &s.correctness.results {
+            let key = (r.shape.clone(), r.seed);
+            match inputs.get(&key) {
+                Some((sum, path)) if *sum != r.input_checksum => {
+                    return Err(ConfigError::Usage(format!(
+                        "shape {} seed {} has different inputs in {} and {} (checksums {}… and \
+                         {}…): the runs used different shapes files or generators; merge runs \
+                         of one checkout",
+                        r.shape,
+                        r.seed,
+                        path.display(),
+                        s.path.display(),
+                        &sum[..sum.len().min(12)],
+                        &r.input_checksum[..r.input_checksum.len().min(12)]
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    inputs.insert(key, (r.input_checksum.clone(), &s.path));
+                }
+            }
+            let row = (r.shape.clone(), r.seed, r.variant.clone(), device.clone());
+            if let Some(path) = rows.insert(row, &s.path) {
+                return Err(ConfigError::Usage(format!(
+                    "shape {} seed {} variant {} on {device} is in {} and in {}: the same row \
+                     twice; shard the shapes or seeds so that each row runs once",
+                    r.shape,
+                    r.seed,
+                    r.variant,
+                    path.display(),
+                    s.path.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
