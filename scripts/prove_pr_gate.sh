@@ -44,6 +44,11 @@ for p in glob.glob(sys.argv[1] + "/*/perf.json"):
             print(f"{slow:.2f} {round(int(sys.argv[2]) * 3.0 / max(slow, 0.5))}")
 PY
 )
+if [ -z "${scaled:-}" ] || [ -z "${cycles:-}" ]; then
+  echo "sizing the planted delay failed; see $out/size.log" >&2
+  tail -n 20 "$out/size.log" >&2
+  exit 1
+fi
 cycles=$scaled
 echo "mission cp0 p50 ${p50} us at ${mhz} MHz; 3% of it measured ${measured}%; planted delay ${cycles} cycles" | tee "$out/plan.txt"
 { echo "#define SDPA_DELAY_CYCLES $cycles"; cat "$kernel"; } >"$out/cand/slow.cu"
@@ -61,6 +66,7 @@ echo $? >"$out/mutant.rc"
 python3 - "$out" "$repeats" <<'PY'
 import glob, json, re, sys
 out, n = sys.argv[1], int(sys.argv[2])
+met = True
 for kind, want_exit in (("aa", 0), ("slow", 1)):
     rcs = [int(x) for x in open(f"{out}/{kind}.rc").read().split()]
     runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/{kind}/*/perf.json"))]
@@ -76,10 +82,16 @@ for kind, want_exit in (("aa", 0), ("slow", 1)):
     retries = sum(m.get("hold_retries", 0) for r in runs for m in r["measurements"])
     expired = sum(m.get("hold_expired_blocks", 0) for r in runs for m in r["measurements"])
     clocks = [c for r in runs for m in r["measurements"] for c in m.get("round_sm_mhz", []) if c]
-    print(f"{kind:4} runs={len(runs)}/{n} exit {want_exit}: {sum(rc == want_exit for rc in rcs)}/{len(rcs)} "
+    good = sum(rc == want_exit for rc in rcs)
+    met &= good == n if kind == "slow" else (good == n and off <= 1)
+    print(f"{kind:4} runs={len(runs)}/{n} exit {want_exit}: {good}/{len(rcs)} "
           f"runs with a verdict other than SAME: {off}; hold retries {retries}, expired kept {expired}; "
           f"block SM clock {min(clocks):.0f}..{max(clocks):.0f} MHz")
 rc = open(f"{out}/mutant.rc").read().strip()
 failed = [l.strip() for l in open(f"{out}/mutant.log") if "FAIL" in l][:2]
 print(f"mutant MUTANT_NO_RESCALE exit {rc}: {failed}")
+met &= rc == "1" and any("kernel.max_err_over_bound" in l for l in failed)
+print("criteria (A/A exit 0 with at most 1 verdict other than SAME; slow exit 1 every run; mutant exit 1):",
+      "MET" if met else "NOT MET")
+sys.exit(0 if met else 1)
 PY

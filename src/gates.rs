@@ -79,9 +79,9 @@ pub struct PerformanceGates {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unpaired_noise_floor_by_shape: BTreeMap<String, f64>,
     pub target_shapes: Vec<String>,
-    /// A round is left out of a paired verdict when either side's block ran with its mean
-    /// SM clock more than this below the run's median block clock, or the two sides' clocks
-    /// differ by more than this (docs/DESIGN.md "Timing and comparison").
+    /// A round is left out of a paired verdict when its baseline's block ran with its mean SM
+    /// clock more than this below the shape's median block clock (docs/DESIGN.md "Timing and
+    /// comparison").
     #[serde(default = "default_clock_sag_pct")]
     pub clock_sag_pct: f64,
 }

@@ -278,8 +278,8 @@ pub struct ShapeComparison {
     /// the same variant of the base kernel.
     #[serde(default)]
     pub pair: PairKind,
-    /// Rounds left out of the paired verdict because the SM clock sagged while either side
-    /// was measured, and how many there were.
+    /// Rounds whose baseline block ran while the SM clock sagged (left out of the verdict
+    /// unless too few would remain), and how many there were.
     #[serde(default)]
     pub rounds_dropped_for_clock: usize,
     #[serde(default)]

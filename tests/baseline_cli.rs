@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{output, read_json, run_dirs, runner};
+use common::{output, run_dirs, runner};
 
 fn cpu_run(results: &Path, extra: &[&str]) -> PathBuf {
     let before = run_dirs(results);
@@ -86,10 +86,24 @@ fn a_recorded_baseline_is_compared_and_a_second_record_replaces_it_whole() {
             .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)),
         "{name}"
     );
+    let bytes = |dir: &Path| std::fs::read(dir.join("perf.json")).unwrap();
+    assert_ne!(
+        bytes(&first),
+        bytes(&second),
+        "two runs, two sets of timings"
+    );
     assert_eq!(
-        read_json(&kept.join("perf.json"))["started_at"],
-        read_json(&second.join("perf.json"))["started_at"],
+        bytes(kept),
+        bytes(&second),
         "the second record replaced the first"
+    );
+    assert!(
+        !std::fs::read_dir(&store).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')),
+        "no staging or replaced folder left"
     );
     let out = dir.path().join("C.md");
     let (code, stdout, stderr) = baseline(&[

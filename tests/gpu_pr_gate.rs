@@ -109,9 +109,7 @@ fn a_candidate_made_much_slower_fails_the_gate_with_exit_1() {
     );
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
-        stdout.contains(
-            "GATE FAILED: performance gate, mission: cp0 vs base-cp0 on mission is SLOWER"
-        ),
+        stdout.contains("GATE FAILED: performance gate, mission: cp0 vs base-cp0: SLOWER by"),
         "{stdout}"
     );
     assert!(
@@ -136,6 +134,7 @@ fn a_mutant_candidate_fails_the_gate_naming_its_check_while_the_base_passes() {
     );
     assert_eq!(code, 1, "{stdout}{stderr}");
     let rows: Vec<&str> = stdout.lines().filter(|l| l.contains("max_err=")).collect();
+    assert_eq!(rows.len(), 4, "cp0, cp1 and their base twins: {stdout}");
     assert!(
         rows.iter()
             .filter(|l| l.contains(" cp0 ") || l.contains(" cp1 "))

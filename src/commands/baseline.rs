@@ -86,7 +86,16 @@ fn record(run: &Path, root: &Path) -> Result<Outcome, AppError> {
         }
         Some(_) => {}
     }
-    let target = root.join(model_dir(&saved.perf.device_name));
+    let model = model_dir(&saved.perf.device_name);
+    if model.is_empty() || model.starts_with('.') {
+        return Err(ConfigError::Usage(format!(
+            "{}: the device name `{}` gives no folder name; the run's perf.json is damaged",
+            run.display(),
+            saved.perf.device_name
+        ))
+        .into());
+    }
+    let target = root.join(model);
     let write = |path: &Path, source| ReportError::Write {
         path: path.to_path_buf(),
         source,
@@ -112,7 +121,10 @@ fn record(run: &Path, root: &Path) -> Result<Outcome, AppError> {
         crate::interrupt::unregister(&staging);
         return Err(e.into());
     }
+    // Registered before the swap: a signal during or after it removes the replaced folder, so
+    // none is left beside the baselines to be committed by accident.
     let old = root.join(crate::interrupt::staging_name("replaced-baseline"));
+    crate::interrupt::register(&old);
     let swapped = crate::interrupt::commit(&staging, || -> std::io::Result<()> {
         if target.exists() {
             std::fs::rename(&target, &old)?;
@@ -124,9 +136,11 @@ fn record(run: &Path, root: &Path) -> Result<Outcome, AppError> {
             let _ = std::fs::rename(&old, &target);
         }
         let _ = std::fs::remove_dir_all(&staging);
+        crate::interrupt::unregister(&old);
         return Err(write(&target, e).into());
     }
     let _ = std::fs::remove_dir_all(&old);
+    crate::interrupt::unregister(&old);
     outln!(
         "recorded {} as the baseline of {}: {}",
         run_dir.display(),

@@ -108,7 +108,7 @@ fn kernels(s: &mut String, sides: &[&Side]) {
             s,
             "\n**The kernel under test compiles to the same code as the base kernel** (PTX \
              without line information, every variant): this change does not touch the kernel, \
-             and any verdict other than SAME below is noise."
+             and a verdict other than SAME against the base would be noise."
         );
     } else {
         for (name, same) in twins {
@@ -325,13 +325,15 @@ fn timings(s: &mut String, doc: &CompareDoc) {
         let dropped: usize = doc
             .comparisons
             .iter()
+            .filter(|c| !crate::perf::unsteady(c))
             .map(|c| c.rounds_dropped_for_clock)
             .sum();
         let _ = writeln!(
             s,
-            "\nRounds: those used of those measured. A round is left out when either side's \
-             block ran with its SM clock more than {:.1}% below the run's median or the two \
-             sides' clocks differ by more than that ({dropped} left out in all).",
+            "\nRounds: those used of those measured. A round is left out when its baseline's \
+             block ran with its SM clock more than {:.1}% below the shape's median block clock \
+             ({dropped} left out in all); when fewer than half would remain, all are used and \
+             the verdict is flagged as unsteady.",
             doc.gates.clock_sag_pct
         );
     }

@@ -1,6 +1,9 @@
 //! A kernel read from a git revision, for `--base-kernel git:REV[:PATH]`: the kernel file and
-//! every header under its folder, as they are at REV. Nothing is written to disk; the headers
-//! go to NVRTC in memory, so the base kernel never picks up the working tree's headers.
+//! every header under its folder, as they are at REV, PATH relative to the project root (also
+//! when the project is a folder of a larger repository). Nothing is written to disk; the
+//! headers go to NVRTC in memory by their names relative to the kernel's folder, so the base
+//! kernel never picks up the working tree's headers. A header that includes another by a
+//! path relative to its own subfolder is not found (NVRTC matches the names as given).
 
 use std::path::Path;
 use std::process::Command;
@@ -39,9 +42,13 @@ pub fn read(repo: &Path, rev: &str, path: &str) -> Result<RevisionFiles, String>
     })?
     .trim()
     .to_string();
-    let text = git(repo, &["show", &format!("{commit}:{path}")]).map_err(|e| {
+    // `./` makes the path relative to `repo` (the project), also inside a larger repository;
+    // `cat-file blob` refuses a folder instead of printing its listing.
+    let path = path.trim_start_matches("./");
+    let blob = |file: &str| git(repo, &["cat-file", "blob", &format!("{commit}:./{file}")]);
+    let text = blob(path).map_err(|e| {
         format!(
-            "the kernel `{path}` does not exist at {rev} ({}): {e}; name the file with \
+            "the kernel `{path}` is not a file at {rev} ({}): {e}; name the file with \
              git:{rev}:PATH",
             &commit[..12.min(commit.len())]
         )
@@ -50,11 +57,13 @@ pub fn read(repo: &Path, rev: &str, path: &str) -> Result<RevisionFiles, String>
         .parent()
         .map(|d| d.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // NUL-separated: names are given as they are, never quoted.
     let listing = git(
         repo,
         &[
             "ls-tree",
             "-r",
+            "-z",
             "--name-only",
             &commit,
             "--",
@@ -63,7 +72,7 @@ pub fn read(repo: &Path, rev: &str, path: &str) -> Result<RevisionFiles, String>
     )?;
     let mut headers = Vec::new();
     for file in listing
-        .lines()
+        .split('\0')
         .filter(|f| HEADER_ENDINGS.iter().any(|e| f.ends_with(e)))
     {
         let name = if dir.is_empty() {
@@ -71,7 +80,7 @@ pub fn read(repo: &Path, rev: &str, path: &str) -> Result<RevisionFiles, String>
         } else {
             file.strip_prefix(&format!("{dir}/")).unwrap_or(file)
         };
-        let body = git(repo, &["show", &format!("{commit}:{file}")])?;
+        let body = blob(file).map_err(|e| format!("the header {file} at {rev}: {e}"))?;
         headers.push((name.to_string(), body));
     }
     headers.sort();
@@ -165,9 +174,36 @@ mod tests {
         );
         let err = read(dir.path(), "HEAD", "cuda/missing.cu").unwrap_err();
         assert!(
-            err.contains("`cuda/missing.cu` does not exist at HEAD")
+            err.contains("`cuda/missing.cu` is not a file at HEAD")
                 && err.contains("git:HEAD:PATH"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_project_in_a_folder_of_a_larger_repository_reads_paths_from_its_own_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        sh(p, &["init", "-q"]);
+        sh(p, &["config", "user.email", "t@t"]);
+        sh(p, &["config", "user.name", "t"]);
+        std::fs::create_dir_all(p.join("proj/cuda")).unwrap();
+        std::fs::write(p.join("proj/cuda/k.cu"), "// kernel\n").unwrap();
+        std::fs::write(p.join("proj/cuda/é.cuh"), "// accented\n").unwrap();
+        sh(p, &["add", "."]);
+        sh(p, &["commit", "-q", "-m", "one"]);
+        let files = read(&p.join("proj"), "HEAD", "cuda/k.cu").unwrap();
+        assert_eq!(files.text, "// kernel\n");
+        assert_eq!(
+            files.headers,
+            vec![("é.cuh".to_string(), "// accented\n".to_string())],
+            "a name git would quote is read as it is"
+        );
+        assert!(read(&p.join("proj"), "HEAD", "./cuda/k.cu").is_ok());
+        let err = read(&p.join("proj"), "HEAD", "cuda").unwrap_err();
+        assert!(
+            err.contains("is not a file"),
+            "a folder is not a kernel: {err}"
         );
     }
 
