@@ -8,30 +8,13 @@ use std::path::{Path, PathBuf};
 use common::{output, run_dirs, runner};
 
 fn cpu_run(results: &Path, extra: &[&str]) -> PathBuf {
-    let before = run_dirs(results);
-    let (code, out, err) = output(
-        runner()
-            .args([
-                "--backend",
-                "cpu",
-                "--shapes",
-                "small",
-                "--seeds",
-                "0",
-                "--iters",
-                "10",
-                "--rounds",
-                "5",
-            ])
-            .arg("--results-dir")
-            .arg(results)
-            .args(extra),
-    );
-    assert!(code == 0 || code == 1, "{out}{err}");
-    run_dirs(results)
-        .into_iter()
-        .find(|d| !before.contains(d))
-        .unwrap()
+    let args = [
+        &[
+            "--shapes", "small", "--seeds", "0", "--iters", "10", "--rounds", "5",
+        ][..],
+        extra,
+    ];
+    common::cpu_run_dir(results, &args.concat(), true)
 }
 
 fn baseline(args: &[&std::ffi::OsStr]) -> (i32, String, String) {

@@ -6,31 +6,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{output, read_json, run_dirs, runner};
+use common::{output, read_json, runner};
 use serde_json::Value;
 
 /// A real CPU-backend run of `small` with seeds 0 and 1, timed.
 fn cpu_run(results: &Path, extra: &[&str]) -> PathBuf {
-    let before = run_dirs(results);
-    let (code, out, err) = output(
-        runner()
-            .args([
-                "--backend",
-                "cpu",
-                "--shapes",
-                "small",
-                "--seeds",
-                "0,1",
-                "--results-dir",
-            ])
-            .arg(results)
-            .args(extra),
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    run_dirs(results)
-        .into_iter()
-        .find(|d| !before.contains(d))
-        .unwrap()
+    let args = [&["--shapes", "small", "--seeds", "0,1"][..], extra];
+    common::cpu_run_dir(results, &args.concat(), false)
 }
 
 /// Copies a run directory, letting `edit` change its perf.json and correctness.json.

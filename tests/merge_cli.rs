@@ -10,19 +10,7 @@ use common::{output, read_json, run_dirs, runner};
 use serde_json::Value;
 
 fn cpu_run(results: &Path, args: &[&str]) -> PathBuf {
-    let before = run_dirs(results);
-    let (code, out, err) = output(
-        runner()
-            .args(["--backend", "cpu"])
-            .args(args)
-            .arg("--results-dir")
-            .arg(results),
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    run_dirs(results)
-        .into_iter()
-        .find(|d| !before.contains(d))
-        .unwrap()
+    common::cpu_run_dir(results, args, false)
 }
 
 fn merge(runs: &[&Path], results: &Path) -> (i32, String, String) {

@@ -185,21 +185,10 @@ fn combine(backend: &str, analyses: &[(String, RunAnalysis)]) -> (CorrectnessFil
 
 /// build_meta.json of a merged run: this process, and every shard's provenance.
 fn meta(project: &Project, backend: &str, shards: &[Shard], started_at: String) -> BuildMeta {
-    BuildMeta {
-        schema_version: SCHEMA_VERSION,
-        tool: report::tool_info(),
-        git: report::git_info(),
-        backend: backend.to_string(),
-        host: report::host_info(),
-        command_line: std::env::args_os()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        started_at,
-        project_root: project.root.path().display().to_string(),
-        shapes_file: report::file_ref(project.catalog.path()),
-        gates_file: report::file_ref(&project.gates.path),
-        backend_details: serde_json::json!({
-            "merged_from": shards.iter().map(|s| serde_json::json!({
+    let merged_from: Vec<serde_json::Value> = shards
+        .iter()
+        .map(|s| {
+            serde_json::json!({
                 "run": s.path.display().to_string(),
                 "device": s.device(),
                 "started_at": s.meta.started_at,
@@ -207,7 +196,13 @@ fn meta(project: &Project, backend: &str, shards: &[Shard], started_at: String) 
                 "host": s.meta.host,
                 "command_line": s.meta.command_line,
                 "backend_details": s.meta.backend_details,
-            })).collect::<Vec<_>>(),
-        }),
-    }
+            })
+        })
+        .collect();
+    super::provenance(
+        project,
+        backend,
+        serde_json::json!({ "merged_from": merged_from }),
+        started_at,
+    )
 }

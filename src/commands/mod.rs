@@ -166,11 +166,22 @@ pub fn open_backend(
 
 /// build_meta.json of a run.
 pub fn build_meta(project: &Project, backend: &dyn Backend, started_at: String) -> BuildMeta {
+    provenance(project, backend.name(), backend.details(), started_at)
+}
+
+/// build_meta.json of this process: the tool, the checkout, the host, the command line, the
+/// project files read, and what the backend says of itself (`backend_details`).
+pub(crate) fn provenance(
+    project: &Project,
+    backend: &str,
+    backend_details: serde_json::Value,
+    started_at: String,
+) -> BuildMeta {
     BuildMeta {
         schema_version: SCHEMA_VERSION,
         tool: report::tool_info(),
         git: report::git_info(),
-        backend: backend.name().to_string(),
+        backend: backend.to_string(),
         host: report::host_info(),
         command_line: std::env::args_os()
             .map(|a| a.to_string_lossy().into_owned())
@@ -179,6 +190,6 @@ pub fn build_meta(project: &Project, backend: &dyn Backend, started_at: String) 
         project_root: project.root.path().display().to_string(),
         shapes_file: report::file_ref(project.catalog.path()),
         gates_file: report::file_ref(&project.gates.path),
-        backend_details: backend.details(),
+        backend_details,
     }
 }

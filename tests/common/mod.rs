@@ -59,3 +59,15 @@ pub fn run_dirs(results: &std::path::Path) -> Vec<PathBuf> {
 pub fn read_json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
+
+/// Runs the cpu backend with `args` into `results` and returns the new run directory; the
+/// run must exit 0 (or 1 where `may_fail`).
+pub fn cpu_run_dir(results: &std::path::Path, args: &[&str], may_fail: bool) -> PathBuf {
+    let before = run_dirs(results);
+    let (code, out, err) = cpu(args, results);
+    assert!(code == 0 || (may_fail && code == 1), "{args:?}: {out}{err}");
+    run_dirs(results)
+        .into_iter()
+        .find(|d| !before.contains(d))
+        .expect("the run wrote a directory")
+}
