@@ -460,7 +460,6 @@ mod tests {
     use crate::gates::GateFile;
     use crate::perf::fixtures::perf_file;
     use crate::schema::fixtures::record;
-    use crate::schema::{KernelRef, KernelRole};
 
     fn gates() -> Gates {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
@@ -473,17 +472,7 @@ mod tests {
         let names = ["cp0", "cp1", "base-cp0", "base-cp1"];
         let variants: Vec<(&str, f64)> = names.iter().copied().zip(factors).collect();
         let mut perf = perf_file("GPU", &["mission"], &[0, 1], &variants);
-        for v in &mut perf.variants {
-            v.kernel = Some(KernelRef {
-                role: if v.name.starts_with("base-") {
-                    KernelRole::Base
-                } else {
-                    KernelRole::Candidate
-                },
-                source: "k.cu".into(),
-                sha256: String::new(),
-            });
-        }
+        crate::perf::fixtures::mark_base(&mut perf);
         RunMeasured {
             backend: "cuda".into(),
             variants: perf.variants.clone(),

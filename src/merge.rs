@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::analysis::RunMeasured;
 use crate::schema::{BuildMeta, CorrectnessFile, CorrectnessRecord, PerfFile, VariantMeta};
 use crate::usage::ConfigError;
-use crate::verdict::Verdict;
 
 /// One run directory as it was saved.
 #[derive(Debug, Clone)]
@@ -55,6 +55,37 @@ impl Shard {
             .map_or_else(|| format!("{} backend", self.meta.backend), String::from)
     }
 
+    /// The variants the run built: perf.json's, else build_meta.json's identities (enough
+    /// to tell the base kernel's from the kernel under test's), else the rows' names.
+    fn variants(&self) -> Vec<VariantMeta> {
+        if let Some(p) = &self.perf {
+            return p.variants.clone();
+        }
+        if let Some(vs) = self.meta.backend_details["variants"].as_array() {
+            return vs
+                .iter()
+                .map(|v| VariantMeta {
+                    name: v["identity"]["name"].as_str().unwrap_or("?").to_string(),
+                    kernel: serde_json::from_value(v["identity"]["kernel"].clone()).ok(),
+                    ..VariantMeta::default()
+                })
+                .collect();
+        }
+        let mut names: Vec<String> = Vec::new();
+        for r in &self.correctness.results {
+            if !names.contains(&r.variant) {
+                names.push(r.variant.clone());
+            }
+        }
+        names
+            .into_iter()
+            .map(|name| VariantMeta {
+                name,
+                ..VariantMeta::default()
+            })
+            .collect()
+    }
+
     /// What each variant was built from, to refuse merging different kernels: the kernel
     /// source's hash and the variant's defines on the GPU, the emulation's parameters on the CPU.
     fn kernel_identity(&self) -> BTreeMap<String, String> {
@@ -86,19 +117,9 @@ impl Shard {
     }
 }
 
-/// The rows and timings of one GPU model, merged from its shards.
-#[derive(Debug, Clone)]
-pub struct ModelPart {
-    pub device: String,
-    pub variants: Vec<VariantMeta>,
-    pub records: Vec<CorrectnessRecord>,
-    pub resources: Vec<(String, Verdict)>,
-    /// With no comparisons yet; None for correctness-only runs.
-    pub perf: Option<PerfFile>,
-}
-
-/// Merges `shards` after checking that they can be one run; parts in first-seen order.
-pub fn merge(shards: &[Shard]) -> Result<(String, Vec<ModelPart>), ConfigError> {
+/// Merges `shards` after checking that they can be one run: per GPU model (in first-seen
+/// order) its rows and timings, measured but not yet decided (no comparisons).
+pub fn merge(shards: &[Shard]) -> Result<Vec<(String, RunMeasured)>, ConfigError> {
     let refuse = |msg: String| Err(ConfigError::Usage(msg));
     let Some(first) = shards.first() else {
         return refuse("merge needs at least two run directories".into());
@@ -132,23 +153,29 @@ pub fn merge(shards: &[Shard]) -> Result<(String, Vec<ModelPart>), ConfigError> 
     }
     check_kernels(shards)?;
     check_rows(shards)?;
-    let mut parts: Vec<ModelPart> = Vec::new();
+    let mut parts: Vec<(String, RunMeasured)> = Vec::new();
     for s in shards {
         let device = s.device();
-        let at = match parts.iter().position(|p| p.device == device) {
+        let at = match parts.iter().position(|(d, _)| *d == device) {
             Some(i) => i,
             None => {
-                parts.push(ModelPart {
-                    device: device.clone(),
+                let empty = RunMeasured {
+                    backend: first.meta.backend.clone(),
                     variants: Vec::new(),
                     records: Vec::new(),
                     resources: Vec::new(),
                     perf: None,
-                });
+                };
+                parts.push((device.clone(), empty));
                 parts.len() - 1
             }
         };
-        let part = &mut parts[at];
+        let part = &mut parts[at].1;
+        for v in s.variants() {
+            if !part.variants.iter().any(|m| m.name == v.name) {
+                part.variants.push(v);
+            }
+        }
         part.records
             .extend(s.correctness.results.iter().map(|r| CorrectnessRecord {
                 device: Some(device.clone()),
@@ -160,11 +187,6 @@ pub fn merge(shards: &[Shard]) -> Result<(String, Vec<ModelPart>), ConfigError> 
             }
         }
         if let Some(p) = &s.perf {
-            for v in &p.variants {
-                if !part.variants.iter().any(|m| m.name == v.name) {
-                    part.variants.push(v.clone());
-                }
-            }
             match &mut part.perf {
                 None => {
                     let mut p = p.clone();
@@ -187,12 +209,12 @@ pub fn merge(shards: &[Shard]) -> Result<(String, Vec<ModelPart>), ConfigError> 
             }
         }
     }
-    for part in &mut parts {
+    for (_, part) in &mut parts {
         if let Some(p) = &mut part.perf {
             p.variants = part.variants.clone();
         }
     }
-    Ok((first.meta.backend.clone(), parts))
+    Ok(parts)
 }
 
 /// Every variant name means the same build in every shard.
@@ -261,4 +283,54 @@ fn check_rows(shards: &[Shard]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A correctness-only GPU shard of a `--base-kernel` run, as build_meta.json records it.
+    fn untimed_gpu_shard() -> Shard {
+        let identity = |name: &str, role: &str| {
+            serde_json::json!({"identity": {"name": name, "defines": [],
+                "kernel": {"role": role, "source": "k.cu", "sha256": "ab"}}})
+        };
+        let meta = serde_json::json!({
+            "schema_version": crate::schema::SCHEMA_VERSION,
+            "tool": {"name": "sdpa-runner", "version": "0"},
+            "git": {"sha": "x", "dirty": false}, "backend": "cuda",
+            "host": {"hostname": "h", "os": "linux", "arch": "x86_64", "logical_cpus": 1},
+            "command_line": [], "started_at": "t", "project_root": "/",
+            "shapes_file": {"path": "s", "sha256": "s"}, "gates_file": {"path": "g", "sha256": "g"},
+            "backend_details": {"device": {"name": "NVIDIA H200"},
+                "variants": [identity("cp0", "candidate"), identity("base-cp0", "base")]},
+        });
+        Shard {
+            path: "run".into(),
+            meta: serde_json::from_value(meta).unwrap(),
+            correctness: CorrectnessFile {
+                schema_version: crate::schema::SCHEMA_VERSION,
+                all_pass: true,
+                backend: "cuda".into(),
+                resources: Default::default(),
+                results: Vec::new(),
+            },
+            perf: None,
+        }
+    }
+
+    #[test]
+    fn an_untimed_shard_names_its_device_and_its_base_variants_from_build_meta() {
+        let shard = untimed_gpu_shard();
+        assert_eq!(shard.device(), "NVIDIA H200");
+        let roles: Vec<(String, bool)> = shard
+            .variants()
+            .into_iter()
+            .map(|v| (v.name.clone(), v.is_base()))
+            .collect();
+        assert_eq!(
+            roles,
+            [("cp0".to_string(), false), ("base-cp0".to_string(), true)]
+        );
+    }
 }

@@ -210,22 +210,7 @@ fn the_default_backend_without_a_gpu_exits_3_and_points_at_the_cpu_backend() {
 /// Runs a bad command line; asserts exit `code`, a message containing every needle, and no
 /// run directory left behind.
 fn refused(args: &[&str], code: i32, needles: &[&str]) {
-    let results = tempfile::tempdir().unwrap();
-    let results_dir = results.path().join("r");
-    let mut cmd = runner();
-    cmd.args(args).arg("--results-dir").arg(&results_dir);
-    let (got, stdout, stderr) = output(&mut cmd);
-    assert_eq!(got, code, "{args:?}: {stdout}{stderr}");
-    for needle in needles {
-        assert!(
-            stderr.contains(needle),
-            "{args:?}: `{needle}` not in: {stderr}"
-        );
-    }
-    assert!(
-        run_dirs(&results_dir).is_empty(),
-        "{args:?} left a run directory behind"
-    );
+    common::refused_with_env(args, &[], code, needles)
 }
 
 #[test]

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::refused_with_env as refused;
 use common::{output, run_dirs, runner};
 
 /// A CPU run long enough to be interrupted: `long` for many seeds, correctness only.
@@ -203,31 +204,6 @@ fn a_results_dir_whose_name_is_not_utf8_works() {
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_eq!(run_dirs(&results).len(), 1);
-}
-
-/// Runs a command line that must be refused before any work: exit `code`, every needle in
-/// stderr, and nothing written under the results folder.
-fn refused(args: &[&str], env: &[(&str, &str)], code: i32, needles: &[&str]) {
-    let dir = tempfile::tempdir().unwrap();
-    let results = dir.path().join("r");
-    let mut cmd = runner();
-    cmd.args(args).arg("--results-dir").arg(&results);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let (got, stdout, stderr) = output(&mut cmd);
-    assert_eq!(got, code, "{args:?}: {stdout}{stderr}");
-    for needle in needles {
-        assert!(
-            stderr.contains(needle),
-            "{args:?}: `{needle}` not in: {stderr}"
-        );
-    }
-    assert!(
-        run_dirs(&results).is_empty(),
-        "{args:?} left {:?}",
-        run_dirs(&results)
-    );
 }
 
 #[test]

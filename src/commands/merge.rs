@@ -5,11 +5,11 @@
 use super::Project;
 use super::baseline::model_dir;
 use super::run::compare_report;
-use crate::analysis::{self, Decision, GateFailure, RunAnalysis, RunMeasured, RunPolicy};
+use crate::analysis::{self, Decision, GateFailure, RunAnalysis, RunPolicy};
 use crate::cli::MergeArgs;
 use crate::console;
 use crate::error::{AppError, Outcome};
-use crate::merge::{ModelPart, Shard};
+use crate::merge::Shard;
 use crate::outln;
 use crate::report::{self, RunDir};
 use crate::schema::{BuildMeta, CorrectnessFile, SCHEMA_VERSION};
@@ -21,7 +21,8 @@ pub fn merge(args: &MergeArgs) -> Result<Outcome, AppError> {
         .iter()
         .map(|p| Shard::load(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let (backend, parts) = crate::merge::merge(&shards)?;
+    let parts = crate::merge::merge(&shards)?;
+    let backend = shards[0].meta.backend.clone();
     let results_root = args
         .results_dir
         .clone()
@@ -32,27 +33,10 @@ pub fn merge(args: &MergeArgs) -> Result<Outcome, AppError> {
     let gates = &project.gates.gates;
     let analyses: Vec<(String, RunAnalysis)> = parts
         .into_iter()
-        .map(
-            |ModelPart {
-                 device,
-                 variants,
-                 records,
-                 resources,
-                 perf,
-             }| {
-                let measured = RunMeasured {
-                    backend: backend.clone(),
-                    variants,
-                    records,
-                    resources,
-                    perf,
-                };
-                (
-                    device,
-                    analysis::analyze_run(measured, gates, RunPolicy::default()),
-                )
-            },
-        )
+        .map(|(device, measured)| {
+            let analysis = analysis::analyze_run(measured, gates, RunPolicy::default());
+            (device, analysis)
+        })
         .collect();
     let multi = analyses.len() > 1;
     let (correctness, decision) = combine(&backend, &analyses);

@@ -328,17 +328,7 @@ mod tests {
                 ("base-cp1", 0.9),
             ],
         );
-        for v in gated
-            .variants
-            .iter_mut()
-            .filter(|v| v.name.starts_with("base-"))
-        {
-            v.kernel = Some(crate::schema::KernelRef {
-                role: crate::schema::KernelRole::Base,
-                source: "git:main".into(),
-                sha256: String::new(),
-            });
-        }
+        crate::perf::fixtures::mark_base(&mut gated);
         assert_eq!(
             pick_variants(&plain, &gated, None, None).unwrap(),
             ("cp1".into(), "cp1".into())

@@ -183,6 +183,24 @@ pub(crate) mod fixtures {
         }
     }
 
+    /// Marks each variant's kernel by its name: `base-*` the base kernel's, the others the
+    /// kernel under test's (as a `--base-kernel` run records them).
+    pub fn mark_base(file: &mut PerfFile) {
+        use crate::schema::{BASE_PREFIX, KernelRef, KernelRole};
+        for v in &mut file.variants {
+            let role = if v.name.starts_with(BASE_PREFIX) {
+                KernelRole::Base
+            } else {
+                KernelRole::Candidate
+            };
+            v.kernel = Some(KernelRef {
+                role,
+                source: format!("{role:?}.cu"),
+                sha256: String::new(),
+            });
+        }
+    }
+
     /// A perf file with one measurement per (shape, seed, variant) whose samples are
     /// `base_us * factor(variant)` with a small deterministic wobble.
     pub fn perf_file(
@@ -296,22 +314,7 @@ mod tests {
         assert_eq!(cmp[1].estimate.n, 60, "20 rounds x 3 seeds");
     }
 
-    use crate::schema::{KernelRef, KernelRole, PairKind};
-
-    fn with_base(file: &mut PerfFile) {
-        for v in &mut file.variants {
-            let role = if v.name.starts_with(BASE_PREFIX) {
-                KernelRole::Base
-            } else {
-                KernelRole::Candidate
-            };
-            v.kernel = Some(KernelRef {
-                role,
-                source: format!("{role:?}.cu"),
-                sha256: String::new(),
-            });
-        }
-    }
+    use crate::schema::PairKind;
 
     #[test]
     fn pairs_are_the_ab_of_the_kernel_under_test_and_each_variant_against_its_base_twin() {
@@ -326,7 +329,7 @@ mod tests {
                 ("base-cp1", 1.0),
             ],
         );
-        with_base(&mut file);
+        fixtures::mark_base(&mut file);
         let got: Vec<(PairKind, String, String)> = pairs(&file.variants);
         let want = [
             (PairKind::Variants, "cp0", "cp1"),
@@ -353,7 +356,7 @@ mod tests {
                 ("base-cp1", 0.9),
             ],
         );
-        with_base(&mut file);
+        fixtures::mark_base(&mut file);
         let cmps = paired_comparisons(&file, &fixtures::gates());
         let find = |b: &str| cmps.iter().find(|c| c.baseline == b).unwrap();
         assert_eq!(find("base-cp0").verdict, PerfVerdict::Same);

@@ -71,3 +71,28 @@ pub fn cpu_run_dir(results: &std::path::Path, args: &[&str], may_fail: bool) -> 
         .find(|d| !before.contains(d))
         .expect("the run wrote a directory")
 }
+
+/// Runs a bad command line (with `env` set); asserts exit `code`, a message on stderr holding
+/// every needle, and no run directory left behind.
+pub fn refused_with_env(args: &[&str], env: &[(&str, &str)], code: i32, needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("r");
+    let mut cmd = runner();
+    cmd.args(args).arg("--results-dir").arg(&results);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let (got, stdout, stderr) = output(&mut cmd);
+    assert_eq!(got, code, "{args:?}: {stdout}{stderr}");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: `{needle}` not in: {stderr}"
+        );
+    }
+    assert!(
+        run_dirs(&results).is_empty(),
+        "{args:?} left {:?}",
+        run_dirs(&results)
+    );
+}
