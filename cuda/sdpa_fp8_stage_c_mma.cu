@@ -247,7 +247,11 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     if (bh >= B * H) return;
     const int q0 = blockIdx.x * BLOCK_M + (warp % ROW_WARPS) * 16; // this warp's first row
 
+#ifdef MUTANT_I32_HEAD_OFFSET
+    const int head_off = bh * S * HEAD_DIM; // wraps past 2^31 elements
+#else
     const size_t head_off = (size_t)bh * S * HEAD_DIM;
+#endif
     const u8* q_bh = q + head_off;
     const u8* k_bh = k + head_off;
     const u8* v_bh = v + head_off;

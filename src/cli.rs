@@ -9,6 +9,7 @@ use crate::backend::cuda::kernel::KernelLocation;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::emulation::Defect;
 use crate::problem::HostDefect;
+use crate::rows::CheckRows;
 use crate::schema::StressMode;
 use crate::timing::L2Mode;
 use crate::usage::parse_seeds;
@@ -152,6 +153,17 @@ pub struct SetupArgs {
     /// Where run directories go [default: <root>/results]
     #[arg(long, value_name = "DIR")]
     pub results_dir: Option<PathBuf>,
+    /// Rows held to the references: auto checks every row up to 2^28 score elements
+    /// (B·H·S²) and a stated sample per head above (edges of every query tile, both end
+    /// tiles, 64 seeded random rows); every element is always checked for unwritten and
+    /// nonfinite values
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        value_name = "auto|all|sampled"
+    )]
+    pub check_rows: CheckRows,
     #[command(flatten)]
     pub project: ProjectArgs,
     #[command(flatten)]
@@ -430,7 +442,8 @@ pub struct SelftestArgs {
     /// Stress repeats per variant and mode for mutants that pass the correctness gates
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..=100_000))]
     pub repeats: u32,
-    /// Only these mutants (comma-separated MUTANT_* names) [default: all]
+    /// Only these mutants (comma-separated MUTANT_* names) [default: all but the opt-in
+    /// MUTANT_I32_HEAD_OFFSET, whose shape needs 40 GiB of host memory]
     #[arg(long, value_delimiter = ',', value_name = "MUTANT_NAME")]
     pub only: Vec<String>,
     /// Where run directories go [default: <root>/results]

@@ -1,8 +1,10 @@
 //! What the runner prints: one row per (shape, seed, variant), the variant-identity table,
 //! and the summary. Formatting only; nothing here decides a verdict.
 
+use crate::rows::RowSet;
 use crate::schema::CorrectnessRecord;
 use crate::schema::{Measurement, ShapeComparison, VariantMeta};
+use crate::shapes::Shape;
 use crate::verdict::Verdict;
 
 /// Writes `text` to stdout. A closed pipe (`| head`) stops the process as SIGPIPE would,
@@ -64,6 +66,20 @@ impl Widths {
             variant: variants.map(str::len).max().unwrap_or(0).max(7),
         }
     }
+}
+
+/// The rows a sampled check holds to the references, e.g. `[ctx16k] seed=0 checking 18432 of
+/// 262144 rows (7.0%), sampled: ...`.
+pub fn rows_line(shape: &Shape, seed: u64, rows: &RowSet, w: &Widths) -> String {
+    format!(
+        "[{:<ws$}] seed={seed} checking {} of {} rows ({:.1}%), {}",
+        shape.name,
+        rows.count(),
+        rows.total(),
+        100.0 * rows.count() as f64 / rows.total().max(1) as f64,
+        rows.rule(),
+        ws = w.shape
+    )
 }
 
 /// One correctness row, e.g.

@@ -20,6 +20,7 @@ use rayon::prelude::*;
 
 use crate::fp8;
 use crate::problem::Problem;
+use crate::rows::RowSet;
 use crate::shapes::HEAD_DIM;
 
 /// Keys per KV tile; the kernel's BLOCK_N, checked against the compiled kernel at run time.
@@ -32,7 +33,7 @@ const QUAD: usize = 4;
 /// Depth of one tensor-core MMA step (m16n8k16).
 const K_STEP: usize = 16;
 /// Query rows per parallel work item (not a numerical parameter: rows are independent).
-const ROW_CHUNK: usize = 64;
+pub const ROW_CHUNK: usize = 64;
 
 /// Planted defects that let tests prove the gates catch a broken backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -45,20 +46,21 @@ pub enum Defect {
     LeaveRowUnwritten,
 }
 
-/// The clean emulation's output of `p` (poison where it writes nothing), computed once per
-/// problem and split: the yardstick of a run and the `cpu` backend's checked launch of the same
-/// problem are the same O(S²) computation, so the second is a copy of the first.
-pub fn clean(p: &Problem, kv_split: usize) -> Vec<f16> {
-    type Memo = Option<((u64, usize), std::sync::Arc<Vec<f16>>)>;
+/// The clean emulation's output of the rows of `rows`, in their compact layout (the whole
+/// output when every row is checked), computed once per problem, split and set of rows: the
+/// yardstick of a run and the `cpu` backend's checked launch of the same problem are the same
+/// O(S²) computation, so the second is a copy of the first.
+pub fn clean(p: &Problem, kv_split: usize, rows: &RowSet) -> Vec<f16> {
+    type Memo = Option<((u64, usize, [u8; 32]), std::sync::Arc<Vec<f16>>)>;
     static LAST: std::sync::Mutex<Memo> = std::sync::Mutex::new(None);
-    let key = (p.id, kv_split);
+    let key = (p.id, kv_split, rows.fingerprint());
     if let Some((k, out)) = LAST.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
         && *k == key
     {
         return out.to_vec();
     }
-    let mut out = vec![crate::metrics::POISON; p.output_len()];
-    run(p, kv_split, Defect::None, &mut out);
+    let mut out = vec![crate::metrics::POISON; rows.count() * p.shape.d];
+    run_rows(p, kv_split, Defect::None, rows, &mut out);
     *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, std::sync::Arc::new(out.clone())));
     out
 }
@@ -66,16 +68,22 @@ pub fn clean(p: &Problem, kv_split: usize) -> Vec<f16> {
 /// Runs the emulation into `out` (`[B, H, S, D]` f16). Elements the algorithm does not write
 /// keep whatever `out` held, so a poisoned buffer exposes unwritten rows.
 pub fn run(p: &Problem, kv_split: usize, defect: Defect, out: &mut [f16]) {
+    run_rows(p, kv_split, defect, &RowSet::all(&p.shape), out);
+}
+
+/// As [`run`], for the rows of `rows` only, into their compact layout.
+pub fn run_rows(p: &Problem, kv_split: usize, defect: Defect, rows: &RowSet, out: &mut [f16]) {
     assert!(kv_split >= 1);
     let (s, d) = (p.shape.s, p.shape.d);
     assert_eq!(d, HEAD_DIM);
-    assert_eq!(out.len(), p.output_len());
+    assert_eq!(out.len(), rows.count() * d);
     let head_len = s * d;
     let n_tiles = s.div_ceil(KV_TILE);
     let s_pad = n_tiles * KV_TILE;
     let table: [f32; 256] = std::array::from_fn(|c| fp8::decode(c as u8));
     let heads = p.shape.heads();
-    out.par_chunks_mut(head_len)
+    rows.split_heads(out, d)
+        .into_par_iter()
         .enumerate()
         .for_each(|(bh, out_head)| {
             let head = bh * head_len..(bh + 1) * head_len;
@@ -84,11 +92,13 @@ pub fn run(p: &Problem, kv_split: usize, defect: Defect, out: &mut [f16]) {
                 &p.k.codes[head.clone()],
                 &p.v.codes[head],
             );
-            // K transposed to [D][S_pad] so a k-step vectorizes over keys; padded keys are 0.
+            // K tile by tile, each transposed to [D][KV_TILE] so a k-step vectorizes over keys;
+            // padded keys are 0. V as [S_pad][D].
             let mut kt = vec![0f32; d * s_pad];
             for (j, row) in kc.chunks(d).enumerate() {
+                let tile = &mut kt[j / KV_TILE * KV_TILE * d..][..KV_TILE * d];
                 for (x, &c) in row.iter().enumerate() {
-                    kt[x * s_pad + j] = table[c as usize];
+                    tile[x * KV_TILE + j % KV_TILE] = table[c as usize];
                 }
             }
             let mut vd = vec![0f32; s_pad * d];
@@ -102,132 +112,180 @@ pub fn run(p: &Problem, kv_split: usize, defect: Defect, out: &mut [f16]) {
                 Defect::SkipLastKvTile => n_tiles - 1,
                 _ => n_tiles,
             };
+            let mine = rows.rows(bh);
             out_head
                 .par_chunks_mut(ROW_CHUNK * d)
-                .enumerate()
-                .for_each(|(chunk, out_rows)| {
-                    for (r, out_row) in out_rows.chunks_mut(d).enumerate() {
-                        let i = chunk * ROW_CHUNK + r;
+                .zip(mine.par_chunks(ROW_CHUNK))
+                .for_each(|(out_rows, chunk_rows)| {
+                    let qs: Vec<[f32; HEAD_DIM]> = chunk_rows
+                        .iter()
+                        .map(|&i| std::array::from_fn(|x| table[qc[i * d + x] as usize]))
+                        .collect();
+                    // A chunk's rows walk the tiles together, so each tile is read from cache
+                    // once per chunk; each row's arithmetic is the same as alone. Tile t goes
+                    // to split t % kv_split, in ascending order within the split.
+                    let mut states: Vec<Running> =
+                        vec![Running::new(); chunk_rows.len() * kv_split];
+                    for t in 0..tiles_run {
+                        let tile = Tile {
+                            k: &kt[t * KV_TILE * d..][..KV_TILE * d],
+                            v: &vd[t * KV_TILE * d..][..KV_TILE * d],
+                            valid: KV_TILE.min(s - t * KV_TILE),
+                        };
+                        for (r, q) in qs.iter().enumerate() {
+                            states[r * kv_split + t % kv_split].step(q, &tile, qk_scale);
+                        }
+                    }
+                    for ((out_row, &i), splits) in out_rows
+                        .chunks_mut(d)
+                        .zip(chunk_rows)
+                        .zip(states.chunks(kv_split))
+                    {
                         if defect == Defect::LeaveRowUnwritten && bh == heads - 1 && i == s - 1 {
                             continue;
                         }
-                        let qrow: Vec<f32> = qc[i * d..(i + 1) * d]
-                            .iter()
-                            .map(|&c| table[c as usize])
-                            .collect();
-                        let row = Row {
-                            q: &qrow,
-                            kt: &kt,
-                            vd: &vd,
-                            s,
-                            s_pad,
-                        };
-                        row.attend(tiles_run, kv_split, qk_scale, v_scale, out_row);
+                        let splits: Vec<SplitState> = splits.iter().map(Running::finish).collect();
+                        let (l, o) = merge(&splits);
+                        let f = v_scale / l;
+                        for (dst, x) in out_row.iter_mut().zip(o) {
+                            *dst = f16::from_f32(x * f);
+                        }
                     }
                 });
         });
 }
 
-/// One query row against one head's keys and values.
-struct Row<'a> {
-    q: &'a [f32],
-    kt: &'a [f32],
-    vd: &'a [f32],
-    s: usize,
-    s_pad: usize,
+/// One KV tile: K as [D][KV_TILE], V as [KV_TILE][D]; keys from `valid` on are masked.
+struct Tile<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    valid: usize,
 }
 
-/// One split's online-softmax state for one row.
+/// One split's online-softmax state for one row, while its tiles stream by.
+#[derive(Clone)]
+struct Running {
+    m: f32,
+    l_quad: [f32; QUAD],
+    o: [f32; HEAD_DIM],
+}
+
+/// A split's final state: `l = (l_0 + l_1) + (l_2 + l_3)` over the quad.
 struct SplitState {
     m: f32,
     l: f32,
     o: [f32; HEAD_DIM],
 }
 
-impl Row<'_> {
-    fn attend(
-        &self,
-        tiles_run: usize,
-        kv_split: usize,
-        qk_scale: f32,
-        v_scale: f32,
-        out: &mut [f16],
-    ) {
-        let splits: Vec<SplitState> = (0..kv_split)
-            .map(|k| self.split(k, tiles_run, kv_split, qk_scale))
-            .collect();
-        let (l, o) = merge(&splits);
-        let f = v_scale / l;
-        for (dst, x) in out.iter_mut().zip(o) {
-            *dst = f16::from_f32(x * f);
+impl Running {
+    fn new() -> Self {
+        Running {
+            m: f32::NEG_INFINITY,
+            l_quad: [0.0; QUAD],
+            o: [0.0; HEAD_DIM],
         }
     }
 
-    /// Split `k`: tiles k, k + kv_split, ... below `tiles_run`.
-    fn split(&self, k: usize, tiles_run: usize, kv_split: usize, qk_scale: f32) -> SplitState {
+    /// One tile of this split for query row `q`. With AVX2 and FMA on the CPU the same code is
+    /// compiled wider: IEEE operations round the same at any width, Rust never contracts
+    /// `a * b + c`, and `mul_add` is exact either way, so the bits do not change
+    /// (`the_emulation_output_is_pinned_bit_for_bit`).
+    fn step(&mut self, q: &[f32; HEAD_DIM], tile: &Tile, qk_scale: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has both features, checked just above.
+            return unsafe { self.step_avx2(q, tile, qk_scale) };
+        }
+        self.step_any(q, tile, qk_scale)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn step_avx2(&mut self, q: &[f32; HEAD_DIM], tile: &Tile, qk_scale: f32) {
+        self.step_any(q, tile, qk_scale)
+    }
+
+    #[inline(always)]
+    fn step_any(&mut self, q: &[f32; HEAD_DIM], tile: &Tile, qk_scale: f32) {
         const D: usize = HEAD_DIM;
-        let mut m = f32::NEG_INFINITY;
-        let mut l_quad = [0f32; QUAD];
-        let mut o = [0f32; D];
-        for t in (k..tiles_run).step_by(kv_split) {
-            let base = t * KV_TILE;
-            // 1. Scores, one MMA k-step at a time.
-            let mut acc = [0f32; KV_TILE];
-            for ks in (0..D).step_by(K_STEP) {
-                let mut part = [0f32; KV_TILE];
-                for x in ks..ks + K_STEP {
-                    let qx = self.q[x];
-                    let krow = &self.kt[x * self.s_pad + base..][..KV_TILE];
-                    for (pj, &kj) in part.iter_mut().zip(krow) {
-                        *pj += qx * kj;
-                    }
-                }
-                for (a, pj) in acc.iter_mut().zip(part) {
-                    *a += pj;
+        // 1. Scores, one MMA k-step at a time.
+        let mut acc = [0f32; KV_TILE];
+        for ks in (0..D).step_by(K_STEP) {
+            let mut part = [0f32; KV_TILE];
+            for (x, &qx) in q.iter().enumerate().skip(ks).take(K_STEP) {
+                let krow = &tile.k[x * KV_TILE..][..KV_TILE];
+                for (pj, &kj) in part.iter_mut().zip(krow) {
+                    *pj += qx * kj;
                 }
             }
-            let valid = KV_TILE.min(self.s - base);
-            let mut scores = [f32::NEG_INFINITY; KV_TILE];
-            for (sc, a) in scores.iter_mut().zip(acc).take(valid) {
-                *sc = a * qk_scale;
-            }
-            // 2. Online softmax (base 2), P rounded to f16, one partial sum per quad lane.
-            let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let m_new = m.max(tile_max);
-            let alpha = (m - m_new).exp2();
-            let mut p = [0f32; KV_TILE];
-            for (pj, sc) in p.iter_mut().zip(scores) {
-                *pj = f16::from_f32((sc - m_new).exp2()).to_f32();
-            }
-            for (q, lq) in l_quad.iter_mut().enumerate() {
-                let mut part = 0f32;
-                for block in p.chunks(8) {
-                    part += block[2 * q];
-                    part += block[2 * q + 1];
-                }
-                *lq = lq.mul_add(alpha, part);
-            }
-            m = m_new;
-            // 3. Rescale, then P·V one 16-key step at a time.
-            for x in o.iter_mut() {
-                *x *= alpha;
-            }
-            for ks in (0..KV_TILE).step_by(K_STEP) {
-                let mut part = [0f32; D];
-                for (j, &pj) in p.iter().enumerate().skip(ks).take(K_STEP) {
-                    let vrow = &self.vd[(base + j) * D..][..D];
-                    for (px, &vx) in part.iter_mut().zip(vrow) {
-                        *px += pj * vx;
-                    }
-                }
-                for (x, px) in o.iter_mut().zip(part) {
-                    *x += px;
-                }
+            for (a, pj) in acc.iter_mut().zip(part) {
+                *a += pj;
             }
         }
-        let l = (l_quad[0] + l_quad[1]) + (l_quad[2] + l_quad[3]);
-        SplitState { m, l, o }
+        let mut scores = [f32::NEG_INFINITY; KV_TILE];
+        for (sc, a) in scores.iter_mut().zip(acc).take(tile.valid) {
+            *sc = a * qk_scale;
+        }
+        // 2. Online softmax (base 2), P rounded to f16, one partial sum per quad lane.
+        let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m_new = self.m.max(tile_max);
+        let alpha = (self.m - m_new).exp2();
+        let mut p = [0f32; KV_TILE];
+        for (pj, sc) in p.iter_mut().zip(scores) {
+            *pj = (sc - m_new).exp2();
+        }
+        for pj in p.iter_mut() {
+            *pj = round_unit_to_f16(*pj);
+        }
+        for (q, lq) in self.l_quad.iter_mut().enumerate() {
+            let mut part = 0f32;
+            for block in p.chunks(8) {
+                part += block[2 * q];
+                part += block[2 * q + 1];
+            }
+            *lq = lq.mul_add(alpha, part);
+        }
+        self.m = m_new;
+        // 3. Rescale, then P·V one 16-key step at a time.
+        for x in self.o.iter_mut() {
+            *x *= alpha;
+        }
+        for ks in (0..KV_TILE).step_by(K_STEP) {
+            let mut part = [0f32; D];
+            for (j, &pj) in p.iter().enumerate().skip(ks).take(K_STEP) {
+                let vrow = &tile.v[j * D..][..D];
+                for (px, &vx) in part.iter_mut().zip(vrow) {
+                    *px += pj * vx;
+                }
+            }
+            for (x, px) in self.o.iter_mut().zip(part) {
+                *x += px;
+            }
+        }
     }
+
+    fn finish(&self) -> SplitState {
+        let l = (self.l_quad[0] + self.l_quad[1]) + (self.l_quad[2] + self.l_quad[3]);
+        SplitState {
+            m: self.m,
+            l,
+            o: self.o,
+        }
+    }
+}
+
+/// `f16::from_f32(x).to_f32()` for x in [0, 1] (a P value), without branches so it vectorizes:
+/// round to nearest even at 10 mantissa bits, or to a multiple of 2^-24 below 2^-14 (f16's
+/// subnormals). Proven equal to `half` on every f32 in [0, 1] by a test.
+#[inline(always)]
+fn round_unit_to_f16(x: f32) -> f32 {
+    const MIN_NORMAL: f32 = 1.0 / 16384.0; // 2^-14
+    const SUB_STEP: f32 = 16_777_216.0; // 2^24
+    let b = x.to_bits();
+    let normal = f32::from_bits((b + 0x0FFF + ((b >> 13) & 1)) & !0x1FFF);
+    let subnormal = (x * SUB_STEP).round_ties_even() * (1.0 / SUB_STEP);
+    if x < MIN_NORMAL { subnormal } else { normal }
 }
 
 /// Merges the splits' states into (l, O) as the kernel's split 0 does. One split is taken
@@ -281,15 +339,19 @@ mod tests {
             0,
             crate::problem::HostDefect::Scale447,
         );
-        let first = clean(&p, KV_SPLIT);
+        let first = clean(&p, KV_SPLIT, &all(&p));
         assert_eq!(first, emulate(&p, Defect::None));
-        let theirs = clean(&other, KV_SPLIT);
+        let theirs = clean(&other, KV_SPLIT, &all(&other));
         assert_ne!(
             theirs, first,
             "same shape and seed, other codes: not the memo's answer"
         );
         assert_eq!(theirs, emulate(&other, Defect::None));
-        assert_eq!(clean(&p.clone(), KV_SPLIT), first);
+        assert_eq!(clean(&p.clone(), KV_SPLIT, &all(&p.clone())), first);
+    }
+
+    fn all(p: &Problem) -> RowSet {
+        RowSet::all(&p.shape)
     }
 
     fn emulate(p: &Problem, defect: Defect) -> Vec<f16> {
@@ -307,7 +369,7 @@ mod tests {
         let sum = crate::report::f16_checksum(&emulate(&p, Defect::None));
         assert_eq!(
             &sum[..16],
-            "c8f380c7f7212abd",
+            "58d598da88bd0e11",
             "the emulation's output changed"
         );
     }
@@ -326,7 +388,7 @@ mod tests {
     fn emulation_tracks_the_kernel_reference_closely_on_partial_tiles() {
         // S = 77: two KV tiles, the second with 13 keys; two batches, two heads.
         let p = problem(2, 2, 77, 1.0);
-        let refs = References::compute(&p, KV_SPLIT);
+        let refs = References::compute(&p, KV_SPLIT, &all(&p));
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 4e-3, "max err {err}");
     }
@@ -334,7 +396,7 @@ mod tests {
     #[test]
     fn emulation_handles_a_single_key() {
         let p = problem(1, 1, 1, 1.0);
-        let refs = References::compute(&p, KV_SPLIT);
+        let refs = References::compute(&p, KV_SPLIT, &all(&p));
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 4e-3, "max err {err}");
     }
@@ -342,7 +404,7 @@ mod tests {
     #[test]
     fn online_rescale_keeps_wide_score_ranges_accurate() {
         let p = problem(1, 1, 300, 2.0);
-        let refs = References::compute(&p, KV_SPLIT);
+        let refs = References::compute(&p, KV_SPLIT, &all(&p));
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 1e-2, "max err {err}");
     }
@@ -351,7 +413,7 @@ mod tests {
     fn every_kv_split_gives_the_same_answer_up_to_rounding() {
         // S = 300: five tiles, so 2 and 3 splits get unequal shares and a split may be empty.
         let p = problem(1, 2, 300, 1.0);
-        let refs = References::compute(&p, KV_SPLIT);
+        let refs = References::compute(&p, KV_SPLIT, &all(&p));
         let outs: Vec<Vec<f16>> = [1, 2, 3, 8]
             .iter()
             .map(|&k| {
@@ -371,11 +433,43 @@ mod tests {
     }
 
     #[test]
+    fn the_emulation_of_sampled_rows_is_those_rows_of_the_whole_emulation() {
+        let p = problem(2, 1, 1000, 1.0);
+        let whole = emulate(&p, Defect::None);
+        let rows = RowSet::sampled(&p.shape, 0, &[32]);
+        let part = clean(&p, KV_SPLIT, &rows);
+        assert_eq!(part.len(), rows.count() * 64);
+        for (full_row, compact_row) in rows.each() {
+            assert_eq!(
+                whole[full_row * 64..][..64],
+                part[compact_row * 64..][..64],
+                "row {full_row}"
+            );
+        }
+        assert_ne!(
+            clean(&p, KV_SPLIT, &all(&p)).len(),
+            part.len(),
+            "not the memo of all rows"
+        );
+    }
+
+    #[test]
     fn skipping_the_last_kv_tile_changes_the_answer() {
         let p = problem(1, 1, 130, 1.0);
-        let refs = References::compute(&p, KV_SPLIT);
+        let refs = References::compute(&p, KV_SPLIT, &all(&p));
         let err = max_err(&emulate(&p, Defect::SkipLastKvTile), &refs.kernel);
         assert!(err > 0.05, "max err {err}");
+    }
+
+    #[test]
+    fn p_is_rounded_to_f16_exactly_as_half_does_on_every_f32_from_0_to_1() {
+        let one = 1.0f32.to_bits();
+        let wrong = (0..=one)
+            .step_by(3) // a third of the 1.07e9 values, every kind of rounding among them
+            .chain([one - 1, 0x3880_0000, 0x387F_FFFF, 0x3380_0000, 0x337F_FFFF])
+            .map(f32::from_bits)
+            .find(|&x| round_unit_to_f16(x).to_bits() != f16::from_f32(x).to_f32().to_bits());
+        assert_eq!(wrong, None);
     }
 
     #[test]

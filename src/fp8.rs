@@ -43,14 +43,20 @@ pub struct Fp8Tensor {
 impl Fp8Tensor {
     /// Quantizes a `[B, H, S, D]` tensor with one scale per (b, h): code = E4M3(x / scale).
     pub fn quantize(values: &[f32], head_len: usize) -> Self {
+        use rayon::prelude::*;
         assert!(head_len > 0 && values.len().is_multiple_of(head_len));
-        let mut codes = Vec::with_capacity(values.len());
-        let mut scales = Vec::with_capacity(values.len() / head_len);
-        for slice in values.chunks(head_len) {
-            let scale = scale_for(slice);
-            scales.push(scale);
-            codes.extend(slice.iter().map(|&x| encode(x / scale)));
-        }
+        let mut codes = vec![0u8; values.len()];
+        let scales = codes
+            .par_chunks_mut(head_len)
+            .zip(values.par_chunks(head_len))
+            .map(|(codes, slice)| {
+                let scale = scale_for(slice);
+                for (c, &x) in codes.iter_mut().zip(slice) {
+                    *c = encode(x / scale);
+                }
+                scale
+            })
+            .collect();
         Fp8Tensor {
             codes,
             scales,

@@ -1,15 +1,20 @@
 //! Seeded inputs: Q, K, V drawn from normal distributions with ChaCha8, identical on every
 //! machine for the same (B, H, S, D, qk_std, seed), and a checksum that proves it.
+//!
+//! Each (b, h) slice has its own stream, seeded from the problem and its index, so slices are
+//! drawn (and hashed) in parallel and any one can be drawn again alone.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::shapes::{Dist, Shape};
 
 /// Bumped whenever the way inputs are drawn changes, so old checksums stop matching.
-const INPUT_SCHEME: &str = "sdpa-runner inputs v1";
+/// v2: one stream per (b, h) slice (v1 drew the whole tensors from one stream).
+const INPUT_SCHEME: &str = "sdpa-runner inputs v2";
 
 /// Q, K, V in `[B, H, S, D]` row-major f32.
 #[derive(Debug, Clone)]
@@ -17,7 +22,7 @@ pub struct Inputs {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
-    /// sha256 over the little-endian bytes of Q, K and V, in that order.
+    /// [`checksum`] of Q, K and V.
     pub checksum: String,
 }
 
@@ -25,76 +30,78 @@ pub struct Inputs {
 /// inline `1x8x512x64` gets the same data as `mission`.
 pub fn generate(shape: &Shape, seed: u64) -> Inputs {
     let n = shape.elements().expect("shape was validated");
-    let mut rng = ChaCha8Rng::from_seed(rng_seed(shape, seed));
-    let qk_std = shape.qk_std as f32;
-    let mut draw = |scale: f32| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                let x: f32 = StandardNormal.sample(&mut rng);
-                x * scale
-            })
-            .collect()
-    };
-    let mut q = draw(qk_std);
-    let mut k = draw(qk_std);
-    let mut v = draw(1.0);
-    shape_inputs(shape, &mut rng, &mut q, &mut k, &mut v);
-    let checksum = checksum(&[&q, &k, &v]);
+    let head_len = shape.s * shape.d;
+    let problem_seed = problem_seed(shape, seed);
+    let (mut q, mut k, mut v) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    q.par_chunks_mut(head_len)
+        .zip(k.par_chunks_mut(head_len))
+        .zip(v.par_chunks_mut(head_len))
+        .enumerate()
+        .for_each(|(bh, ((q, k), v))| {
+            let mut rng = ChaCha8Rng::from_seed(head_seed(&problem_seed, bh));
+            let qk_std = shape.qk_std as f32;
+            for (t, scale) in [(&mut *q, qk_std), (&mut *k, qk_std), (&mut *v, 1.0)] {
+                for x in t.iter_mut() {
+                    let z: f32 = StandardNormal.sample(&mut rng);
+                    *x = z * scale;
+                }
+            }
+            shape_head(shape, &mut rng, q, k, v);
+        });
+    let checksum = checksum(&[&q, &k, &v], head_len);
     Inputs { q, k, v, checksum }
 }
 
-/// Applies the shape's [`Dist`] to the normal draws, per (b, h) slice.
-fn shape_inputs(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
+/// Applies the shape's [`Dist`] to the normal draws of one (b, h) slice.
+fn shape_head(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
     let (s, d) = (shape.s, shape.d);
     let head_len = s * d;
-    for bh in 0..shape.heads() {
-        let r = bh * head_len..(bh + 1) * head_len;
-        let (q, k, v) = (&mut q[r.clone()], &mut k[r.clone()], &mut v[r]);
-        match shape.dist {
-            Dist::Normal => {}
-            Dist::Outliers => {
-                for t in [&mut *q, &mut *k, &mut *v] {
-                    for _ in 0..8 {
-                        t[rng.random_range(0..head_len)] *= 30.0;
-                    }
+    match shape.dist {
+        Dist::Normal => {}
+        Dist::Outliers => {
+            for t in [&mut *q, &mut *k, &mut *v] {
+                for _ in 0..8 {
+                    t[rng.random_range(0..head_len)] *= 30.0;
                 }
             }
-            Dist::ConstantRows => {
-                for j in (4..s).step_by(4) {
-                    k.copy_within(0..d, j * d);
-                    let c = v[j * d];
-                    v[j * d..(j + 1) * d].fill(c);
-                }
+        }
+        Dist::ConstantRows => {
+            for j in (4..s).step_by(4) {
+                k.copy_within(0..d, j * d);
+                let c = v[j * d];
+                v[j * d..(j + 1) * d].fill(c);
             }
-            Dist::Spike => {
-                // Every query gets +u and one key becomes 3u: its score is about 3·|u|²/8 = 24
-                // (|u|² = 64) above a typical one, so each row's softmax is nearly one-hot.
-                let u: Vec<f32> = (0..d)
-                    .map(|_| StandardNormal.sample(&mut *rng))
-                    .collect::<Vec<f32>>()
-                    .into_iter()
-                    .map(|x| x * shape.qk_std as f32)
-                    .collect();
-                for row in q.chunks_mut(d) {
-                    row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
-                }
-                let j = rng.random_range(0..s);
-                k[j * d..(j + 1) * d]
-                    .iter_mut()
-                    .zip(&u)
-                    .for_each(|(x, ui)| *x = 3.0 * ui);
+        }
+        Dist::Spike => {
+            // Every query gets +u and one key becomes 3u: its score is about 3·|u|²/8 = 24
+            // (|u|² = 64) above a typical one, so each row's softmax is nearly one-hot.
+            let u: Vec<f32> = (0..d)
+                .map(|_| {
+                    let z: f32 = StandardNormal.sample(&mut *rng);
+                    z * shape.qk_std as f32
+                })
+                .collect();
+            for row in q.chunks_mut(d) {
+                row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
             }
-            Dist::HeadScale => {
-                for t in [&mut *q, &mut *k, &mut *v] {
-                    let f = 30f32.powf(rng.random_range(-1.0f32..=1.0));
-                    t.iter_mut().for_each(|x| *x *= f);
-                }
+            let j = rng.random_range(0..s);
+            k[j * d..(j + 1) * d]
+                .iter_mut()
+                .zip(&u)
+                .for_each(|(x, ui)| *x = 3.0 * ui);
+        }
+        Dist::HeadScale => {
+            for t in [&mut *q, &mut *k, &mut *v] {
+                let f = 30f32.powf(rng.random_range(-1.0f32..=1.0));
+                t.iter_mut().for_each(|x| *x *= f);
             }
         }
     }
 }
 
-fn rng_seed(shape: &Shape, seed: u64) -> [u8; 32] {
+/// The seed of the whole problem: the scheme, the dimensions, qk_std, the seed and (for
+/// other than normal draws) the distribution.
+fn problem_seed(shape: &Shape, seed: u64) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(INPUT_SCHEME.as_bytes());
     for dim in [shape.b, shape.h, shape.s, shape.d] {
@@ -102,20 +109,42 @@ fn rng_seed(shape: &Shape, seed: u64) -> [u8; 32] {
     }
     h.update(shape.qk_std.to_bits().to_le_bytes());
     h.update(seed.to_le_bytes());
-    // Normal draws keep the stream they always had (saved checksums stay valid).
     if !shape.dist.is_normal() {
         h.update(shape.dist.name().as_bytes());
     }
     h.finalize().into()
 }
 
-/// Hex sha256 over the little-endian bytes of each tensor in turn.
-pub fn checksum(tensors: &[&[f32]]) -> String {
+/// The seed of slice `bh`'s stream.
+fn head_seed(problem: &[u8; 32], bh: usize) -> [u8; 32] {
     let mut h = Sha256::new();
-    for t in tensors {
-        for x in t.iter() {
-            h.update(x.to_le_bytes());
-        }
+    h.update(problem);
+    h.update((bh as u64).to_le_bytes());
+    h.finalize().into()
+}
+
+/// Hex sha256 over the sha256 of each `head_len` slice of each tensor in turn (slice hashes
+/// over the little-endian bytes), computed in parallel.
+pub fn checksum(tensors: &[&[f32]], head_len: usize) -> String {
+    let digests: Vec<[u8; 32]> = tensors
+        .iter()
+        .flat_map(|t| t.chunks(head_len.max(1)))
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|slice| {
+            let mut h = Sha256::new();
+            let mut buf = Vec::with_capacity(4 * 4096);
+            for block in slice.chunks(4096) {
+                buf.clear();
+                buf.extend(block.iter().flat_map(|x| x.to_le_bytes()));
+                h.update(&buf);
+            }
+            h.finalize().into()
+        })
+        .collect();
+    let mut h = Sha256::new();
+    for d in &digests {
+        h.update(d);
     }
     hex(&h.finalize())
 }
@@ -202,8 +231,34 @@ mod tests {
     }
 
     #[test]
+    fn each_slice_draws_from_its_own_stream_whatever_the_thread_count() {
+        let sh = Shape {
+            b: 2,
+            h: 3,
+            ..shape(100)
+        };
+        let parallel = generate(&sh, 9);
+        let one_thread = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| generate(&sh, 9));
+        assert_eq!(parallel.q, one_thread.q);
+        assert_eq!(parallel.checksum, one_thread.checksum);
+        let head_len = 100 * 64;
+        assert_ne!(parallel.v[..head_len], parallel.v[head_len..2 * head_len]);
+        // The checksum covers every slice: one changed value changes it.
+        let mut v = parallel.v.clone();
+        v[5 * head_len + 7] += 1.0;
+        assert_ne!(
+            checksum(&[&parallel.q, &parallel.k, &v], head_len),
+            parallel.checksum
+        );
+    }
+
+    #[test]
     fn input_stream_is_pinned() {
         let a = generate(&shape(3), 0);
-        assert_eq!(&a.checksum[..16], "ca59469647293c18");
+        assert_eq!(&a.checksum[..16], "1581dae3a17367c6");
     }
 }

@@ -34,6 +34,7 @@ pub(crate) mod reference;
 pub(crate) mod render;
 pub(crate) mod repeat;
 pub(crate) mod report;
+pub mod rows;
 pub mod runner;
 pub(crate) mod schema;
 pub(crate) mod sensitivity;

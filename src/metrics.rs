@@ -2,13 +2,17 @@
 //!
 //! Outputs are poisoned with [`POISON`] before a backend writes them; an element still
 //! holding that exact bit pattern is *unwritten*. Any other NaN or Inf is *nonfinite*.
-//! The error statistics cover the written, finite elements; the two counts cover the rest,
+//! The error statistics cover the written, finite elements of the checked rows
+//! (src/rows.rs); the two counts cover every element,
 //! and `max_err_over_bound` measures each element against its own bound from the error model
 //! (src/reference/bound.rs).
 
 use half::f16;
 use serde::{Deserialize, Serialize};
 
+use rayon::prelude::*;
+
+use crate::rows::RowSet;
 use crate::shapes::Shape;
 
 /// A quiet NaN with a payload no arithmetic produces (CUDA's canonical f16 NaN is 0x7FFF).
@@ -31,31 +35,96 @@ pub struct ErrorMetrics {
     pub worst_at: Option<[usize; 4]>,
 }
 
-/// Measures `out` against `reference` and its per-element `bound` (same `[B, H, S, D]` layout).
-pub fn measure(out: &[f16], reference: &[f64], bound: &[f64], shape: &Shape) -> ErrorMetrics {
-    assert!(out.len() == reference.len() && bound.len() == reference.len());
+/// Measures `out` (the whole `[B, H, S, D]` output) against `reference` and its per-element
+/// `bound`, both in the compact layout of `rows`: the errors cover the checked rows, the
+/// unwritten and non-finite counts every element.
+pub fn measure(
+    out: &[f16],
+    reference: &[f64],
+    bound: &[f64],
+    rows: &RowSet,
+    shape: &Shape,
+) -> ErrorMetrics {
+    assert_eq!(out.len(), rows.total() * shape.d);
+    assert!(reference.len() == rows.count() * shape.d && bound.len() == reference.len());
+    let (unwritten, nonfinite) = out
+        .par_chunks(1 << 16)
+        .map(|chunk| {
+            chunk.iter().fold((0, 0), |(u, n), o| {
+                if o.to_bits() == POISON.to_bits() {
+                    (u + 1, n)
+                } else {
+                    (u, n + usize::from(!o.is_finite()))
+                }
+            })
+        })
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    ErrorMetrics {
+        nonfinite,
+        unwritten,
+        elements: out.len(),
+        ..errors(out, reference, bound, rows, shape, |full_row, _| full_row)
+    }
+}
+
+/// As [`measure`], for an output of the checked rows only, in their compact layout (the
+/// emulation's): the counts cover those rows.
+pub fn measure_compact(
+    out: &[f16],
+    reference: &[f64],
+    bound: &[f64],
+    rows: &RowSet,
+    shape: &Shape,
+) -> ErrorMetrics {
+    assert_eq!(out.len(), reference.len());
+    let unwritten = out
+        .iter()
+        .filter(|o| o.to_bits() == POISON.to_bits())
+        .count();
+    let nonfinite = out.iter().filter(|o| !o.is_finite()).count() - unwritten;
+    ErrorMetrics {
+        nonfinite,
+        unwritten,
+        elements: out.len(),
+        ..errors(out, reference, bound, rows, shape, |_, compact_row| {
+            compact_row
+        })
+    }
+}
+
+/// The error statistics over the checked rows; `out_row` maps (output row, compact row) to
+/// the row of `out` that holds it.
+fn errors(
+    out: &[f16],
+    reference: &[f64],
+    bound: &[f64],
+    rows: &RowSet,
+    shape: &Shape,
+    out_row: impl Fn(usize, usize) -> usize,
+) -> ErrorMetrics {
+    let d = shape.d;
     let (mut max, mut sum, mut sum_sq, mut worst_ratio) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    let (mut counted, mut nonfinite, mut unwritten) = (0usize, 0usize, 0usize);
+    let mut counted = 0usize;
     let mut worst = None;
-    for (i, ((&o, &r), &b)) in out.iter().zip(reference).zip(bound).enumerate() {
-        if o.to_bits() == POISON.to_bits() {
-            unwritten += 1;
-            continue;
+    for (full_row, compact_row) in rows.each() {
+        let o = &out[out_row(full_row, compact_row) * d..][..d];
+        let r = &reference[compact_row * d..][..d];
+        let b = &bound[compact_row * d..][..d];
+        for (x, ((&o, &r), &b)) in o.iter().zip(r).zip(b).enumerate() {
+            if !o.is_finite() {
+                continue; // poison or NaN/Inf: counted apart
+            }
+            let err = (o.to_f64() - r).abs();
+            max = max.max(err);
+            let ratio = err / b;
+            if ratio > worst_ratio || worst.is_none() {
+                worst_ratio = worst_ratio.max(ratio);
+                worst = Some(full_row * d + x);
+            }
+            sum += err;
+            sum_sq += err * err;
+            counted += 1;
         }
-        if !o.is_finite() {
-            nonfinite += 1;
-            continue;
-        }
-        let err = (o.to_f64() - r).abs();
-        max = max.max(err);
-        let ratio = err / b;
-        if ratio > worst_ratio || worst.is_none() {
-            worst_ratio = worst_ratio.max(ratio);
-            worst = Some(i);
-        }
-        sum += err;
-        sum_sq += err * err;
-        counted += 1;
     }
     let n = counted.max(1) as f64;
     ErrorMetrics {
@@ -63,9 +132,9 @@ pub fn measure(out: &[f16], reference: &[f64], bound: &[f64], shape: &Shape) -> 
         mean_abs_err: sum / n,
         rmse: (sum_sq / n).sqrt(),
         max_err_over_bound: worst_ratio,
-        nonfinite,
-        unwritten,
-        elements: out.len(),
+        nonfinite: 0,
+        unwritten: 0,
+        elements: 0,
         worst_at: worst.map(|i| unflatten(i, shape)),
     }
 }
@@ -99,7 +168,13 @@ mod tests {
     fn exact_output_has_zero_error() {
         let reference: Vec<f64> = (0..128).map(|i| i as f64 / 128.0).collect();
         let out: Vec<f16> = reference.iter().map(|&r| f16::from_f64(r)).collect();
-        let m = measure(&out, &reference, &[1e-3; 128], &shape());
+        let m = measure(
+            &out,
+            &reference,
+            &[1e-3; 128],
+            &RowSet::all(&shape()),
+            &shape(),
+        );
         assert!(m.max_abs_err < 1e-3 && m.max_err_over_bound < 1.0);
         assert_eq!((m.unwritten, m.nonfinite), (0, 0));
     }
@@ -112,7 +187,13 @@ mod tests {
         out[4] = POISON;
         out[5] = f16::NAN;
         out[6] = f16::INFINITY;
-        let m = measure(&out, &reference, &[0.01; 128], &shape());
+        let m = measure(
+            &out,
+            &reference,
+            &[0.01; 128],
+            &RowSet::all(&shape()),
+            &shape(),
+        );
         assert_eq!((m.unwritten, m.nonfinite), (2, 2));
         assert_eq!(
             (m.max_abs_err, m.max_err_over_bound),
@@ -129,9 +210,31 @@ mod tests {
         out[64 + 10] = f16::from_f64(1.5); // error 0.5, bound 1: ratio 0.5
         bound[64 + 10] = 1.0;
         out[7] = f16::from_f64(1.015625); // error 0.0156, bound 0.01: ratio 1.56
-        let m = measure(&out, &reference, &bound, &shape());
+        let m = measure(&out, &reference, &bound, &RowSet::all(&shape()), &shape());
         assert_eq!(m.worst_at, Some([0, 0, 0, 7]));
         assert!((m.max_abs_err - 0.5).abs() < 1e-12);
         assert!((m.max_err_over_bound - 1.5625).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sampled_rows_bound_the_errors_but_every_element_is_counted_for_poison() {
+        let sh = Shape::parse_inline("1x1x1000x64").unwrap().unwrap();
+        let rows = RowSet::sampled(&sh, 0, &[32]);
+        let unchecked = (0..1000).find(|r| !rows.rows(0).contains(r)).unwrap();
+        let reference = vec![0.5f64; rows.count() * 64];
+        let mut out = vec![f16::from_f64(0.5); 1000 * 64];
+        out[unchecked * 64 + 3] = f16::from_f64(9.0); // a wrong value nobody compares
+        out[unchecked * 64 + 4] = POISON;
+        out[unchecked * 64 + 5] = f16::INFINITY;
+        let m = measure(&out, &reference, &vec![0.01; reference.len()], &rows, &sh);
+        assert_eq!((m.unwritten, m.nonfinite, m.elements), (1, 1, 64_000));
+        assert_eq!(
+            m.max_abs_err, 0.0,
+            "the unchecked row's error is not measured"
+        );
+        out[999 * 64] = f16::from_f64(0.75); // the last row is always checked
+        let m = measure(&out, &reference, &vec![0.01; reference.len()], &rows, &sh);
+        assert_eq!(m.worst_at, Some([0, 0, 999, 0]));
+        assert!((m.max_abs_err - 0.25).abs() < 1e-12);
     }
 }

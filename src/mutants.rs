@@ -12,6 +12,8 @@ pub struct Mutant {
     pub cp_async_only: bool,
     /// Shapes most likely to expose it; the first is the one the sanitizers run on.
     pub shapes: &'static str,
+    /// Run only when named with `selftest --only`: its shape is too heavy for every self-test.
+    pub opt_in: bool,
 }
 
 pub const MUTANTS: &[Mutant] = &[
@@ -20,48 +22,56 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "skips the cp.async wait before reading a stage",
         cp_async_only: true,
         shapes: "mission,partial300",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_WRONG_STAGE",
         breaks: "decodes the stage being filled, not the landed one",
         cp_async_only: true,
         shapes: "mission,partial300",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_NO_DEQUANT_BARRIER",
         breaks: "drops the barrier after dequantization",
         cp_async_only: false,
         shapes: "mission,long",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_NO_PARTIAL_MASK",
         breaks: "no mask on the partial last KV tile",
         cp_async_only: false,
         shapes: "partial77,single",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_SKIP_LAST_KV_TILE",
         breaks: "never processes the last KV tile",
         cp_async_only: false,
         shapes: "partial77,mission",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_NO_RESCALE",
         breaks: "drops the online-softmax rescale",
         cp_async_only: false,
         shapes: "wide,mission",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_STORE_ROW_OFF_BY_ONE",
         breaks: "stores every row one row down",
         cp_async_only: false,
         shapes: "small",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_K_SCALE_TWICE",
         breaks: "applies the K scale twice",
         cp_async_only: false,
         shapes: "small",
+        opt_in: false,
     },
     Mutant {
         define: "MUTANT_K_READ_PAST_END",
@@ -70,6 +80,15 @@ pub const MUTANTS: &[Mutant] = &[
         // Not `small`: its 2048-byte K ends where the next allocation begins, so the stray
         // byte lands in valid memory and memcheck cannot see it; partial77's 9856 bytes do not.
         shapes: "partial77",
+        opt_in: false,
+    },
+    Mutant {
+        define: "MUTANT_I32_HEAD_OFFSET",
+        breaks: "computes the head offset in 32 bits",
+        cp_async_only: false,
+        // Only past 2^31 elements does the product wrap: 26 GiB of inputs, so opt-in.
+        shapes: "index64",
+        opt_in: true,
     },
 ];
 

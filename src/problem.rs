@@ -53,7 +53,8 @@ impl Problem {
         let mut inputs = inputs::generate(shape, draw_seed);
         if defect == HostDefect::ZeroV {
             inputs.v.fill(0.0);
-            inputs.checksum = inputs::checksum(&[&inputs.q, &inputs.k, &inputs.v]);
+            inputs.checksum =
+                inputs::checksum(&[&inputs.q, &inputs.k, &inputs.v], shape.s * shape.d);
         }
         let head_len = shape.s * shape.d;
         let quantize = |x: &[f32]| match defect {

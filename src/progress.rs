@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::console;
+use crate::rows::RowSet;
 use crate::runner::Progress;
 use crate::schema::CorrectnessRecord;
 use crate::schema::Measurement;
@@ -39,6 +40,12 @@ impl ConsoleProgress {
 impl Progress for ConsoleProgress {
     fn record(&mut self, r: &CorrectnessRecord) {
         self.println(&console::correctness_row(r, &self.widths));
+    }
+
+    fn rows_chosen(&mut self, shape: &Shape, seed: u64, rows: &RowSet) {
+        if !rows.is_all() {
+            self.println(&console::rows_line(shape, seed, rows, &self.widths));
+        }
     }
 
     fn timing_started(&mut self, shape: &Shape, seed: u64, rounds: usize) {

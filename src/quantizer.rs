@@ -36,30 +36,32 @@ impl Audit {
 
 /// Audits `t`, the quantization of `values`.
 pub fn audit(values: &[f32], t: &Fp8Tensor) -> Audit {
+    use rayon::prelude::*;
     let magnitudes = finite_magnitudes();
-    let mut a = Audit::default();
-    for ((slice, codes), &scale) in values
-        .chunks(t.head_len)
-        .zip(t.codes.chunks(t.head_len))
-        .zip(&t.scales)
-    {
-        let amax = slice.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
-        if amax == 0.0 {
-            a.zero_slices += 1;
-        }
-        let expected = if amax == 0.0 { 1.0 } else { amax / E4M3_MAX };
-        if scale.to_bits() != expected.to_bits() {
-            a.scale_off += 1;
-        }
-        for (&x, &c) in slice.iter().zip(codes) {
-            let target = x / scale;
-            let got = fp8::decode(c);
-            if got.is_nan() || (got - target).abs() > nearest_distance(&magnitudes, target) {
-                a.not_nearest += 1;
+    values
+        .par_chunks(t.head_len)
+        .zip(t.codes.par_chunks(t.head_len))
+        .zip(t.scales.par_iter())
+        .map(|((slice, codes), &scale)| {
+            let mut a = Audit::default();
+            let amax = slice.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+            if amax == 0.0 {
+                a.zero_slices += 1;
             }
-        }
-    }
-    a
+            let expected = if amax == 0.0 { 1.0 } else { amax / E4M3_MAX };
+            if scale.to_bits() != expected.to_bits() {
+                a.scale_off += 1;
+            }
+            for (&x, &c) in slice.iter().zip(codes) {
+                let target = x / scale;
+                let got = fp8::decode(c);
+                if got.is_nan() || (got - target).abs() > nearest_distance(&magnitudes, target) {
+                    a.not_nearest += 1;
+                }
+            }
+            a
+        })
+        .reduce(Audit::default, Audit::add)
 }
 
 /// The finite non-negative E4M3 values, ascending.

@@ -124,7 +124,7 @@ mod tests {
         let p = Problem::new(&shape, 0);
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
         let gates = crate::gates::GateFile::load(&path).unwrap().gates;
-        let y = Yardsticks::compute(&p, crate::emulation::KV_SPLIT);
+        let y = Yardsticks::full(&p, crate::emulation::KV_SPLIT);
         (p, y, gates)
     }
 

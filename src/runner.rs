@@ -12,6 +12,7 @@ use crate::problem::{HostDefect, Problem};
 use crate::quantizer::{self, Audit};
 use crate::reference::References;
 use crate::report::f16_checksum;
+use crate::rows::{CheckRows, RowSet};
 use crate::schema::CorrectnessRecord;
 use crate::schema::Measurement;
 use crate::shapes::Shape;
@@ -19,10 +20,13 @@ use crate::stats::Summary;
 use crate::timing::{self, TimingPlan, VariantTiming};
 use crate::verdict::{self, ProblemFacts};
 
-/// What the kernel is held against for one problem, shared by all variants.
+/// What the kernel is held against for one problem, shared by all variants: the references
+/// and the clean emulation of the checked rows (`rows`, src/rows.rs), in their compact layout.
 pub struct Yardsticks {
+    pub rows: RowSet,
     pub refs: References,
-    /// The clean CPU emulation's output and its error against the kernel reference.
+    /// The clean CPU emulation's output of the checked rows and its error against the kernel
+    /// reference.
     pub emulation_out: Vec<f16>,
     pub emulation: ErrorMetrics,
     pub facts: ProblemFacts,
@@ -30,11 +34,16 @@ pub struct Yardsticks {
 
 impl Yardsticks {
     /// `kv_split`: the backend's ([`Backend::kv_split`]), so the emulation sums as it does.
-    pub fn compute(p: &Problem, kv_split: usize) -> Self {
-        let refs = References::compute(p, kv_split);
-        let emulation_out = emulation::clean(p, kv_split);
-        let emulation =
-            metrics::measure(&emulation_out, &refs.kernel, &refs.kernel_bound, &p.shape);
+    pub fn compute(p: &Problem, kv_split: usize, rows: RowSet) -> Self {
+        let refs = References::compute(p, kv_split, &rows);
+        let emulation_out = emulation::clean(p, kv_split, &rows);
+        let emulation = metrics::measure_compact(
+            &emulation_out,
+            &refs.kernel,
+            &refs.kernel_bound,
+            &rows,
+            &p.shape,
+        );
         let quantizer = [
             (&p.inputs.q, &p.q),
             (&p.inputs.k, &p.k),
@@ -50,24 +59,35 @@ impl Yardsticks {
             out_abs_mean: refs.kernel.iter().map(|x| x.abs()).sum::<f64>() / n,
         };
         Yardsticks {
+            rows,
             refs,
             emulation_out,
             emulation,
             facts,
         }
     }
+
+    /// Every row checked: the yardsticks of the calibrated full check.
+    pub fn full(p: &Problem, kv_split: usize) -> Self {
+        Self::compute(p, kv_split, RowSet::all(&p.shape))
+    }
 }
 
-/// Percent of elements whose f16 bits equal the emulation's: 100 means the emulation
-/// reproduces the kernel exactly. A diagnostic, not a gate (a legitimate change of
-/// accumulation order lowers it).
-fn bits_equal_pct(out: &[f16], emulation: &[f16]) -> f64 {
-    let same = out
-        .iter()
-        .zip(emulation)
-        .filter(|(a, b)| a.to_bits() == b.to_bits())
-        .count();
-    100.0 * same as f64 / out.len().max(1) as f64
+/// Percent of the checked elements whose f16 bits equal the emulation's (`emulation` in the
+/// compact layout of `rows`): 100 means the emulation reproduces the kernel exactly. A
+/// diagnostic, not a gate (a legitimate change of accumulation order lowers it).
+fn bits_equal_pct(out: &[f16], emulation: &[f16], rows: &RowSet, d: usize) -> f64 {
+    let same: usize = rows
+        .each()
+        .map(|(full, compact)| {
+            out[full * d..][..d]
+                .iter()
+                .zip(&emulation[compact * d..][..d])
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count()
+        })
+        .sum();
+    100.0 * same as f64 / emulation.len().max(1) as f64
 }
 
 /// Judges one backend output and builds its record.
@@ -79,8 +99,11 @@ pub fn judge_output(
     out: &[f16],
     gates: &Gates,
 ) -> CorrectnessRecord {
-    let kernel_ref = metrics::measure(out, &y.refs.kernel, &y.refs.kernel_bound, &p.shape);
-    let end_to_end = metrics::measure(out, &y.refs.end_to_end, &y.refs.end_to_end_bound, &p.shape);
+    let measure = |reference: &[f64], bound: &[f64]| {
+        metrics::measure(out, reference, bound, &y.rows, &p.shape)
+    };
+    let kernel_ref = measure(&y.refs.kernel, &y.refs.kernel_bound);
+    let end_to_end = measure(&y.refs.end_to_end, &y.refs.end_to_end_bound);
     let v = verdict::judge(
         &kernel_ref,
         &end_to_end,
@@ -105,7 +128,9 @@ pub fn judge_output(
         kernel_ref,
         end_to_end,
         emulation_ref: y.emulation.clone(),
-        emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out),
+        emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out, &y.rows, d),
+        rows_checked: y.rows.count(),
+        row_rule: y.rows.rule().to_string(),
         pass: v.pass(),
         gates: v.checks,
         device: None,
@@ -115,6 +140,7 @@ pub fn judge_output(
 /// Hooks for showing progress; every method does nothing by default.
 pub trait Progress {
     fn record(&mut self, _record: &CorrectnessRecord) {}
+    fn rows_chosen(&mut self, _shape: &Shape, _seed: u64, _rows: &RowSet) {}
     fn timing_started(&mut self, _shape: &Shape, _seed: u64, _rounds: usize) {}
     fn timing_round(&mut self) {}
     fn timing_done(&mut self, _measurements: &[Measurement]) {}
@@ -127,13 +153,27 @@ pub struct RunOutput {
     pub measurements: Vec<Measurement>,
 }
 
+/// What a run covers: the problems and how much of each output is held to the references.
+pub struct Work<'a> {
+    pub shapes: &'a [Shape],
+    pub seeds: &'a [u64],
+    pub host_defect: HostDefect,
+    pub check_rows: CheckRows,
+}
+
+/// The query-tile sizes the backend's variants launch with (the sampled rule checks the
+/// edges of each).
+pub fn query_tiles(backend: &dyn Backend) -> Vec<usize> {
+    (0..backend.variants().len())
+        .map(|i| backend.query_tile_of(i))
+        .collect()
+}
+
 /// For every (shape, seed): checks every variant, then, while the inputs are loaded, times
 /// them all in interleaved rounds.
 pub fn run_all(
     backend: &mut dyn Backend,
-    shapes: &[Shape],
-    seeds: &[u64],
-    host_defect: HostDefect,
+    work: &Work,
     gates: &Gates,
     plan: &TimingPlan,
     progress: &mut dyn Progress,
@@ -142,24 +182,28 @@ pub fn run_all(
         records: Vec::new(),
         measurements: Vec::new(),
     };
-    for shape in shapes {
-        for &seed in seeds {
-            let p = Problem::with_host_defect(shape, seed, host_defect);
+    let tiles = query_tiles(backend);
+    for shape in work.shapes {
+        for &seed in work.seeds {
+            let p = Problem::with_host_defect(shape, seed, work.host_defect);
+            let rows = RowSet::choose(work.check_rows, shape, seed, &tiles);
+            progress.rows_chosen(shape, seed, &rows);
             // One yardstick per KV split: variants of a base kernel may sum in another order.
             let mut yardsticks: Vec<(usize, Yardsticks)> = Vec::new();
             backend.load(&p)?;
             let variants = backend.variants().to_vec();
             for (i, variant) in variants.iter().enumerate() {
+                // Launch first: a fault ends the run before the O(S²) host work.
+                let output = backend.launch_poisoned(i)?;
                 let split = backend.kv_split_of(i);
                 if !yardsticks.iter().any(|(s, _)| *s == split) {
-                    yardsticks.push((split, Yardsticks::compute(&p, split)));
+                    yardsticks.push((split, Yardsticks::compute(&p, split, rows.clone())));
                 }
                 let y = &yardsticks
                     .iter()
                     .find(|(s, _)| *s == split)
                     .expect("added above")
                     .1;
-                let output = backend.launch_poisoned(i)?;
                 let record = judge_output(backend.name(), variant, &p, y, &output, gates);
                 progress.record(&record);
                 out.records.push(record);
@@ -226,6 +270,7 @@ pub fn check_all(
     backend: &mut dyn Backend,
     shapes: &[Shape],
     seeds: &[u64],
+    check_rows: CheckRows,
     gates: &Gates,
     on_record: impl FnMut(&CorrectnessRecord),
 ) -> Result<Vec<CorrectnessRecord>, BackendError> {
@@ -242,16 +287,13 @@ pub fn check_all(
         batch: 1,
         l2: timing::L2Mode::Warm,
     };
-    Ok(run_all(
-        backend,
+    let work = Work {
         shapes,
         seeds,
-        HostDefect::None,
-        gates,
-        &plan,
-        &mut Rows(on_record),
-    )?
-    .records)
+        host_defect: HostDefect::None,
+        check_rows,
+    };
+    Ok(run_all(backend, &work, gates, &plan, &mut Rows(on_record))?.records)
 }
 
 #[cfg(test)]
@@ -281,7 +323,15 @@ mod tests {
 
     fn run(defect: Defect, shapes: &[Shape]) -> Vec<CorrectnessRecord> {
         let mut backend = CpuBackend::new(defect);
-        check_all(&mut backend, shapes, &[0, 1], &gates(), |_| {}).unwrap()
+        check_all(
+            &mut backend,
+            shapes,
+            &[0, 1],
+            CheckRows::Auto,
+            &gates(),
+            |_| {},
+        )
+        .unwrap()
     }
 
     #[test]
@@ -313,16 +363,92 @@ mod tests {
         }
     }
 
+    fn run_rows(defect: Defect, shapes: &[Shape], check_rows: CheckRows) -> Vec<CorrectnessRecord> {
+        let mut backend = CpuBackend::new(defect);
+        check_all(&mut backend, shapes, &[0], check_rows, &gates(), |_| {}).unwrap()
+    }
+
+    #[test]
+    fn a_sampled_check_passes_the_clean_emulation_and_records_its_rows_and_rule() {
+        let records = run_rows(Defect::None, &[shape(1000)], CheckRows::Sampled);
+        let rows = RowSet::sampled(&shape(1000), 0, &[crate::emulation::ROW_CHUNK]);
+        for r in &records {
+            assert!(
+                r.pass,
+                "{:?}",
+                crate::verdict::failed(&r.gates)
+                    .map(|f| f.to_string())
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(r.rows_checked, rows.count());
+            assert!(r.rows_checked < 4 * 1000 / 2 && r.row_rule.starts_with("sampled"));
+            assert_eq!(
+                r.kernel_ref.elements,
+                4 * 1000 * 64,
+                "every element counted"
+            );
+        }
+        let full = run_rows(Defect::None, &[shape(1000)], CheckRows::Auto);
+        assert_eq!(
+            (full[0].rows_checked, full[0].row_rule.as_str()),
+            (4000, "all")
+        );
+    }
+
+    #[test]
+    fn a_sampled_check_catches_a_skipped_kv_tile_and_an_unwritten_row() {
+        for defect in [Defect::SkipLastKvTile, Defect::LeaveRowUnwritten] {
+            let records = run_rows(defect, &[shape(1000)], CheckRows::Sampled);
+            assert!(records.iter().all(|r| !r.pass), "{defect:?}");
+        }
+    }
+
+    #[test]
+    fn a_sampled_check_catches_a_wrong_row_at_a_tile_edge_but_not_one_it_skips() {
+        let sh = shape(1000);
+        let p = Problem::new(&sh, 0);
+        let rows = RowSet::sampled(&sh, 0, &[32]);
+        let y = Yardsticks::compute(&p, crate::emulation::KV_SPLIT, rows.clone());
+        let whole = crate::emulation::clean(&p, crate::emulation::KV_SPLIT, &RowSet::all(&sh));
+        let judge_with_row_scaled = |bh: usize, row: usize| {
+            let mut out = whole.clone();
+            for x in &mut out[(bh * 1000 + row) * 64..][..64] {
+                *x = f16::from_f64(x.to_f64() * 1.05);
+            }
+            judge_output("cpu", "t", &p, &y, &out, &gates())
+        };
+        assert!(judge_output("cpu", "t", &p, &y, &whole, &gates()).pass);
+        assert!(
+            !judge_with_row_scaled(3, 32 * 7).pass,
+            "row 224 opens a tile"
+        );
+        assert!(
+            !judge_with_row_scaled(3, 32 * 7 - 1).pass,
+            "row 223 closes one"
+        );
+        let skipped = (0..1000).find(|r| !rows.rows(3).contains(r)).unwrap();
+        assert!(
+            judge_with_row_scaled(3, skipped).pass,
+            "the stated trade: a row outside the sample is not compared"
+        );
+    }
+
     #[test]
     fn bits_equal_counts_the_share_of_identical_f16_bit_patterns() {
         let a: Vec<f16> = (0..8).map(|i| f16::from_f32(i as f32 * 0.25)).collect();
-        assert_eq!(bits_equal_pct(&a, &a), 100.0);
+        // One row of `d` values, every row checked.
+        let pct = |x: &[f16], y: &[f16], d| {
+            let mut sh = shape(1);
+            (sh.b, sh.h) = (1, 1);
+            bits_equal_pct(x, y, &RowSet::all(&sh), d)
+        };
+        assert_eq!(pct(&a, &a, 8), 100.0);
         let mut b = a.clone();
         b[3] = f16::from_bits(b[3].to_bits() ^ 1); // one last-bit difference
-        assert_eq!(bits_equal_pct(&a, &b), 87.5);
+        assert_eq!(pct(&a, &b, 8), 87.5);
         // +0 and -0 are equal numbers but different bits.
         let (z, nz) = ([f16::from_f32(0.0)], [f16::from_f32(-0.0)]);
-        assert_eq!(bits_equal_pct(&z, &nz), 0.0);
+        assert_eq!(pct(&z, &nz, 1), 0.0);
     }
 
     #[test]
@@ -341,16 +467,13 @@ mod tests {
             l2: timing::L2Mode::Warm,
         };
         let mut backend = CpuBackend::new(Defect::None);
-        let out = run_all(
-            &mut backend,
-            &[shape(20)],
-            &[0, 1],
-            HostDefect::None,
-            &gates(),
-            &plan,
-            &mut NoProgress,
-        )
-        .unwrap();
+        let work = Work {
+            shapes: &[shape(20)],
+            seeds: &[0, 1],
+            host_defect: HostDefect::None,
+            check_rows: CheckRows::Auto,
+        };
+        let out = run_all(&mut backend, &work, &gates(), &plan, &mut NoProgress).unwrap();
         assert_eq!(out.measurements.len(), 2);
         let m = &out.measurements[1];
         assert_eq!(

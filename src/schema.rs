@@ -144,6 +144,13 @@ pub struct CorrectnessRecord {
     pub emulation_bits_equal_pct: f64,
     pub gates: BTreeMap<String, Check>,
     pub pass: bool,
+    /// Query rows (all heads together) whose every element was held to the references; every
+    /// output element was checked for unwritten and nonfinite values (src/rows.rs).
+    #[serde(default)]
+    pub rows_checked: usize,
+    /// The rule that chose them: `all`, or the sampled rule in words.
+    #[serde(default)]
+    pub row_rule: String,
     /// The GPU model (or CPU) it ran on, where a file holds rows of several (`merge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
@@ -519,6 +526,8 @@ pub(crate) mod fixtures {
             emulation_bits_equal_pct: 100.0,
             gates,
             pass,
+            rows_checked: 1,
+            row_rule: "all".into(),
             device: None,
         }
     }

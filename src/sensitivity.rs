@@ -50,7 +50,7 @@ fn sizes() -> impl Iterator<Item = f64> {
 /// The smallest size of `what` that fails a gate on `p`, or None up to a factor of 2.
 pub fn smallest_caught(p: &Problem, what: Perturbation, gates: &Gates) -> Option<Caught> {
     let kv = emulation::KV_SPLIT;
-    let y = Yardsticks::compute(p, kv);
+    let y = Yardsticks::full(p, kv);
     sizes().find_map(|eps| {
         let out = perturbed(p, &y, what, eps, kv);
         let r = judge_output("cpu", "perturbed", p, &y, &out, gates);
@@ -84,7 +84,7 @@ fn perturbed(p: &Problem, y: &Yardsticks, what: Perturbation, eps: f64, kv: usiz
             // The middle row of the last head: not a tile edge, not the first block.
             let d = p.shape.d;
             let row = (p.shape.heads() - 1) * p.shape.s + p.shape.s / 2;
-            let mut out = y.emulation_out.clone();
+            let mut out = y.emulation_out.clone(); // every row: the full output
             for x in &mut out[row * d..(row + 1) * d] {
                 *x = f16::from_f64(x.to_f64() * (1.0 + eps));
             }

@@ -144,6 +144,13 @@ impl Shape {
         if self.s == 0 {
             return Err("S=0: the sequence length must be at least 1".into());
         }
+        if self.s > i32::MAX as usize {
+            return Err(format!(
+                "S={}: the kernel takes S as a 32-bit int; the most is {}",
+                self.s,
+                i32::MAX
+            ));
+        }
         if self.d != HEAD_DIM {
             return Err(format!(
                 "D={}: the Stage-C kernel supports D={HEAD_DIM} only (its HEAD_DIM)",
@@ -163,11 +170,20 @@ impl Shape {
         Ok(())
     }
 
-    /// Host bytes one (shape, seed) needs at its peak: inputs (f32), codes, two f64
-    /// references, dequantized f64 operands, and f16 outputs for the emulation and two variants.
-    pub fn host_bytes_needed(&self) -> Option<u64> {
-        const BYTES_PER_ELEMENT: u64 = 3 * 4 + 3 + 2 * 8 + 3 * 8 + 3 * 2;
-        (self.elements()? as u64).checked_mul(BYTES_PER_ELEMENT)
+    /// Host bytes one (shape, seed) needs at its peak when `checked_rows` rows per head are
+    /// held to the references: per element the inputs (f32) and codes, three f16 outputs
+    /// (stress keeps a first output beside two concurrent ones); per checked element the two
+    /// references and their bounds (f64) and the emulation (f16), with gathered copies. The
+    /// per-head f64 operands are O(S·D) per thread, small beside these.
+    pub fn host_bytes_needed(&self, checked_rows: usize) -> Option<u64> {
+        const PER_ELEMENT: u64 = 3 * 4 + 3 + 3 * 2;
+        const PER_CHECKED: u64 = 4 * 8 + 2 + 2;
+        let n = self.elements()? as u64;
+        let checked = (self.heads() as u64)
+            .checked_mul(checked_rows.min(self.s) as u64)?
+            .checked_mul(self.d as u64)?;
+        n.checked_mul(PER_ELEMENT)?
+            .checked_add(checked.checked_mul(PER_CHECKED)?)
     }
 
     /// The inline spelling of this shape, `BxHxSxD[:qk=F][:dist=NAME]`, which
@@ -264,13 +280,19 @@ impl Shape {
 struct ShapeFile {
     version: u32,
     shapes: Vec<Shape>,
+    /// Shapes run only when named: too heavy for `all` (long contexts, tens of GiB).
+    #[serde(default)]
+    by_name: Vec<Shape>,
 }
 
 /// The shapes of one shapes file, validated.
 #[derive(Debug, Clone)]
 pub struct ShapeCatalog {
     path: PathBuf,
+    /// `shapes`, then `by_name`.
     shapes: Vec<Shape>,
+    /// How many of them `all` selects (the `shapes` list).
+    in_all: usize,
 }
 
 impl ShapeCatalog {
@@ -297,34 +319,41 @@ impl ShapeCatalog {
                 "the list is empty",
             ));
         }
-        for (i, shape) in file.shapes.iter().enumerate() {
+        let in_all = file.shapes.len();
+        let shapes: Vec<Shape> = file.shapes.into_iter().chain(file.by_name).collect();
+        let key = |i: usize| {
+            if i < in_all {
+                format!("shapes[{i}]")
+            } else {
+                format!("by_name[{}]", i - in_all)
+            }
+        };
+        for (i, shape) in shapes.iter().enumerate() {
             shape.validate().map_err(|m| {
-                ConfigError::invalid_key(path, format!("shapes[{i}] ({})", shape.name), m)
+                ConfigError::invalid_key(path, format!("{} ({})", key(i), shape.name), m)
             })?;
             if Shape::parse_inline(&shape.name).is_some() {
                 return Err(ConfigError::invalid_key(
                     path,
-                    format!("shapes[{i}].name"),
+                    format!("{}.name", key(i)),
                     format!(
                         "`{}` looks like an inline BxHxSxD shape; pick another name",
                         shape.name
                     ),
                 ));
             }
-            if file.shapes[..i]
-                .iter()
-                .any(|other| other.name == shape.name)
-            {
+            if shapes[..i].iter().any(|other| other.name == shape.name) {
                 return Err(ConfigError::invalid_key(
                     path,
-                    format!("shapes[{i}].name"),
+                    format!("{}.name", key(i)),
                     format!("`{}` is defined twice", shape.name),
                 ));
             }
         }
         Ok(ShapeCatalog {
             path: path.to_path_buf(),
-            shapes: file.shapes,
+            shapes,
+            in_all,
         })
     }
 
@@ -332,8 +361,14 @@ impl ShapeCatalog {
         &self.path
     }
 
+    /// Every shape of the file, those `all` selects first.
     pub fn shapes(&self) -> &[Shape] {
         &self.shapes
+    }
+
+    /// Whether `all` selects this shape (false for the file's `by_name` list).
+    pub fn in_all(&self, name: &str) -> bool {
+        self.shapes[..self.in_all].iter().any(|s| s.name == name)
     }
 
     pub fn get(&self, name: &str) -> Option<&Shape> {
@@ -341,7 +376,8 @@ impl ShapeCatalog {
     }
 
     /// Resolves `--shapes`: comma-separated names from this catalog or inline `BxHxSxD`
-    /// shapes; `all` selects every shape of the catalog. Duplicates are dropped.
+    /// shapes; `all` selects every shape of the file's `shapes` list (not its `by_name` list).
+    /// Duplicates are dropped.
     pub fn select(&self, spec: &str) -> Result<Vec<Shape>, ConfigError> {
         let mut selected: Vec<Shape> = Vec::new();
         for item in spec.split(',').map(str::trim) {
@@ -351,7 +387,7 @@ impl ShapeCatalog {
                 )));
             }
             let found: Vec<Shape> = if item == "all" {
-                self.shapes.clone()
+                self.shapes[..self.in_all].to_vec()
             } else if let Some(shape) = self.get(item) {
                 vec![shape.clone()]
             } else if let Some(inline) = Shape::parse_inline(item) {
@@ -378,13 +414,15 @@ impl ShapeCatalog {
 }
 
 /// Refuses, before any work, a shape whose host data would not fit in available memory.
+/// `checked_rows` gives the rows per head each shape's check holds to the references (at most).
 pub fn check_host_memory(
     shapes: &[Shape],
+    checked_rows: impl Fn(&Shape) -> usize,
     available_bytes: Option<u64>,
 ) -> Result<(), ConfigError> {
     const GIB: f64 = (1u64 << 30) as f64;
     for shape in shapes {
-        let needed = shape.host_bytes_needed();
+        let needed = shape.host_bytes_needed(checked_rows(shape));
         let too_large = match (needed, available_bytes) {
             (None, _) => true,
             (Some(n), Some(avail)) => n > avail,
@@ -484,13 +522,60 @@ mod tests {
     #[test]
     fn a_shape_too_large_for_memory_is_refused_with_the_size_it_needs() {
         let shapes = catalog().select("64x64x65536x64").unwrap();
-        let err = check_host_memory(&shapes, Some(8 << 30))
+        let every_row = |s: &Shape| s.s;
+        let err = check_host_memory(&shapes, every_row, Some(8 << 30))
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("GiB") && err.contains("64x64x65536x64"),
             "{err}"
         );
-        assert!(check_host_memory(&catalog().select("small").unwrap(), Some(8 << 30)).is_ok());
+        assert!(
+            check_host_memory(
+                &catalog().select("small").unwrap(),
+                every_row,
+                Some(8 << 30)
+            )
+            .is_ok()
+        );
+        // 2^31 elements: 42 GiB for the inputs, codes and outputs, then 36 bytes per checked
+        // element: 46.5 GiB with 1024 of 16384 rows per head, 114 GiB with every row.
+        let big = catalog().select("128x16x16384x64").unwrap();
+        let gib =
+            |rows: usize| big[0].host_bytes_needed(rows).unwrap() as f64 / (1u64 << 30) as f64;
+        assert!(
+            (gib(1024) - 46.5).abs() < 0.1 && (gib(16384) - 114.0).abs() < 0.1,
+            "{} {}",
+            gib(1024),
+            gib(16384)
+        );
+        assert!(check_host_memory(&big, |_| 1024, Some(64 << 30)).is_ok());
+        assert!(check_host_memory(&big, every_row, Some(64 << 30)).is_err());
+    }
+
+    #[test]
+    fn all_selects_the_shapes_list_and_by_name_shapes_only_when_named() {
+        let text = r#"{"version":1,"shapes":[{"name":"small","B":1,"H":1,"S":32,"D":64}],
+            "by_name":[{"name":"huge","B":1,"H":1,"S":65536,"D":64}]}"#;
+        let c = ShapeCatalog::parse(Path::new("t.json"), text).unwrap();
+        let names = |spec| {
+            c.select(spec)
+                .unwrap()
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("all"), ["small"]);
+        assert_eq!(names("all,huge"), ["small", "huge"]);
+        assert!(!c.in_all("huge") && c.in_all("small") && c.shapes().len() == 2);
+        let twice = r#"{"version":1,"shapes":[{"name":"a","B":1,"H":1,"S":32,"D":64}],
+            "by_name":[{"name":"a","B":1,"H":1,"S":64,"D":64}]}"#;
+        let err = ShapeCatalog::parse(Path::new("t.json"), twice)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("by_name[0].name") && err.contains("defined twice"),
+            "{err}"
+        );
     }
 }

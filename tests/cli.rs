@@ -159,6 +159,53 @@ fn a_planted_unwritten_row_is_counted_and_fails_with_exit_1() {
 }
 
 #[test]
+fn a_sampled_check_states_its_rows_on_the_console_and_in_correctness_json() {
+    let results = tempfile::tempdir().unwrap();
+    let args = [
+        "--shapes",
+        "1x2x1000x64",
+        "--seeds",
+        "0",
+        "--iters",
+        "0",
+        "--check-rows",
+        "sampled",
+    ];
+    let (code, stdout, stderr) = cpu(&args, results.path());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("checking ")
+            && stdout.contains(" of 2000 rows")
+            && stdout.contains("sampled:"),
+        "{stdout}"
+    );
+    let run = run_dirs(results.path()).pop().unwrap();
+    let rows = &read_json(&run.join("correctness.json"))["results"][0];
+    let checked = rows["rows_checked"].as_u64().unwrap();
+    assert!(checked > 128 && checked < 1000, "{rows}");
+    assert!(rows["row_rule"].as_str().unwrap().starts_with("sampled"));
+    assert_eq!(rows["kernel_ref"]["elements"], 2 * 1000 * 64);
+    // The planted unwritten row (the last of the last head) fails a sampled check too.
+    let (code, stdout, _) = cpu(
+        &[
+            "--shapes",
+            "1x2x1000x64",
+            "--seeds",
+            "0",
+            "--iters",
+            "0",
+            "--check-rows",
+            "sampled",
+            "--emulation-defect",
+            "leave-row-unwritten",
+        ],
+        results.path(),
+    );
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("unwritten=64"), "{stdout}");
+}
+
+#[test]
 fn shapes_lists_the_named_shapes() {
     let (code, stdout, _) = output(runner().arg("shapes"));
     assert_eq!(code, 0);
@@ -172,6 +219,13 @@ fn shapes_lists_the_named_shapes() {
         "wide",
     ] {
         assert!(stdout.contains(name), "{name} missing: {stdout}");
+    }
+    for name in ["ctx16k", "ctx64k", "index64"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default();
+        assert!(line.contains("not in `all`"), "{name}: {stdout}");
     }
 }
 

@@ -9,6 +9,7 @@ use sdpa_runner::backend::cuda::kernel::KernelSource;
 use sdpa_runner::backend::cuda::variant::VariantSpec;
 use sdpa_runner::gates::{GateFile, Gates};
 use sdpa_runner::problem::Problem;
+use sdpa_runner::rows::CheckRows;
 use sdpa_runner::runner;
 use sdpa_runner::shapes::ShapeCatalog;
 
@@ -41,7 +42,8 @@ fn catalog() -> ShapeCatalog {
 fn both_variants_pass_every_gate_on_small_mission_partial_tile_and_single_key() {
     let shapes = catalog().select("small,mission,partial77,single").unwrap();
     let mut b = backend();
-    let records = runner::check_all(&mut b, &shapes, &[0, 1], &gates(), |_| {}).unwrap();
+    let records =
+        runner::check_all(&mut b, &shapes, &[0, 1], CheckRows::All, &gates(), |_| {}).unwrap();
     assert_eq!(records.len(), 4 * 2 * 2);
     for r in &records {
         let failed: Vec<_> = r.gates.iter().filter(|(_, c)| !c.pass).collect();
@@ -60,7 +62,8 @@ fn cp_async_does_not_change_a_single_output_bit() {
         .select("small,mission,partial300,batched,wide")
         .unwrap();
     let mut b = backend();
-    let records = runner::check_all(&mut b, &shapes, &[0], &gates(), |_| {}).unwrap();
+    let records =
+        runner::check_all(&mut b, &shapes, &[0], CheckRows::All, &gates(), |_| {}).unwrap();
     for pair in records.chunks(2) {
         assert_eq!(
             (pair[0].variant.as_str(), pair[1].variant.as_str()),
@@ -143,4 +146,24 @@ fn variant_identity_proves_which_variant_is_which() {
             .iter()
             .any(|o| o == "-DUSE_CP_ASYNC=1")
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_long_context_passes_a_sampled_check_that_states_its_rows() {
+    let shapes = catalog().select("ctx16k").unwrap();
+    let mut b = backend();
+    let records =
+        runner::check_all(&mut b, &shapes, &[0], CheckRows::Auto, &gates(), |_| {}).unwrap();
+    for r in &records {
+        assert!(r.pass, "{}: {:?}", r.variant, r.gates);
+        assert!(r.row_rule.starts_with("sampled"), "{}", r.row_rule);
+        // 16 heads: 512 tile edges x 2 sides + both end tiles + 64 random rows, about 1150 each.
+        assert!(
+            (16 * 1088..16 * 1300).contains(&r.rows_checked),
+            "{}",
+            r.rows_checked
+        );
+        assert_eq!(r.kernel_ref.elements, 16 * 16384 * 64);
+    }
 }

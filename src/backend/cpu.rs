@@ -10,6 +10,7 @@ use super::{Backend, BackendError};
 use crate::emulation::{self, Defect, KV_SPLIT, KV_TILE};
 use crate::metrics::POISON;
 use crate::problem::Problem;
+use crate::rows::RowSet;
 use crate::timing::{TimedBlock, TimingPlan};
 
 pub const VARIANT: &str = "cpu-emu";
@@ -63,7 +64,7 @@ impl Backend for CpuBackend {
     fn launch_poisoned(&mut self, _variant: usize) -> Result<Vec<f16>, BackendError> {
         let p = self.loaded();
         if self.defect == Defect::None {
-            return Ok(emulation::clean(p, KV_SPLIT));
+            return Ok(emulation::clean(p, KV_SPLIT, &RowSet::all(&p.shape)));
         }
         Ok(self.emulate())
     }

@@ -97,6 +97,12 @@ pub trait Backend {
         self.kv_split()
     }
 
+    /// Query rows one CTA (or work item) of `variant` owns: the sampled check covers the
+    /// edges of these tiles (src/rows.rs).
+    fn query_tile_of(&self, _variant: usize) -> usize {
+        crate::emulation::ROW_CHUNK
+    }
+
     /// Each variant as reports show it: defines, and for a compiled kernel its PTX hash,
     /// whether the PTX holds cp.async, and its resources.
     fn variant_meta(&self) -> Vec<VariantMeta> {

@@ -73,7 +73,11 @@ impl Job {
     fn prepare(args: &RunArgs) -> Result<Self, AppError> {
         let project = Project::load(&args.setup.project)?;
         let shapes = project.catalog.select(&args.shapes)?;
-        shapes::check_host_memory(&shapes, shapes::available_host_memory())?;
+        shapes::check_host_memory(
+            &shapes,
+            |s| crate::rows::max_rows_per_head(args.setup.check_rows, s),
+            shapes::available_host_memory(),
+        )?;
         let plan = timing_plan(&args.timing, args.setup.backend);
         plan.validate()?;
         let results_root = args.setup.results_root(project.root.path());
@@ -151,11 +155,15 @@ impl Job {
         };
         let clocks_before = gpu_clocks();
         let mut progress = ConsoleProgress::new(self.widths);
+        let work = runner::Work {
+            shapes: &self.shapes,
+            seeds: &args.seeds.0,
+            host_defect: args.host_defect,
+            check_rows: args.setup.check_rows,
+        };
         let out = runner::run_all(
             self.backend.as_mut(),
-            &self.shapes,
-            &args.seeds.0,
-            args.host_defect,
+            &work,
             &self.project.gates.gates,
             &self.plan,
             &mut progress,

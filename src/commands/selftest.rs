@@ -97,7 +97,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         );
         results.push(r);
     }
-    if chosen.len() == MUTANTS.len() {
+    if args.only.is_empty() {
         for defect in HostDefect::value_variants().iter().skip(1) {
             let r = check_host_defect(&child, *defect)?;
             crate::outln!(
@@ -209,7 +209,7 @@ fn host_defect_breaks(d: HostDefect) -> &'static str {
 
 fn choose(only: &[String]) -> Result<Vec<Mutant>, ConfigError> {
     if only.is_empty() {
-        return Ok(MUTANTS.to_vec());
+        return Ok(MUTANTS.iter().filter(|m| !m.opt_in).copied().collect());
     }
     only.iter()
         .map(|name| {
@@ -547,7 +547,15 @@ mod tests {
             err.contains("MUTANT_NOPE") && err.contains("MUTANT_WRONG_STAGE"),
             "{err}"
         );
-        assert_eq!(choose(&[]).unwrap().len(), MUTANTS.len());
+        let default = choose(&[]).unwrap();
+        assert!(default.iter().all(|m| !m.opt_in));
+        assert_eq!(default.len(), MUTANTS.iter().filter(|m| !m.opt_in).count());
+        let named = choose(&["MUTANT_I32_HEAD_OFFSET".into()]).unwrap();
+        assert_eq!(
+            (named.len(), named[0].shapes),
+            (1, "index64"),
+            "opt-in when named"
+        );
     }
 
     #[test]

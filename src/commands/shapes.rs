@@ -24,8 +24,13 @@ pub fn list(args: &ShapesArgs) -> Result<Outcome, AppError> {
         "qk_std"
     );
     for s in shapes {
+        let only = if project.catalog.in_all(&s.name) {
+            ""
+        } else {
+            " (by name only, not in `all`)"
+        };
         crate::outln!(
-            "{:<width$}  {:>3} {:>4} {:>6} {:>3}  {:>6}  {}",
+            "{:<width$}  {:>3} {:>4} {:>6} {:>3}  {:>6}  {}{only}",
             s.name,
             s.b,
             s.h,

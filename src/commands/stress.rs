@@ -10,7 +10,8 @@ use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
 use crate::repeat;
 use crate::report::{self, RunDir};
-use crate::runner::Yardsticks;
+use crate::rows::RowSet;
+use crate::runner::{self, Yardsticks};
 use crate::schema::{SCHEMA_VERSION, StressFile};
 use crate::shapes;
 
@@ -18,7 +19,11 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
     let project = Project::load(&args.setup.project)?;
     let selected = project.catalog.select(&args.shapes)?;
-    shapes::check_host_memory(&selected, shapes::available_host_memory())?;
+    shapes::check_host_memory(
+        &selected,
+        |s| crate::rows::max_rows_per_head(args.setup.check_rows, s),
+        shapes::available_host_memory(),
+    )?;
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,
@@ -38,7 +43,13 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     for shape in &selected {
         for &seed in &args.seeds.0 {
             let p = Problem::new(shape, seed);
-            let y = Yardsticks::compute(&p, backend.kv_split());
+            let rows = RowSet::choose(
+                args.setup.check_rows,
+                shape,
+                seed,
+                &runner::query_tiles(backend.as_ref()),
+            );
+            let y = Yardsticks::compute(&p, backend.kv_split(), rows);
             backend.load(&p)?;
             for v in 0..backend.variants().len() {
                 for &mode in &args.modes {

@@ -14,14 +14,16 @@ use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
 use crate::problem::Problem;
+use crate::rows::RowSet;
 use crate::shapes::Shape;
 
 /// Query rows per work item: big enough for efficient GEMMs, small enough that the
 /// `ROW_BLOCK x S` score block stays in cache for common S.
 const ROW_BLOCK: usize = 64;
 
-/// The two references (docs/DESIGN.md "References and metrics") of one problem, and the
-/// error model's bound for every element of each ([`bound`]).
+/// The two references (docs/DESIGN.md "References and metrics") of the checked rows of one
+/// problem, in the compact layout of [`RowSet`], and the error model's bound for every element
+/// of each ([`bound`]).
 pub struct References {
     /// On the dequantized FP8 values: isolates the kernel's own error.
     pub kernel: Vec<f64>,
@@ -34,51 +36,62 @@ pub struct References {
 }
 
 impl References {
-    /// Both references and their bounds in one pass; `kv_split` is the kernel's (it sets the
-    /// length of the f32 accumulation chains in the model).
-    pub fn compute(p: &Problem, kv_split: usize) -> Self {
+    /// Both references and their bounds for the rows of `rows`, in one pass; `kv_split` is
+    /// the kernel's (it sets the length of the f32 accumulation chains in the model). Heads
+    /// are widened to f64 one at a time, so memory follows the checked rows, not B·H·S·D.
+    pub fn compute(p: &Problem, kv_split: usize, rows: &RowSet) -> Self {
         let sh = &p.shape;
         let (s, d) = (sh.s, sh.d);
         let head_len = s * d;
-        let n = p.output_len();
-        let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
-        let (qk, kk, vk) = (
-            p.q.dequantize_f64(),
-            p.k.dequantize_f64(),
-            p.v.dequantize_f64(),
-        );
-        let (qe, ke, ve) = (widen(&p.inputs.q), widen(&p.inputs.k), widen(&p.inputs.v));
+        let mut outs = vec![[0.0f64; 4]; rows.count() * d];
         let scale = p.softmax_scale as f64;
-        let mut outs = vec![[0.0f64; 4]; n];
-        outs.par_chunks_mut(head_len)
+        let table = crate::fp8::decode_table_f64();
+        rows.split_heads(&mut outs, d)
+            .into_par_iter()
             .enumerate()
             .for_each(|(bh, out_head)| {
                 let range = bh * head_len..(bh + 1) * head_len;
-                let view = |x| head_view(x, range.clone(), d);
-                let v_abs: Vec<f64> = vk[range.clone()].iter().map(|x| x.abs()).collect();
-                let v_abs = ArrayView2::from_shape((s, d), &v_abs[..]).expect("|V| slice");
+                let decode = |t: &crate::fp8::Fp8Tensor| -> Vec<f64> {
+                    let sc = t.scales[bh] as f64;
+                    t.codes[range.clone()]
+                        .iter()
+                        .map(|&c| table[c as usize] * sc)
+                        .collect()
+                };
+                let widen = |x: &[f32]| {
+                    x[range.clone()]
+                        .iter()
+                        .map(|&v| v as f64)
+                        .collect::<Vec<_>>()
+                };
+                let (kk, vk) = (decode(&p.k), decode(&p.v));
+                let (ke, ve) = (widen(&p.inputs.k), widen(&p.inputs.v));
+                let v_abs: Vec<f64> = vk.iter().map(|x| x.abs()).collect();
+                let mine = rows.rows(bh);
                 let facts = bound::HeadFacts {
                     qk_scale_log2: scale * std::f64::consts::LOG2_E,
-                    k_norm_max: kk[range.clone()].chunks(d).map(norm).fold(0.0, f64::max),
+                    k_norm_max: kk.chunks(d).map(norm).fold(0.0, f64::max),
                     v_abs_max: v_abs.iter().copied().fold(0.0, f64::max),
                     v_scale: p.v.scales[bh] as f64,
                     tiles: bound::HeadFacts::tiles(s, kv_split),
                 };
                 let head = Head {
-                    qk: view(&qk),
-                    kk: view(&kk),
-                    vk: view(&vk),
-                    v_abs,
-                    qe: view(&qe),
-                    ke: view(&ke),
-                    ve: view(&ve),
+                    q: &p.q,
+                    qe: &p.inputs.q[range.clone()],
+                    bh,
+                    table: &table,
+                    kk: head_view(&kk, s, d),
+                    vk: head_view(&vk, s, d),
+                    v_abs: head_view(&v_abs, s, d),
+                    ke: head_view(&ke, s, d),
+                    ve: head_view(&ve, s, d),
                     scale,
                     facts,
                 };
                 out_head
                     .par_chunks_mut(ROW_BLOCK * d)
-                    .enumerate()
-                    .for_each(|(blk, out_blk)| head.block(blk * ROW_BLOCK, out_blk));
+                    .zip(mine.par_chunks(ROW_BLOCK))
+                    .for_each(|(out_blk, blk_rows)| head.block(blk_rows, out_blk));
             });
         let pick = |i: usize| outs.iter().map(|o| o[i]).collect::<Vec<_>>();
         References {
@@ -90,21 +103,25 @@ impl References {
     }
 }
 
-fn head_view(x: &[f64], range: std::ops::Range<usize>, d: usize) -> ArrayView2<'_, f64> {
-    ArrayView2::from_shape((range.len() / d, d), &x[range]).expect("head slice")
+fn head_view(x: &[f64], s: usize, d: usize) -> ArrayView2<'_, f64> {
+    ArrayView2::from_shape((s, d), x).expect("head slice")
 }
 
 fn norm(x: &[f64]) -> f64 {
     x.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
-/// One head's operands: the dequantized codes (`*k`), the original inputs (`*e`).
+/// One head's operands: the dequantized codes (`*k`), the original inputs (`*e`); Q rows are
+/// read (and dequantized) as a block needs them.
 struct Head<'a> {
-    qk: ArrayView2<'a, f64>,
+    q: &'a crate::fp8::Fp8Tensor,
+    /// This head's slice of the original Q.
+    qe: &'a [f32],
+    bh: usize,
+    table: &'a [f64; 256],
     kk: ArrayView2<'a, f64>,
     vk: ArrayView2<'a, f64>,
     v_abs: ArrayView2<'a, f64>,
-    qe: ArrayView2<'a, f64>,
     ke: ArrayView2<'a, f64>,
     ve: ArrayView2<'a, f64>,
     scale: f64,
@@ -117,12 +134,21 @@ thread_local! {
 }
 
 impl Head<'_> {
-    /// Rows `r0..` of this head: per element [kernel ref, e2e ref, kernel bound, e2e bound].
-    fn block(&self, r0: usize, out: &mut [[f64; 4]]) {
+    /// The rows `which` of this head: per element [kernel ref, e2e ref, kernel bound, e2e bound].
+    fn block(&self, which: &[usize], out: &mut [[f64; 4]]) {
         let (s, d) = self.kk.dim();
-        let rows = out.len() / d;
-        let qk = self.qk.slice(ndarray::s![r0..r0 + rows, ..]);
-        let qe = self.qe.slice(ndarray::s![r0..r0 + rows, ..]);
+        let rows = which.len();
+        let head_off = self.bh * s * d;
+        let q_scale = self.q.scales[self.bh] as f64;
+        let mut qk = ndarray::Array2::<f64>::zeros((rows, d));
+        let mut qe = ndarray::Array2::<f64>::zeros((rows, d));
+        for (i, &r) in which.iter().enumerate() {
+            let codes = &self.q.codes[head_off + r * d..][..d];
+            for (x, &c) in codes.iter().enumerate() {
+                qk[[i, x]] = self.table[c as usize] * q_scale;
+                qe[[i, x]] = self.qe[r * d + x] as f64;
+            }
+        }
         JOINT.with_borrow_mut(|(bk, be)| {
             bk.resize(rows * s, 0.0);
             be.resize(rows * s, 0.0);
@@ -280,7 +306,7 @@ mod tests {
         // S = 150: three row blocks, the last partial; two heads with their own scales.
         let sh = shape(1, 2, 150);
         let p = Problem::new(&sh, 3);
-        let refs = References::compute(&p, 2);
+        let refs = References::compute(&p, 2, &RowSet::all(&sh));
         let scale = p.softmax_scale as f64;
         let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
         let kernel = naive(
@@ -317,6 +343,27 @@ mod tests {
         // The quantization is what separates the references: the model's bound covers it.
         for ((&k, &e), &be) in kernel.iter().zip(&e2e).zip(&refs.end_to_end_bound) {
             assert!((k - e).abs() <= be, "{k} {e} {be}");
+        }
+    }
+
+    #[test]
+    fn the_references_of_sampled_rows_are_those_rows_of_the_full_references() {
+        // Two heads of S = 1000: rows of several blocks, each head its own random rows.
+        let sh = shape(1, 2, 1000);
+        let p = Problem::new(&sh, 1);
+        let full = References::compute(&p, 2, &RowSet::all(&sh));
+        let rows = RowSet::sampled(&sh, 1, &[32]);
+        let part = References::compute(&p, 2, &rows);
+        assert_eq!(part.kernel.len(), rows.count() * 64);
+        for (full_row, compact_row) in rows.each() {
+            let (f, c) = (
+                full_row * 64..(full_row + 1) * 64,
+                compact_row * 64..(compact_row + 1) * 64,
+            );
+            assert_eq!(full.kernel[f.clone()], part.kernel[c.clone()]);
+            assert_eq!(full.end_to_end[f.clone()], part.end_to_end[c.clone()]);
+            assert_eq!(full.kernel_bound[f.clone()], part.kernel_bound[c.clone()]);
+            assert_eq!(full.end_to_end_bound[f], part.end_to_end_bound[c]);
         }
     }
 

@@ -54,8 +54,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// sha256 of f16 values' bits, little-endian.
 pub fn f16_checksum(values: &[half::f16]) -> String {
     let mut h = Sha256::new();
-    for v in values {
-        h.update(v.to_bits().to_le_bytes());
+    let mut buf = Vec::with_capacity(2 * 8192);
+    for block in values.chunks(8192) {
+        buf.clear();
+        buf.extend(block.iter().flat_map(|v| v.to_bits().to_le_bytes()));
+        h.update(&buf);
     }
     crate::inputs::hex(&h.finalize())
 }

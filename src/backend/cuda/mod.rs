@@ -94,14 +94,33 @@ impl CudaBackend {
             device.max_sm_clock_mhz,
             device.sm_count,
         )?;
+        // NVRTC compiles each variant on its own thread (each is a separate program); the
+        // modules are loaded in order afterwards.
+        let arch = device.arch();
+        let mut built: Vec<Result<BuiltVariant, BackendError>> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = sources
+                .iter()
+                .flat_map(|(source, specs)| specs.iter().map(move |spec| (source, spec)))
+                .map(|(source, spec)| {
+                    let (include_dir, arch) = (&include_dir, &arch);
+                    scope.spawn(move || kernel::build_variant(source, include_dir, arch, spec))
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|job| job.join().expect("an NVRTC compile thread panicked"))
+                .collect::<Vec<_>>()
+        })
+        .into_iter()
+        .rev()
+        .collect();
         let mut variants = Vec::new();
         let mut kv_splits = Vec::new();
         let mut names = Vec::new();
-        for (source, specs) in &sources {
+        for (_, specs) in &sources {
             let first = variants.len();
             for spec in specs {
-                let built = kernel::build_variant(source, &include_dir, &device.arch(), spec)?;
-                variants.push(load_variant(&ctx, built)?);
+                let variant = built.pop().expect("one build per spec")?;
+                variants.push(load_variant(&ctx, variant)?);
                 names.push(spec.name.clone());
             }
             let constants: Vec<(&str, KernelConstants)> = variants[first..]
@@ -230,6 +249,10 @@ impl Backend for CudaBackend {
 
     fn kv_split_of(&self, variant: usize) -> usize {
         self.kv_splits[variant]
+    }
+
+    fn query_tile_of(&self, variant: usize) -> usize {
+        self.gpu.variants[variant].identity.constants.block_m as usize
     }
 
     fn load(&mut self, p: &Problem) -> Result<(), BackendError> {

@@ -1,0 +1,321 @@
+//! Which query rows of each (b, h) head a correctness check holds against the references
+//! (docs/DESIGN.md "Checked rows").
+//!
+//! Rows of attention are independent, so the O(S²) references and emulation need only the
+//! rows being checked. Up to [`AUTO_FULL_MAX_SCORES`] every row is checked; above it `auto`
+//! checks a stated set per head: every row of the first and last query tile, the rows on both
+//! sides of every query-tile boundary (so every CTA's first and last row, for each tile size
+//! the variants launch with), and [`RANDOM_ROWS`] rows drawn from the seed. Every output
+//! element, checked row or not, is still checked for unwritten and non-finite values
+//! (src/metrics.rs).
+//!
+//! The checked rows of all heads form the *compact layout*: head by head, rows ascending,
+//! `D` values each. With every row checked it is the output's own `[B, H, S, D]` layout.
+
+use std::borrow::Cow;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
+
+use crate::shapes::Shape;
+
+/// `--check-rows`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckRows {
+    /// Every row up to 2^28 score elements (B·H·S², the size of `large`), sampled above
+    #[default]
+    Auto,
+    /// Every row of every head, whatever it costs
+    All,
+    /// The sampled rule on any shape
+    Sampled,
+}
+
+/// Score elements (B·H·S²) up to which `auto` checks every row: `large` (1x16x4096x64), about
+/// 4 s of host time on a 16-core machine. Every shape the gates were calibrated and fuzzed
+/// on lies below it.
+pub const AUTO_FULL_MAX_SCORES: u128 = 1 << 28;
+
+/// Rows drawn at random per head under the sampled rule.
+pub const RANDOM_ROWS: usize = 64;
+
+/// At most how many rows per head `rule` checks of `shape` (for the host-memory check, before
+/// the variants' tile sizes are known: any tile of 16 rows or more).
+pub fn max_rows_per_head(rule: CheckRows, shape: &Shape) -> usize {
+    let scores = shape.heads() as u128 * shape.s as u128 * shape.s as u128;
+    match rule {
+        CheckRows::All => shape.s,
+        CheckRows::Auto if scores <= AUTO_FULL_MAX_SCORES => shape.s,
+        CheckRows::Auto | CheckRows::Sampled => shape.s.min(shape.s / 8 + 2 * 128 + RANDOM_ROWS),
+    }
+}
+
+/// The rows checked in each head, and where each head's rows start in the compact layout.
+#[derive(Debug, Clone)]
+pub struct RowSet {
+    s: usize,
+    /// Sorted rows per head; `None` when every row is checked.
+    sampled: Option<Vec<Vec<usize>>>,
+    /// Compact row index of each head's first row, then the total (heads + 1 entries).
+    offsets: Vec<usize>,
+    rule: String,
+    fingerprint: [u8; 32],
+}
+
+impl RowSet {
+    /// Every row of every head.
+    pub fn all(shape: &Shape) -> Self {
+        let offsets = (0..=shape.heads()).map(|bh| bh * shape.s).collect();
+        let mut h = Sha256::new();
+        h.update(b"all");
+        h.update((shape.heads() as u64).to_le_bytes());
+        h.update((shape.s as u64).to_le_bytes());
+        RowSet {
+            s: shape.s,
+            sampled: None,
+            offsets,
+            rule: "all".into(),
+            fingerprint: h.finalize().into(),
+        }
+    }
+
+    /// The rows `rule` checks of a (shape, seed) whose variants launch query tiles of
+    /// `tiles` rows.
+    pub fn choose(rule: CheckRows, shape: &Shape, seed: u64, tiles: &[usize]) -> Self {
+        let scores = shape.heads() as u128 * shape.s as u128 * shape.s as u128;
+        match rule {
+            CheckRows::All => Self::all(shape),
+            CheckRows::Auto if scores <= AUTO_FULL_MAX_SCORES => Self::all(shape),
+            CheckRows::Auto | CheckRows::Sampled => Self::sampled(shape, seed, tiles),
+        }
+    }
+
+    /// The sampled rule (module docs); every row when it would pick them all.
+    pub fn sampled(shape: &Shape, seed: u64, tiles: &[usize]) -> Self {
+        let s = shape.s;
+        let mut tiles: Vec<usize> = tiles.iter().copied().filter(|&t| t > 0).collect();
+        tiles.sort_unstable();
+        tiles.dedup();
+        assert!(!tiles.is_empty(), "a query tile size is needed");
+        let per_head: Vec<Vec<usize>> = (0..shape.heads())
+            .map(|bh| head_rows(s, seed, bh, &tiles))
+            .collect();
+        if per_head.iter().all(|rows| rows.len() == s) {
+            return Self::all(shape);
+        }
+        let mut offsets = Vec::with_capacity(per_head.len() + 1);
+        let mut h = Sha256::new();
+        let mut total = 0;
+        for rows in &per_head {
+            offsets.push(total);
+            total += rows.len();
+            for &r in rows {
+                h.update((r as u64).to_le_bytes());
+            }
+            h.update(b"/");
+        }
+        offsets.push(total);
+        let sizes: Vec<String> = tiles.iter().map(|t| t.to_string()).collect();
+        let rule = format!(
+            "sampled: per head every row of the first and last {t}-row query tile, both sides \
+             of every {t}-row tile boundary, {RANDOM_ROWS} random rows of seed {seed}; every \
+             element for unwritten and nonfinite",
+            t = sizes.join("/")
+        );
+        RowSet {
+            s,
+            sampled: Some(per_head),
+            offsets,
+            rule,
+            fingerprint: h.finalize().into(),
+        }
+    }
+
+    pub fn is_all(&self) -> bool {
+        self.sampled.is_none()
+    }
+
+    pub fn heads(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Rows checked, all heads together.
+    pub fn count(&self) -> usize {
+        self.offsets[self.heads()]
+    }
+
+    /// Rows of the output, all heads together.
+    pub fn total(&self) -> usize {
+        self.heads() * self.s
+    }
+
+    /// The checked rows of head `bh`, ascending.
+    pub fn rows(&self, bh: usize) -> Cow<'_, [usize]> {
+        match &self.sampled {
+            Some(per_head) => Cow::Borrowed(&per_head[bh]),
+            None => Cow::Owned((0..self.s).collect()),
+        }
+    }
+
+    /// Compact row index of head `bh`'s first checked row.
+    pub fn offset(&self, bh: usize) -> usize {
+        self.offsets[bh]
+    }
+
+    /// Every checked row as (its row in the output, counting all heads; its compact row).
+    pub fn each(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.heads()).flat_map(move |bh| {
+            let rows = self.rows(bh).into_owned();
+            let (s, first) = (self.s, self.offsets[bh]);
+            rows.into_iter()
+                .enumerate()
+                .map(move |(j, r)| (bh * s + r, first + j))
+        })
+    }
+
+    /// The output row (head, row) of compact row `i`.
+    pub fn locate(&self, i: usize) -> (usize, usize) {
+        let bh = self.offsets.partition_point(|&o| o <= i) - 1;
+        (bh, self.rows(bh)[i - self.offsets[bh]])
+    }
+
+    /// The rule, as correctness.json and the console state it.
+    pub fn rule(&self) -> &str {
+        &self.rule
+    }
+
+    /// Equal for equal sets of rows (memo keys).
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
+    /// Splits a compact buffer of `width` values per row into one slice per head.
+    pub fn split_heads<'a, T>(&self, mut compact: &'a mut [T], width: usize) -> Vec<&'a mut [T]> {
+        assert_eq!(compact.len(), self.count() * width);
+        let mut heads = Vec::with_capacity(self.heads());
+        for bh in 0..self.heads() {
+            let (head, rest) =
+                compact.split_at_mut((self.offsets[bh + 1] - self.offsets[bh]) * width);
+            heads.push(head);
+            compact = rest;
+        }
+        heads
+    }
+}
+
+/// The sampled rows of head `bh`, sorted and distinct.
+fn head_rows(s: usize, seed: u64, bh: usize, tiles: &[usize]) -> Vec<usize> {
+    let mut rows = Vec::new();
+    for &t in tiles {
+        rows.extend(0..t.min(s)); // the first tile
+        rows.extend((s - 1) / t * t..s); // the last tile
+        for edge in (t..s).step_by(t) {
+            rows.extend([edge - 1, edge]);
+        }
+    }
+    let mut h = Sha256::new();
+    h.update(b"sdpa-runner rows v1");
+    h.update(seed.to_le_bytes());
+    h.update((bh as u64).to_le_bytes());
+    let mut rng = ChaCha8Rng::from_seed(h.finalize().into());
+    rows.extend((0..RANDOM_ROWS).map(|_| rng.random_range(0..s)));
+    rows.sort_unstable();
+    rows.dedup();
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(b: usize, h: usize, s: usize) -> Shape {
+        Shape::parse_inline(&format!("{b}x{h}x{s}x64"))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn sampled_rows_hold_both_end_tiles_every_tile_edge_and_random_rows_of_the_seed() {
+        let sh = shape(1, 2, 1000);
+        let set = RowSet::sampled(&sh, 7, &[32]);
+        assert!(!set.is_all());
+        for bh in 0..2 {
+            let rows = set.rows(bh);
+            assert!((0..32).all(|r| rows.contains(&r)), "first tile");
+            assert!(
+                (992..1000).all(|r| rows.contains(&r)),
+                "last (partial) tile"
+            );
+            for edge in (32..1000).step_by(32) {
+                assert!(
+                    rows.contains(&(edge - 1)) && rows.contains(&edge),
+                    "edge {edge}"
+                );
+            }
+            assert!(rows.windows(2).all(|w| w[0] < w[1]), "sorted, distinct");
+            let structured = 32 + 8 + 2 * (1000 / 32 - 1) - 2;
+            assert!(rows.len() > structured, "random rows beyond the structure");
+        }
+        assert_ne!(set.rows(0), set.rows(1), "each head draws its own rows");
+        let again = RowSet::sampled(&sh, 7, &[32]);
+        assert_eq!(again.fingerprint(), set.fingerprint());
+        assert_ne!(
+            RowSet::sampled(&sh, 8, &[32]).fingerprint(),
+            set.fingerprint()
+        );
+    }
+
+    #[test]
+    fn every_tile_size_a_variant_launches_gets_its_edges() {
+        let sh = shape(1, 1, 4096);
+        let set = RowSet::sampled(&sh, 0, &[32, 48]);
+        let rows = set.rows(0);
+        for edge in [48 * 5, 32 * 77] {
+            assert!(rows.contains(&(edge - 1)) && rows.contains(&edge));
+        }
+        assert!(
+            rows.contains(&47) && rows.contains(&(85 * 48)),
+            "both end tiles of 48"
+        );
+    }
+
+    #[test]
+    fn auto_checks_every_row_up_to_the_limit_and_samples_above_it() {
+        let large = shape(1, 16, 4096); // exactly 2^28 scores
+        assert!(RowSet::choose(CheckRows::Auto, &large, 0, &[32]).is_all());
+        let longer = shape(1, 16, 8192);
+        let set = RowSet::choose(CheckRows::Auto, &longer, 0, &[32]);
+        assert!(!set.is_all() && set.count() < set.total() / 8);
+        assert!(RowSet::choose(CheckRows::All, &longer, 0, &[32]).is_all());
+        assert!(!RowSet::choose(CheckRows::Sampled, &large, 0, &[32]).is_all());
+    }
+
+    #[test]
+    fn a_sample_that_covers_every_row_is_the_full_check() {
+        // S = 40: the first tile (0..32) and the last (32..40) are every row.
+        let set = RowSet::choose(CheckRows::Sampled, &shape(2, 2, 40), 0, &[32]);
+        assert!(set.is_all());
+        assert_eq!(set.rule(), "all");
+    }
+
+    #[test]
+    fn compact_rows_locate_their_head_and_row() {
+        let sh = shape(2, 3, 3000);
+        let set = RowSet::sampled(&sh, 1, &[32]);
+        let mut i = 0;
+        for bh in 0..6 {
+            assert_eq!(set.offset(bh), i);
+            for &r in set.rows(bh).iter() {
+                assert_eq!(set.locate(i), (bh, r));
+                i += 1;
+            }
+        }
+        assert_eq!(i, set.count());
+        let mut buf = vec![0u8; set.count() * 2];
+        let heads = set.split_heads(&mut buf, 2);
+        assert_eq!(heads[4].len(), set.rows(4).len() * 2);
+        let all = RowSet::all(&sh);
+        assert_eq!((all.locate(3000 * 4 + 17), all.count()), ((4, 17), 18000));
+    }
+}
