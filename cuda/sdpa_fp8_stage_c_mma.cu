@@ -248,7 +248,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     const int q0 = blockIdx.x * BLOCK_M + (warp % ROW_WARPS) * 16; // this warp's first row
 
 #ifdef MUTANT_I32_HEAD_OFFSET
-    const int head_off = bh * S * HEAD_DIM; // wraps past 2^31 elements
+    const int head_off = (int)((unsigned)bh * (unsigned)S * HEAD_DIM); // wraps past 2^31
 #else
     const size_t head_off = (size_t)bh * S * HEAD_DIM;
 #endif

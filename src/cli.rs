@@ -443,7 +443,7 @@ pub struct SelftestArgs {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..=100_000))]
     pub repeats: u32,
     /// Only these mutants (comma-separated MUTANT_* names) [default: all but the opt-in
-    /// MUTANT_I32_HEAD_OFFSET, whose shape needs 40 GiB of host memory]
+    /// MUTANT_I32_HEAD_OFFSET, whose shape needs about 64 GiB of host memory]
     #[arg(long, value_delimiter = ',', value_name = "MUTANT_NAME")]
     pub only: Vec<String>,
     /// Where run directories go [default: <root>/results]

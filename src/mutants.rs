@@ -86,7 +86,7 @@ pub const MUTANTS: &[Mutant] = &[
         define: "MUTANT_I32_HEAD_OFFSET",
         breaks: "computes the head offset in 32 bits",
         cp_async_only: false,
-        // Only past 2^31 elements does the product wrap: 26 GiB of inputs, so opt-in.
+        // Only past 2^31 elements does the product wrap: 24.4 GiB of inputs, so opt-in.
         shapes: "index64",
         opt_in: true,
     },

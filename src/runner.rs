@@ -431,6 +431,13 @@ mod tests {
             judge_with_row_scaled(3, skipped).pass,
             "the stated trade: a row outside the sample is not compared"
         );
+        // ...but every element is checked for poison and non-finite values.
+        for bad in [crate::metrics::POISON, f16::INFINITY] {
+            let mut out = whole.clone();
+            out[(3 * 1000 + skipped) * 64 + 5] = bad;
+            let r = judge_output("cpu", "t", &p, &y, &out, &gates());
+            assert!(!r.pass && (!r.gates["unwritten"].pass || !r.gates["nonfinite"].pass));
+        }
     }
 
     #[test]

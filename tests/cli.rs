@@ -185,7 +185,8 @@ fn a_sampled_check_states_its_rows_on_the_console_and_in_correctness_json() {
     assert!(checked > 128 && checked < 1000, "{rows}");
     assert!(rows["row_rule"].as_str().unwrap().starts_with("sampled"));
     assert_eq!(rows["kernel_ref"]["elements"], 2 * 1000 * 64);
-    // The planted unwritten row (the last of the last head) fails a sampled check too.
+    // The planted unwritten row (the last of the last head, always in the sample) fails too;
+    // a row outside the sample is covered by runner's unit tests.
     let (code, stdout, _) = cpu(
         &[
             "--shapes",

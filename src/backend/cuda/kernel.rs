@@ -169,6 +169,13 @@ pub fn build_variant(
             constants.head_dim, constants.block_n
         )));
     }
+    if constants.block_m < 16 {
+        return Err(refuse(format!(
+            "the kernel publishes SDPA_BLOCK_M={}; the runner needs query tiles of at least 16 \
+             rows (one MMA tile), which its sampled check and memory estimate assume",
+            constants.block_m
+        )));
+    }
     let identity = VariantIdentity {
         name: spec.name.clone(),
         defines: spec.define_strings(),
