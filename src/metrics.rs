@@ -47,18 +47,7 @@ pub fn measure(
 ) -> ErrorMetrics {
     assert_eq!(out.len(), rows.total() * shape.d);
     assert!(reference.len() == rows.count() * shape.d && bound.len() == reference.len());
-    let (unwritten, nonfinite) = out
-        .par_chunks(1 << 16)
-        .map(|chunk| {
-            chunk.iter().fold((0, 0), |(u, n), o| {
-                if o.to_bits() == POISON.to_bits() {
-                    (u + 1, n)
-                } else {
-                    (u, n + usize::from(!o.is_finite()))
-                }
-            })
-        })
-        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let (unwritten, nonfinite) = poison_counts(out);
     ErrorMetrics {
         nonfinite,
         unwritten,
@@ -77,11 +66,7 @@ pub fn measure_compact(
     shape: &Shape,
 ) -> ErrorMetrics {
     assert_eq!(out.len(), reference.len());
-    let unwritten = out
-        .iter()
-        .filter(|o| o.to_bits() == POISON.to_bits())
-        .count();
-    let nonfinite = out.iter().filter(|o| !o.is_finite()).count() - unwritten;
+    let (unwritten, nonfinite) = poison_counts(out);
     ErrorMetrics {
         nonfinite,
         unwritten,
@@ -90,6 +75,21 @@ pub fn measure_compact(
             compact_row
         })
     }
+}
+
+/// (unwritten, nonfinite) elements of `out`, counted in parallel.
+fn poison_counts(out: &[f16]) -> (usize, usize) {
+    out.par_chunks(1 << 16)
+        .map(|chunk| {
+            chunk.iter().fold((0, 0), |(u, n), o| {
+                if o.to_bits() == POISON.to_bits() {
+                    (u + 1, n)
+                } else {
+                    (u, n + usize::from(!o.is_finite()))
+                }
+            })
+        })
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
 }
 
 /// The error statistics over the checked rows; `out_row` maps (output row, compact row) to

@@ -19,6 +19,7 @@ use rand_chacha::ChaCha8Rng;
 use sha2::{Digest, Sha256};
 
 use crate::shapes::Shape;
+use crate::usage::ConfigError;
 
 /// `--check-rows`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -43,11 +44,30 @@ pub const RANDOM_ROWS: usize = 64;
 /// At most how many rows per head `rule` checks of `shape` (for the host-memory check, before
 /// the variants' tile sizes are known: any tile of 16 rows or more).
 pub fn max_rows_per_head(rule: CheckRows, shape: &Shape) -> usize {
+    if samples(rule, shape) {
+        shape.s.min(shape.s / 8 + 2 * 128 + RANDOM_ROWS)
+    } else {
+        shape.s
+    }
+}
+
+/// Refuses, before any work, a shape whose host data under `rule` would not fit in the
+/// memory available ([`crate::shapes::check_host_memory`]).
+pub fn check_host_memory(shapes: &[Shape], rule: CheckRows) -> Result<(), ConfigError> {
+    crate::shapes::check_host_memory(
+        shapes,
+        |s| max_rows_per_head(rule, s),
+        crate::shapes::available_host_memory(),
+    )
+}
+
+/// Whether `rule` samples the rows of `shape` (rather than checking them all).
+fn samples(rule: CheckRows, shape: &Shape) -> bool {
     let scores = shape.heads() as u128 * shape.s as u128 * shape.s as u128;
     match rule {
-        CheckRows::All => shape.s,
-        CheckRows::Auto if scores <= AUTO_FULL_MAX_SCORES => shape.s,
-        CheckRows::Auto | CheckRows::Sampled => shape.s.min(shape.s / 8 + 2 * 128 + RANDOM_ROWS),
+        CheckRows::All => false,
+        CheckRows::Auto => scores > AUTO_FULL_MAX_SCORES,
+        CheckRows::Sampled => true,
     }
 }
 
@@ -83,11 +103,10 @@ impl RowSet {
     /// The rows `rule` checks of a (shape, seed) whose variants launch query tiles of
     /// `tiles` rows.
     pub fn choose(rule: CheckRows, shape: &Shape, seed: u64, tiles: &[usize]) -> Self {
-        let scores = shape.heads() as u128 * shape.s as u128 * shape.s as u128;
-        match rule {
-            CheckRows::All => Self::all(shape),
-            CheckRows::Auto if scores <= AUTO_FULL_MAX_SCORES => Self::all(shape),
-            CheckRows::Auto | CheckRows::Sampled => Self::sampled(shape, seed, tiles),
+        if samples(rule, shape) {
+            Self::sampled(shape, seed, tiles)
+        } else {
+            Self::all(shape)
         }
     }
 
@@ -172,12 +191,6 @@ impl RowSet {
                 .enumerate()
                 .map(move |(j, r)| (bh * s + r, first + j))
         })
-    }
-
-    /// The output row (head, row) of compact row `i`.
-    pub fn locate(&self, i: usize) -> (usize, usize) {
-        let bh = self.offsets.partition_point(|&o| o <= i) - 1;
-        (bh, self.rows(bh)[i - self.offsets[bh]])
     }
 
     /// The rule, as correctness.json and the console state it.
@@ -300,22 +313,25 @@ mod tests {
     }
 
     #[test]
-    fn compact_rows_locate_their_head_and_row() {
+    fn each_pairs_every_checked_row_with_its_compact_row_head_by_head() {
         let sh = shape(2, 3, 3000);
         let set = RowSet::sampled(&sh, 1, &[32]);
-        let mut i = 0;
+        let mut expected = Vec::new();
         for bh in 0..6 {
-            assert_eq!(set.offset(bh), i);
+            assert_eq!(set.offset(bh), expected.len());
             for &r in set.rows(bh).iter() {
-                assert_eq!(set.locate(i), (bh, r));
-                i += 1;
+                expected.push((bh * 3000 + r, expected.len()));
             }
         }
-        assert_eq!(i, set.count());
+        assert_eq!(set.each().collect::<Vec<_>>(), expected);
+        assert_eq!(expected.len(), set.count());
         let mut buf = vec![0u8; set.count() * 2];
         let heads = set.split_heads(&mut buf, 2);
         assert_eq!(heads[4].len(), set.rows(4).len() * 2);
         let all = RowSet::all(&sh);
-        assert_eq!((all.locate(3000 * 4 + 17), all.count()), ((4, 17), 18000));
+        assert_eq!(
+            (all.each().nth(3000 * 4 + 17), all.count()),
+            (Some((12017, 12017)), 18000)
+        );
     }
 }

@@ -29,11 +29,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         .map(|_| draw_problem(&mut draw, args.max_s))
         .collect();
     let biggest: Vec<Shape> = problems.iter().map(|(s, _)| s.clone()).collect();
-    shapes::check_host_memory(
-        &biggest,
-        |s| crate::rows::max_rows_per_head(args.setup.check_rows, s),
-        shapes::available_host_memory(),
-    )?;
+    crate::rows::check_host_memory(&biggest, args.setup.check_rows)?;
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,

@@ -16,7 +16,7 @@ use crate::render::markdown::{CompareDoc, Side};
 use crate::report::{self, RunDir};
 use crate::runner;
 use crate::schema::{PerfFile, SCHEMA_VERSION, VariantMeta};
-use crate::shapes::{self, Shape};
+use crate::shapes::Shape;
 use crate::timing::TimingPlan;
 use crate::usage::ConfigError;
 use crate::{out, outln};
@@ -73,11 +73,7 @@ impl Job {
     fn prepare(args: &RunArgs) -> Result<Self, AppError> {
         let project = Project::load(&args.setup.project)?;
         let shapes = project.catalog.select(&args.shapes)?;
-        shapes::check_host_memory(
-            &shapes,
-            |s| crate::rows::max_rows_per_head(args.setup.check_rows, s),
-            shapes::available_host_memory(),
-        )?;
+        crate::rows::check_host_memory(&shapes, args.setup.check_rows)?;
         let plan = timing_plan(&args.timing, args.setup.backend);
         plan.validate()?;
         let results_root = args.setup.results_root(project.root.path());

@@ -13,17 +13,12 @@ use crate::report::{self, RunDir};
 use crate::rows::RowSet;
 use crate::runner::{self, Yardsticks};
 use crate::schema::{SCHEMA_VERSION, StressFile};
-use crate::shapes;
 
 pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
     let project = Project::load(&args.setup.project)?;
     let selected = project.catalog.select(&args.shapes)?;
-    shapes::check_host_memory(
-        &selected,
-        |s| crate::rows::max_rows_per_head(args.setup.check_rows, s),
-        shapes::available_host_memory(),
-    )?;
+    crate::rows::check_host_memory(&selected, args.setup.check_rows)?;
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,

@@ -43,10 +43,28 @@ impl References {
         let sh = &p.shape;
         let (s, d) = (sh.s, sh.d);
         let head_len = s * d;
-        let mut outs = vec![[0.0f64; 4]; rows.count() * d];
+        let zeros = || vec![0.0f64; rows.count() * d];
+        let mut refs = References {
+            kernel: zeros(),
+            end_to_end: zeros(),
+            kernel_bound: zeros(),
+            end_to_end_bound: zeros(),
+        };
         let scale = p.softmax_scale as f64;
         let table = crate::fp8::decode_table_f64();
-        rows.split_heads(&mut outs, d)
+        let References {
+            kernel,
+            end_to_end,
+            kernel_bound,
+            end_to_end_bound,
+        } = &mut refs;
+        let split = |v| rows.split_heads(v, d).into_iter();
+        let heads: Vec<[&mut [f64]; 4]> = split(kernel)
+            .zip(split(end_to_end))
+            .zip(split(kernel_bound).zip(split(end_to_end_bound)))
+            .map(|((k, e), (kb, eb))| [k, e, kb, eb])
+            .collect();
+        heads
             .into_par_iter()
             .enumerate()
             .for_each(|(bh, out_head)| {
@@ -88,18 +106,15 @@ impl References {
                     scale,
                     facts,
                 };
-                out_head
-                    .par_chunks_mut(ROW_BLOCK * d)
+                let [k, e, kb, eb] = out_head.map(|o| o.par_chunks_mut(ROW_BLOCK * d));
+                k.zip(e)
+                    .zip(kb.zip(eb))
                     .zip(mine.par_chunks(ROW_BLOCK))
-                    .for_each(|(out_blk, blk_rows)| head.block(blk_rows, out_blk));
+                    .for_each(|(((k, e), (kb, eb)), blk_rows)| {
+                        head.block(blk_rows, [k, e, kb, eb])
+                    });
             });
-        let pick = |i: usize| outs.iter().map(|o| o[i]).collect::<Vec<_>>();
-        References {
-            kernel: pick(0),
-            end_to_end: pick(1),
-            kernel_bound: pick(2),
-            end_to_end_bound: pick(3),
-        }
+        refs
     }
 }
 
@@ -134,8 +149,8 @@ thread_local! {
 }
 
 impl Head<'_> {
-    /// The rows `which` of this head: per element [kernel ref, e2e ref, kernel bound, e2e bound].
-    fn block(&self, which: &[usize], out: &mut [[f64; 4]]) {
+    /// The rows `which` of this head into `out`: kernel ref, e2e ref, kernel bound, e2e bound.
+    fn block(&self, which: &[usize], out: [&mut [f64]; 4]) {
         let (s, d) = self.kk.dim();
         let rows = which.len();
         let head_off = self.bh * s * d;
@@ -183,12 +198,14 @@ impl Head<'_> {
             general_mat_mul(1.0, &sk, &self.vk, 0.0, &mut ok);
             general_mat_mul(1.0, &sk, &self.v_abs, 0.0, &mut a);
             general_mat_mul(1.0, &se, &self.ve, 0.0, &mut oe);
-            for (i, out_row) in out.chunks_mut(d).enumerate() {
+            let [out_k, out_e, out_kb, out_eb] = out;
+            for i in 0..rows {
                 let (sum_k, sum_e) = sums[i];
-                for (x, slot) in out_row.iter_mut().enumerate() {
+                for x in 0..d {
                     let (o_k, o_e, a) = (ok[[i, x]] / sum_k, oe[[i, x]] / sum_e, a[[i, x]] / sum_k);
                     let (bk, be) = bound::element(&self.facts, &row_facts[i], a, o_k, o_e);
-                    *slot = [o_k, o_e, bk, be];
+                    let at = i * d + x;
+                    (out_k[at], out_e[at], out_kb[at], out_eb[at]) = (o_k, o_e, bk, be);
                 }
             }
         });
