@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 13 on a GPU: verdict time at long S with sampled rows, every planted kernel bug caught at
 # long S under that sample, and the past-2^31 shape.
-#   scripts/prove_long_context.sh [OUT_DIR] [index64]
-# Times `--shapes ctx16k|ctx64k --seeds 0 --iters 0` (wall, twice for ctx16k), runs every
+#   scripts/prove_long_context.sh [OUT_DIR] [timing] [index64]
+# Times `--shapes ctx16k|ctx64k --seeds 0 --iters 0` (wall, twice for ctx16k; then once each
+# with `--references host`; `timing` stops there), runs every
 # MUTANT_* of the self-test on 1x16x16381x64 (sampled rows; a partial last tile of 61 keys)
 # down the self-test's ladder: the gates (exit 1, or 4 for a fault), else stress (exit 1),
 # else memcheck (exit 9); racecheck stays with `selftest`, on mission (too slow at long S). With `index64` it runs the 130x16x16384x64 shape clean (exit 0) and
@@ -35,7 +36,12 @@ timed() { # timed NAME EXPECT ARGS...: wall time, exit code, the verdict line
 for s in ctx16k ctx16k ctx64k; do
   timed "time-$s" 0 --shapes "$s" --seeds 0 --iters 0
 done
+# The same with the references on the host's cores instead of the GPU.
+for s in ctx16k ctx64k; do
+  timed "time-$s-host-references" 0 --shapes "$s" --seeds 0 --iters 0 --references host
+done
 grep -h 'checking' "$out"/time-ctx16k.log "$out"/time-ctx64k.log | cut -c1-80 >>"$table"
+[[ " $* " == *" timing "* ]] && { cat "$table"; exit 0; }
 
 long=1x16x16381x64
 timed clean-$long 0 --shapes "$long" --seeds 0 --iters 0

@@ -9,6 +9,7 @@ use crate::backend::cuda::kernel::KernelLocation;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::emulation::Defect;
 use crate::problem::HostDefect;
+use crate::reference::Engine as ReferenceEngine;
 use crate::rows::CheckRows;
 use crate::schema::StressMode;
 use crate::timing::L2Mode;
@@ -164,6 +165,16 @@ pub struct SetupArgs {
         value_name = "auto|all|sampled"
     )]
     pub check_rows: CheckRows,
+    /// Where the f64 references are computed: auto on the host's cores up to 2^24 checked
+    /// (row, key) pairs and on the GPU above (with --backend cuda); both give the same figures
+    /// (docs/DESIGN.md "References on the GPU")
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        value_name = "auto|host|device"
+    )]
+    pub references: ReferenceEngine,
     #[command(flatten)]
     pub project: ProjectArgs,
     #[command(flatten)]
@@ -171,6 +182,21 @@ pub struct SetupArgs {
 }
 
 impl SetupArgs {
+    /// How each problem is held to the references; `--references device` needs a GPU.
+    pub fn check(&self) -> Result<crate::runner::Check, String> {
+        if self.references == ReferenceEngine::Device && self.backend == BackendKind::Cpu {
+            return Err(
+                "--references device computes the references on the GPU; it needs \
+                 --backend cuda (use --references host or auto with --backend cpu)"
+                    .into(),
+            );
+        }
+        Ok(crate::runner::Check {
+            rows: self.check_rows,
+            references: self.references,
+        })
+    }
+
     /// The folder run directories go into.
     pub fn results_root(&self, project_root: &std::path::Path) -> PathBuf {
         self.results_dir

@@ -30,7 +30,7 @@ pub mod problem;
 pub(crate) mod progress;
 pub(crate) mod publish;
 pub(crate) mod quantizer;
-pub(crate) mod reference;
+pub mod reference;
 pub(crate) mod render;
 pub(crate) mod repeat;
 pub(crate) mod report;

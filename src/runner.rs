@@ -10,7 +10,7 @@ use crate::gates::Gates;
 use crate::metrics::{self, ErrorMetrics};
 use crate::problem::{HostDefect, Problem};
 use crate::quantizer::{self, Audit};
-use crate::reference::References;
+use crate::reference::{Engine, References};
 use crate::report::f16_checksum;
 use crate::rows::{CheckRows, RowSet};
 use crate::schema::CorrectnessRecord;
@@ -25,6 +25,8 @@ use crate::verdict::{self, ProblemFacts};
 pub struct Yardsticks {
     pub rows: RowSet,
     pub refs: References,
+    /// Where `refs` were computed: `host` or `device`.
+    pub engine: &'static str,
     /// The clean CPU emulation's output of the checked rows and its error against the kernel
     /// reference.
     pub emulation_out: Vec<f16>,
@@ -33,10 +35,59 @@ pub struct Yardsticks {
 }
 
 impl Yardsticks {
-    /// `kv_split`: the backend's ([`Backend::kv_split`]), so the emulation sums as it does.
+    /// With the references computed on the host; `kv_split`: the backend's
+    /// ([`Backend::kv_split`]), so the emulation sums as it does.
     pub fn compute(p: &Problem, kv_split: usize, rows: RowSet) -> Self {
         let refs = References::compute(p, kv_split, &rows);
         let emulation_out = emulation::clean(p, kv_split, &rows);
+        Self::assemble(p, rows, refs, "host", emulation_out)
+    }
+
+    /// With the references where `engine` says ([`Engine::wants_device`]); on the device
+    /// they are computed while the host computes the emulation.
+    pub fn with_backend(
+        backend: &mut dyn Backend,
+        engine: Engine,
+        p: &Problem,
+        kv_split: usize,
+        rows: RowSet,
+    ) -> Result<Self, BackendError> {
+        if !engine.wants_device(&rows, p.shape.s) {
+            return Ok(Self::compute(p, kv_split, rows));
+        }
+        let (sums, emulation_out) = std::thread::scope(|scope| {
+            let emulation = scope.spawn(|| emulation::clean(p, kv_split, &rows));
+            let sums = backend.reference_sums(p, &rows);
+            (
+                sums,
+                emulation.join().expect("the emulation thread panicked"),
+            )
+        });
+        let (refs, engine) = match (sums?, engine) {
+            (Some(sums), _) => (References::from_sums(p, kv_split, &rows, sums), "device"),
+            (None, Engine::Device) => {
+                return Err(BackendError::Config(format!(
+                    "--references device: the {} backend has no device; use --references host or auto",
+                    backend.name()
+                )));
+            }
+            (None, _) => (References::compute(p, kv_split, &rows), "host"),
+        };
+        Ok(Self::assemble(p, rows, refs, engine, emulation_out))
+    }
+
+    /// Every row checked: the yardsticks of the calibrated full check.
+    pub fn full(p: &Problem, kv_split: usize) -> Self {
+        Self::compute(p, kv_split, RowSet::all(&p.shape))
+    }
+
+    fn assemble(
+        p: &Problem,
+        rows: RowSet,
+        refs: References,
+        engine: &'static str,
+        emulation_out: Vec<f16>,
+    ) -> Self {
         let emulation = metrics::measure_compact(
             &emulation_out,
             &refs.kernel,
@@ -61,15 +112,11 @@ impl Yardsticks {
         Yardsticks {
             rows,
             refs,
+            engine,
             emulation_out,
             emulation,
             facts,
         }
-    }
-
-    /// Every row checked: the yardsticks of the calibrated full check.
-    pub fn full(p: &Problem, kv_split: usize) -> Self {
-        Self::compute(p, kv_split, RowSet::all(&p.shape))
     }
 }
 
@@ -131,6 +178,7 @@ pub fn judge_output(
         emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out, &y.rows, d),
         rows_checked: y.rows.count(),
         row_rule: y.rows.rule().to_string(),
+        references: y.engine.to_string(),
         pass: v.pass(),
         gates: v.checks,
         device: None,
@@ -158,7 +206,15 @@ pub struct Work<'a> {
     pub shapes: &'a [Shape],
     pub seeds: &'a [u64],
     pub host_defect: HostDefect,
-    pub check_rows: CheckRows,
+    pub check: Check,
+}
+
+/// How each problem is held to the references: which rows, and where the references are
+/// computed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Check {
+    pub rows: CheckRows,
+    pub references: Engine,
 }
 
 /// The query-tile sizes the backend's variants launch with (the sampled rule checks the
@@ -186,7 +242,7 @@ pub fn run_all(
     for shape in work.shapes {
         for &seed in work.seeds {
             let p = Problem::with_host_defect(shape, seed, work.host_defect);
-            let rows = RowSet::choose(work.check_rows, shape, seed, &tiles);
+            let rows = RowSet::choose(work.check.rows, shape, seed, &tiles);
             progress.rows_chosen(shape, seed, &rows);
             // One yardstick per KV split: variants of a base kernel may sum in another order.
             let mut yardsticks: Vec<(usize, Yardsticks)> = Vec::new();
@@ -197,7 +253,14 @@ pub fn run_all(
                 let output = backend.launch_poisoned(i)?;
                 let split = backend.kv_split_of(i);
                 if !yardsticks.iter().any(|(s, _)| *s == split) {
-                    yardsticks.push((split, Yardsticks::compute(&p, split, rows.clone())));
+                    let y = Yardsticks::with_backend(
+                        backend,
+                        work.check.references,
+                        &p,
+                        split,
+                        rows.clone(),
+                    )?;
+                    yardsticks.push((split, y));
                 }
                 let y = &yardsticks
                     .iter()
@@ -270,7 +333,7 @@ pub fn check_all(
     backend: &mut dyn Backend,
     shapes: &[Shape],
     seeds: &[u64],
-    check_rows: CheckRows,
+    check: Check,
     gates: &Gates,
     on_record: impl FnMut(&CorrectnessRecord),
 ) -> Result<Vec<CorrectnessRecord>, BackendError> {
@@ -291,7 +354,7 @@ pub fn check_all(
         shapes,
         seeds,
         host_defect: HostDefect::None,
-        check_rows,
+        check,
     };
     Ok(run_all(backend, &work, gates, &plan, &mut Rows(on_record))?.records)
 }
@@ -327,7 +390,7 @@ mod tests {
             &mut backend,
             shapes,
             &[0, 1],
-            CheckRows::Auto,
+            Check::default(),
             &gates(),
             |_| {},
         )
@@ -365,7 +428,28 @@ mod tests {
 
     fn run_rows(defect: Defect, shapes: &[Shape], check_rows: CheckRows) -> Vec<CorrectnessRecord> {
         let mut backend = CpuBackend::new(defect);
-        check_all(&mut backend, shapes, &[0], check_rows, &gates(), |_| {}).unwrap()
+        let check = Check {
+            rows: check_rows,
+            ..Check::default()
+        };
+        check_all(&mut backend, shapes, &[0], check, &gates(), |_| {}).unwrap()
+    }
+
+    #[test]
+    fn references_fall_back_to_the_host_without_a_device_unless_the_device_is_demanded() {
+        let mut backend = CpuBackend::new(Defect::None);
+        // 2 x 2 x 2100 rows of 2100 keys: above auto's 2^24 pairs, so auto asks the device.
+        let p = Problem::new(&shape(2100), 0);
+        let rows = || RowSet::all(&p.shape);
+        assert!(Engine::Auto.wants_device(&rows(), p.shape.s));
+        let y = Yardsticks::with_backend(&mut backend, Engine::Auto, &p, 2, rows()).unwrap();
+        assert_eq!(y.engine, "host");
+        let refused = Yardsticks::with_backend(&mut backend, Engine::Device, &p, 2, rows());
+        assert!(
+            matches!(&refused, Err(BackendError::Config(why)) if why.contains("--references host")),
+            "{:?}",
+            refused.err()
+        );
     }
 
     #[test]
@@ -478,7 +562,7 @@ mod tests {
             shapes: &[shape(20)],
             seeds: &[0, 1],
             host_defect: HostDefect::None,
-            check_rows: CheckRows::Auto,
+            check: Check::default(),
         };
         let out = run_all(&mut backend, &work, &gates(), &plan, &mut NoProgress).unwrap();
         assert_eq!(out.measurements.len(), 2);

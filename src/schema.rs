@@ -151,9 +151,16 @@ pub struct CorrectnessRecord {
     /// The rule that chose them: `all`, or the sampled rule in words.
     #[serde(default)]
     pub row_rule: String,
+    /// Where the f64 references were computed: `host` or `device` (`--references`).
+    #[serde(default = "host")]
+    pub references: String,
     /// The GPU model (or CPU) it ran on, where a file holds rows of several (`merge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+}
+
+fn host() -> String {
+    "host".into()
 }
 
 /// perf.json
@@ -528,6 +535,7 @@ pub(crate) mod fixtures {
             pass,
             rows_checked: 1,
             row_rule: "all".into(),
+            references: "host".into(),
             device: None,
         }
     }

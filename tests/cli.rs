@@ -184,6 +184,7 @@ fn a_sampled_check_states_its_rows_on_the_console_and_in_correctness_json() {
     let checked = rows["rows_checked"].as_u64().unwrap();
     assert!(checked > 128 && checked < 1000, "{rows}");
     assert!(rows["row_rule"].as_str().unwrap().starts_with("sampled"));
+    assert_eq!(rows["references"], "host", "the cpu backend has no device");
     assert_eq!(rows["kernel_ref"]["elements"], 2 * 1000 * 64);
     // The planted unwritten row (the last of the last head, always in the sample) fails too;
     // a row outside the sample is covered by runner's unit tests.
@@ -281,6 +282,15 @@ fn an_unknown_shape_exits_2_listing_the_known_ones() {
 fn malformed_seeds_exit_2() {
     refused(&["--backend", "cpu", "--seeds", "0,x"], 2, &["`x`"]);
     refused(&["--backend", "cpu", "--seeds", "3-1"], 2, &["backwards"]);
+}
+
+#[test]
+fn device_references_on_the_cpu_backend_exit_2_naming_the_fix() {
+    for command in [&[][..], &["stress"], &["fuzz", "--count", "1"]] {
+        let mut args = command.to_vec();
+        args.extend(["--backend", "cpu", "--references", "device"]);
+        refused(&args, 2, &["--references device", "--backend cuda"]);
+    }
 }
 
 #[test]

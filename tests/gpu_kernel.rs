@@ -9,8 +9,9 @@ use sdpa_runner::backend::cuda::kernel::KernelSource;
 use sdpa_runner::backend::cuda::variant::VariantSpec;
 use sdpa_runner::gates::{GateFile, Gates};
 use sdpa_runner::problem::Problem;
+use sdpa_runner::reference::Engine;
 use sdpa_runner::rows::CheckRows;
-use sdpa_runner::runner;
+use sdpa_runner::runner::{self, Check};
 use sdpa_runner::shapes::ShapeCatalog;
 
 fn backend() -> CudaBackend {
@@ -33,6 +34,14 @@ fn gates() -> Gates {
         .gates
 }
 
+/// `rows`, with the references on the GPU (the run's default there).
+fn on_device(rows: CheckRows) -> Check {
+    Check {
+        rows,
+        references: Engine::Device,
+    }
+}
+
 fn catalog() -> ShapeCatalog {
     ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap()
 }
@@ -42,8 +51,15 @@ fn catalog() -> ShapeCatalog {
 fn both_variants_pass_every_gate_on_small_mission_partial_tile_and_single_key() {
     let shapes = catalog().select("small,mission,partial77,single").unwrap();
     let mut b = backend();
-    let records =
-        runner::check_all(&mut b, &shapes, &[0, 1], CheckRows::All, &gates(), |_| {}).unwrap();
+    let records = runner::check_all(
+        &mut b,
+        &shapes,
+        &[0, 1],
+        on_device(CheckRows::All),
+        &gates(),
+        |_| {},
+    )
+    .unwrap();
     assert_eq!(records.len(), 4 * 2 * 2);
     for r in &records {
         let failed: Vec<_> = r.gates.iter().filter(|(_, c)| !c.pass).collect();
@@ -62,8 +78,15 @@ fn cp_async_does_not_change_a_single_output_bit() {
         .select("small,mission,partial300,batched,wide")
         .unwrap();
     let mut b = backend();
-    let records =
-        runner::check_all(&mut b, &shapes, &[0], CheckRows::All, &gates(), |_| {}).unwrap();
+    let records = runner::check_all(
+        &mut b,
+        &shapes,
+        &[0],
+        on_device(CheckRows::All),
+        &gates(),
+        |_| {},
+    )
+    .unwrap();
     for pair in records.chunks(2) {
         assert_eq!(
             (pair[0].variant.as_str(), pair[1].variant.as_str()),
@@ -153,8 +176,15 @@ fn variant_identity_proves_which_variant_is_which() {
 fn a_long_context_passes_a_sampled_check_that_states_its_rows() {
     let shapes = catalog().select("ctx16k").unwrap();
     let mut b = backend();
-    let records =
-        runner::check_all(&mut b, &shapes, &[0], CheckRows::Auto, &gates(), |_| {}).unwrap();
+    let records = runner::check_all(
+        &mut b,
+        &shapes,
+        &[0],
+        on_device(CheckRows::Auto),
+        &gates(),
+        |_| {},
+    )
+    .unwrap();
     for r in &records {
         assert!(r.pass, "{}: {:?}", r.variant, r.gates);
         assert!(r.row_rule.starts_with("sampled"), "{}", r.row_rule);

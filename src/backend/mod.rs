@@ -8,6 +8,8 @@ use half::f16;
 
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
+use crate::reference::RowSums;
+use crate::rows::RowSet;
 use crate::schema::VariantMeta;
 use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
@@ -101,6 +103,17 @@ pub trait Backend {
     /// edges of these tiles (src/rows.rs).
     fn query_tile_of(&self, _variant: usize) -> usize {
         crate::emulation::ROW_CHUNK
+    }
+
+    /// The f64 references' sums of `rows` of `problem`, computed on the device
+    /// (cuda/reference_f64.cu), or `None` where the backend has no device: the host computes
+    /// them then. The backend's own buffers; the loaded problem is left as it is.
+    fn reference_sums(
+        &mut self,
+        _problem: &Problem,
+        _rows: &RowSet,
+    ) -> Result<Option<RowSums>, BackendError> {
+        Ok(None)
     }
 
     /// Each variant as reports show it: defines, and for a compiled kernel its PTX hash,

@@ -19,6 +19,7 @@ use crate::report::{self, RunDir};
 use crate::runner;
 use crate::schema::{FuzzFile, FuzzRecord, SCHEMA_VERSION};
 use crate::shapes::{self, Dist, Shape};
+use crate::usage::ConfigError;
 use crate::verdict;
 
 pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
@@ -30,6 +31,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         .collect();
     let biggest: Vec<Shape> = problems.iter().map(|(s, _)| s.clone()).collect();
     crate::rows::check_host_memory(&biggest, args.setup.check_rows)?;
+    let check = args.setup.check().map_err(ConfigError::Usage)?;
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,
@@ -54,7 +56,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
             backend.as_mut(),
             std::slice::from_ref(shape),
             &[*seed],
-            args.setup.check_rows,
+            check,
             gates,
             |_| {},
         )?;

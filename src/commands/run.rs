@@ -63,6 +63,7 @@ struct Job {
     project: Project,
     shapes: Vec<Shape>,
     plan: TimingPlan,
+    check: runner::Check,
     backend: Box<dyn Backend>,
     results_root: std::path::PathBuf,
     extras: Extras,
@@ -74,6 +75,7 @@ impl Job {
         let project = Project::load(&args.setup.project)?;
         let shapes = project.catalog.select(&args.shapes)?;
         crate::rows::check_host_memory(&shapes, args.setup.check_rows)?;
+        let check = args.setup.check().map_err(ConfigError::Usage)?;
         let plan = timing_plan(&args.timing, args.setup.backend);
         plan.validate()?;
         let results_root = args.setup.results_root(project.root.path());
@@ -115,6 +117,7 @@ impl Job {
             project,
             shapes,
             plan,
+            check,
             backend,
             results_root,
             extras,
@@ -155,7 +158,7 @@ impl Job {
             shapes: &self.shapes,
             seeds: &args.seeds.0,
             host_defect: args.host_defect,
-            check_rows: args.setup.check_rows,
+            check: self.check,
         };
         let out = runner::run_all(
             self.backend.as_mut(),

@@ -13,12 +13,14 @@ use crate::report::{self, RunDir};
 use crate::rows::RowSet;
 use crate::runner::{self, Yardsticks};
 use crate::schema::{SCHEMA_VERSION, StressFile};
+use crate::usage::ConfigError;
 
 pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
     let project = Project::load(&args.setup.project)?;
     let selected = project.catalog.select(&args.shapes)?;
     crate::rows::check_host_memory(&selected, args.setup.check_rows)?;
+    let check = args.setup.check().map_err(ConfigError::Usage)?;
     let mut backend = open_backend(
         args.setup.backend,
         &args.setup.kernel,
@@ -39,12 +41,13 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
         for &seed in &args.seeds.0 {
             let p = Problem::new(shape, seed);
             let rows = RowSet::choose(
-                args.setup.check_rows,
+                check.rows,
                 shape,
                 seed,
                 &runner::query_tiles(backend.as_ref()),
             );
-            let y = Yardsticks::compute(&p, backend.kv_split(), rows);
+            let split = backend.kv_split();
+            let y = Yardsticks::with_backend(backend.as_mut(), check.references, &p, split, rows)?;
             backend.load(&p)?;
             for v in 0..backend.variants().len() {
                 for &mode in &args.modes {

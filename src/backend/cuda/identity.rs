@@ -25,24 +25,7 @@ impl KernelConstants {
     /// Reads the constants from PTX lines such as `.const .align 4 .u32 SDPA_BLOCK_M = 64;`.
     /// A declaration without an initializer is zero, as PTX zero-initializes `.const` data.
     pub fn from_ptx(ptx: &str) -> Result<Self, String> {
-        let get = |name: &str| -> Result<u32, String> {
-            ptx.lines()
-                .filter(|l| {
-                    l.trim_start().starts_with(".const") || l.trim_start().starts_with(".global")
-                })
-                .find_map(|l| {
-                    let (_, rest) = l.split_once(name)?;
-                    let rest = rest.trim_start();
-                    if rest.starts_with(';') {
-                        return Some(0);
-                    }
-                    let value = rest.strip_prefix('=')?;
-                    value.trim().trim_end_matches(';').trim().parse().ok()
-                })
-                .ok_or_else(|| {
-                    format!("the PTX does not define {name}; the kernel must publish it")
-                })
-        };
+        let get = |name: &str| ptx_constant(ptx, name);
         Ok(KernelConstants {
             head_dim: get("SDPA_HEAD_DIM")?,
             block_m: get("SDPA_BLOCK_M")?,
@@ -57,6 +40,22 @@ impl KernelConstants {
 
 /// The KV split all `variants` (name, constants) share: one run checks them against one
 /// emulation yardstick, so variants that sum in different orders cannot share a run.
+/// The value of `__constant__ int NAME` in a module's PTX (0 when it is zero-initialized).
+pub fn ptx_constant(ptx: &str, name: &str) -> Result<u32, String> {
+    ptx.lines()
+        .filter(|l| l.trim_start().starts_with(".const") || l.trim_start().starts_with(".global"))
+        .find_map(|l| {
+            let (_, rest) = l.split_once(name)?;
+            let rest = rest.trim_start();
+            if rest.starts_with(';') {
+                return Some(0);
+            }
+            let value = rest.strip_prefix('=')?;
+            value.trim().trim_end_matches(';').trim().parse().ok()
+        })
+        .ok_or_else(|| format!("the PTX does not define {name}; the kernel must publish it"))
+}
+
 pub fn shared_kv_split(variants: &[(&str, KernelConstants)]) -> Result<u32, String> {
     let first = variants.first().map_or(1, |(_, c)| c.kv_split);
     if variants.iter().all(|(_, c)| c.kv_split == first) {

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod kernel;
 pub mod launch;
 pub mod nvrtc;
+pub mod reference;
 pub mod revision;
 pub mod timer;
 pub mod variant;
@@ -23,6 +24,8 @@ use half::f16;
 use super::{Backend, BackendError};
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
+use crate::reference::RowSums;
+use crate::rows::RowSet;
 use crate::schema::VariantMeta;
 use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
@@ -48,6 +51,8 @@ struct Gpu {
     variants: Vec<LoadedVariant>,
     problem: Option<DeviceProblem>,
     timer: timer::Timer,
+    /// The f64 references' kernel (cuda/reference_f64.cu).
+    reference: reference::DeviceReference,
     /// Two non-blocking streams for concurrent launches (created on first use).
     pair: Option<[Arc<CudaStream>; 2]>,
 }
@@ -94,10 +99,11 @@ impl CudaBackend {
             device.max_sm_clock_mhz,
             device.sm_count,
         )?;
-        // NVRTC compiles each variant on its own thread (each is a separate program); the
-        // modules are loaded in order afterwards.
+        // NVRTC compiles each variant, and the f64 reference kernel, on its own thread (each
+        // is a separate program); the modules are loaded in order afterwards.
         let arch = device.arch();
-        let mut built: Vec<Result<BuiltVariant, BackendError>> = std::thread::scope(|scope| {
+        let (reference_build, built) = std::thread::scope(|scope| {
+            let reference_job = scope.spawn(|| reference::compile(&arch));
             let jobs: Vec<_> = sources
                 .iter()
                 .flat_map(|(source, specs)| specs.iter().map(move |spec| (source, spec)))
@@ -106,13 +112,12 @@ impl CudaBackend {
                     scope.spawn(move || kernel::build_variant(source, include_dir, arch, spec))
                 })
                 .collect();
-            jobs.into_iter()
-                .map(|job| job.join().expect("an NVRTC compile thread panicked"))
-                .collect::<Vec<_>>()
-        })
-        .into_iter()
-        .rev()
-        .collect();
+            let built: Vec<Result<BuiltVariant, BackendError>> =
+                jobs.into_iter().map(joined).collect();
+            (joined(reference_job), built)
+        });
+        let mut built: Vec<_> = built.into_iter().rev().collect();
+        let reference = reference::DeviceReference::load(&ctx, reference_build?)?;
         let mut variants = Vec::new();
         let mut kv_splits = Vec::new();
         let mut names = Vec::new();
@@ -139,6 +144,7 @@ impl CudaBackend {
                 variants,
                 problem: None,
                 timer,
+                reference,
                 pair: None,
             }),
             faulted: false,
@@ -211,6 +217,10 @@ fn load_variant(
     })
 }
 
+fn joined<T>(job: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    job.join().expect("an NVRTC compile thread panicked")
+}
+
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         if !self.faulted {
@@ -221,6 +231,28 @@ impl Drop for CudaBackend {
 }
 
 impl CudaBackend {
+    /// [`Backend::reference_sums`] with the heads uploaded in groups of at most `group_bytes`
+    /// (the tests make groups small to prove that grouping changes nothing).
+    pub fn reference_sums_grouped(
+        &mut self,
+        p: &Problem,
+        rows: &RowSet,
+        group_bytes: u64,
+    ) -> Result<RowSums, BackendError> {
+        let gpu = &*self.gpu;
+        gpu.reference
+            .sums(&gpu.stream, p, rows, group_bytes)
+            .map_err(|e| {
+                self.faulted = true;
+                BackendError::Kernel(format!(
+                    "the f64 reference kernel failed on shape {} ({}) seed {}: {e}",
+                    p.shape.name,
+                    p.shape.dims(),
+                    p.seed
+                ))
+            })
+    }
+
     /// The compiled variants' full identities (build_meta.json has them too).
     pub fn identities(&self) -> Vec<VariantIdentity> {
         self.gpu
@@ -253,6 +285,15 @@ impl Backend for CudaBackend {
 
     fn query_tile_of(&self, variant: usize) -> usize {
         self.gpu.variants[variant].identity.constants.block_m as usize
+    }
+
+    fn reference_sums(
+        &mut self,
+        p: &Problem,
+        rows: &RowSet,
+    ) -> Result<Option<RowSums>, BackendError> {
+        self.reference_sums_grouped(p, rows, reference::GROUP_BYTES)
+            .map(Some)
     }
 
     fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
