@@ -5,9 +5,14 @@
 // Any S >= 1 works: keys past S are masked, rows past S are neither read nor written.
 //
 // Switches (build-time defines only; the runner passes them to NVRTC and records them):
-//   USE_CP_ASYNC=0  K/V tiles are loaded synchronously (16-byte loads, decoded on the fly).
-//   USE_CP_ASYNC=1  a two-stage (ping-pong) cp.async pipeline copies the codes of step j+1
-//                   into shared memory while step j is computed. Numerics are identical.
+//   USE_CP_ASYNC=0  each step's K/V codes are loaded synchronously (16-byte loads, stored to
+//                   shared memory), then computed.
+//   USE_CP_ASYNC=1  a CP_STAGES-deep cp.async pipeline: the codes of steps j+1 .. j+CP_STAGES-1
+//                   are in flight while step j is computed; a short tail's rows are zero-filled
+//                   by the copy itself; one barrier per step (cp0 needs two: its single tile is
+//                   rewritten every step). Numerics are identical: both variants compute from
+//                   the same code tiles in the same order.
+//   CP_STAGES=N     stages of the cp.async pipeline (default 2, measured best: docs/PERF.md).
 //   ROW_WARPS=R, KV_SPLIT=K  the warp grid (defaults 2 x 2, chosen by measurement:
 //                   docs/PERF.md). K changes the summation order; src/emulation.rs follows
 //                   the published SDPA_KV_SPLIT.
@@ -27,35 +32,43 @@
 // each warp eats one tile of it. Splitting the keys shortens each warp's serial chain K-fold
 // and puts K times more warps on the SMs; the splits are merged once, at the end.
 //
-// Per tile, in registers (FlashAttention-2 style; mma.sync m16n8k16, f16 in, f32 accumulate —
-// the instruction a WMMA 16x16x16 compiles to, used directly so the fragment layouts are the
-// documented PTX ones and the softmax never leaves registers):
-//   1. K, V codes -> f16 in sK, sV (every E4M3 value is an f16, so decoding is exact); rows
-//      past S are zero.
-//   2. S = Q Kᵀ: 8 key blocks of 8 x 4 k-steps of 16; K fragments by ldmatrix.
+// K and V stay FP8 codes in shared memory; each warp decodes them on the way into its MMA
+// fragments (every E4M3 value is an f16, so decoding is exact). Per tile, in registers
+// (FlashAttention-2 style; mma.sync m16n8k16, f16 in, f32 accumulate):
+//   1. The step's K and V codes land in a code tile (cp0: loads and stores; cp1: cp.async).
+//   2. S = Q Kᵀ: 8 key blocks x 4 k-steps of 16. The k-steps' dims are taken in the order
+//      that puts a lane's four fragment codes side by side: MMA k-index 2q, 2q+1, 2q+8, 2q+9
+//      <-> dims 4q .. 4q+3 of the 16-dim chunk, for Q (its A fragment, from global memory) and
+//      K alike, so each k-step still sums the same 16 products. One ldmatrix of K codes (as
+//      b16) gives a key block's fragments for all 4 k-steps: 2 cvt e4m3x2 -> f16x2 each.
 //   3. Online softmax in base 2 on the accumulators: s = acc · qk_scale, m_new = max(m, rowmax),
 //      alpha = exp2(m - m_new), P = f16(exp2(s - m_new)); each lane of a row's quad keeps its
 //      own partial sum l_q = fma(l_q, alpha, sum of its 16 P values).
-//   4. O *= alpha; O += P V with P taken straight from the accumulators as A fragments and V
-//      fragments by ldmatrix.trans.
+//   4. O *= alpha; O += P V with P straight from the accumulators as A fragments. V codes
+//      come by ldmatrix.trans (b16: a lane gets keys 2q, 2q+1 x dims 2g, 2g+1) and one prmt
+//      per fragment sorts the bytes into keys 2q, 2q+1, 2q+8, 2q+9 of dim 2g (or 2g+1): the
+//      two MMAs of a 16-dim chunk c own its even and odd dims, so a lane's accumulators hold
+//      dims 16c + 4q .. 16c + 4q + 3 of rows g and g + 8.
 // End: l = (l_0 + l_1) + (l_2 + l_3) over the quad; splits 1..K-1 park (m, l, O) in shared
 // memory; split 0 merges: M = max m_k, a_k = exp2(m_k - M), O = O_0·a_0 then fma(O_k, a_k, O),
-// likewise l; stores f16(O · (v_scale / l)).
+// likewise l; stores f16(O · (v_scale / l)), four adjacent dims per 8-byte store.
 //
 // Scales: codes are decoded exactly and the scales applied in f32 where it is cheapest:
 //   qk_scale = (q_scale * k_scale) * (softmax_scale * log2 e) on the scores, v_scale at the end.
 // src/emulation.rs mirrors every step above in the same precisions and order; keep them in step.
 //
-// Shared memory (dynamic). sK, sV rows are 128 bytes (64 f16) with no padding; the 16-byte
-// chunk c of row r lives at chunk c ^ (r & 7), so the 8 rows an ldmatrix reads hit 8 different
-// bank groups (conflict-free) without padding.
-//   offset            region                                           bytes (R = K = 2)
-//   0                 sK     f16 [STEP_KEYS][64], swizzled             STEP_KEYS·128 = 16384
-//   STEP_KEYS·128     sV     f16 [STEP_KEYS][64], swizzled             STEP_KEYS·128 = 16384
-//   STEP_KEYS·256     stage  u8  [2 stages][K, V][STEP_KEYS][64]       STEP_KEYS·256 = 32768
-//                            (USE_CP_ASYNC=1 only)
-//   total (R = K = 2): 32768 bytes (USE_CP_ASYNC=0), 65536 bytes (USE_CP_ASYNC=1).
-//   After the last step, sK/sV are reused to park the splits' (m, l, O) for the merge.
+// Shared memory (dynamic): code tiles of one step, K then V, each [STEP_KEYS][64] u8 with rows
+// of 64 bytes and no padding; the 16-byte chunk c of row r lives at chunk c ^ ((r >> 1) & 3),
+// so the 8 rows one ldmatrix matrix reads hit 8 different bank groups (conflict-free). Then
+// each warp's Q fragments (decoded once, read back per tile, so they hold no registers across
+// the P·V half of the loop: at 128 registers that is what keeps the kernel free of spills).
+//   offset                 region                                    bytes (R = K = 2)
+//   s·STAGE_BYTES          stage s: K codes [STEP_KEYS][64]            8192
+//   + STEP_CODE_BYTES               V codes [STEP_KEYS][64]            8192
+//   OFF_Q = STAGES·STAGE_BYTES  Q fragments [warp][k-step][lane] uint4  NUM_WARPS·2048 = 8192
+//   stages: 1 (USE_CP_ASYNC=0), CP_STAGES (USE_CP_ASYNC=1)
+//   total (R = K = 2): 24576 bytes (USE_CP_ASYNC=0), 40960 bytes (USE_CP_ASYNC=1, 2 stages).
+//   After the last step, stage 0 is reused to park the splits' (m, l, O) for the merge.
 
 #include <cuda_fp16.h>
 #include <cuda_pipeline_primitives.h>
@@ -77,6 +90,9 @@
 #ifndef KV_SPLIT
 #define KV_SPLIT 2
 #endif
+#ifndef CP_STAGES
+#define CP_STAGES 2
+#endif
 
 typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -87,19 +103,20 @@ constexpr int NUM_WARPS = ROW_WARPS * KV_SPLIT;
 constexpr int THREADS = 32 * NUM_WARPS;
 constexpr int BLOCK_M = 16 * ROW_WARPS;
 constexpr int STEP_KEYS = BLOCK_N * KV_SPLIT;
-constexpr int ROW_BYTES = HEAD_DIM * 2;                 // one f16 row of sK / sV
 constexpr int STEP_CODE_BYTES = STEP_KEYS * HEAD_DIM;   // codes of one step of K (or V)
 constexpr int CHUNKS_PER_THREAD = STEP_CODE_BYTES / 16 / THREADS;
-constexpr int OFF_SK = 0;
-constexpr int OFF_SV = OFF_SK + STEP_KEYS * ROW_BYTES;
-constexpr int OFF_STAGE = OFF_SV + STEP_KEYS * ROW_BYTES;
-constexpr int SMEM_BYTES = OFF_STAGE + (USE_CP_ASYNC ? 2 * 2 * STEP_CODE_BYTES : 0);
+constexpr int STAGES = USE_CP_ASYNC ? CP_STAGES : 1;
+constexpr int STAGE_BYTES = 2 * STEP_CODE_BYTES;       // K codes, then V codes
+constexpr int OFF_Q = STAGES * STAGE_BYTES;           // each warp's Q fragments
+constexpr int Q_FRAG_BYTES = HEAD_DIM / 16 * 4 * 4 * 32; // per warp: 16 registers x 32 lanes
+constexpr int SMEM_BYTES = OFF_Q + NUM_WARPS * Q_FRAG_BYTES;
 // A parked split: per lane 32 O values, then m[2], l[2]; stored lane-major (conflict-free).
 constexpr int PARK_FLOATS = 36 * 32;
 
 static_assert(ROW_WARPS >= 1 && KV_SPLIT >= 1 && NUM_WARPS <= 16, "1..16 warps");
+static_assert(CP_STAGES >= 2 && CP_STAGES <= 8, "2..8 cp.async stages");
 static_assert(STEP_CODE_BYTES % (16 * THREADS) == 0, "each thread moves whole 16-byte chunks");
-static_assert((KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4 <= OFF_STAGE, "parking fits in sK/sV");
+static_assert((KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4 <= STAGE_BYTES, "parking fits in a stage");
 
 // Read by the host after loading the module: launch geometry and identity of this build.
 extern "C" __constant__ int SDPA_HEAD_DIM = HEAD_DIM;
@@ -136,80 +153,67 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned add
                  : "memory");
 }
 
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a swizzled sK / sV.
+// Byte offset of 16-byte chunk `chunk` (0..3) of row `row` in a swizzled code tile.
 __device__ __forceinline__ int swizzled(int row, int chunk) {
-    return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
+    return row * HEAD_DIM + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
+
+// Two adjacent E4M3 codes (the low 16 bits) -> one f16x2 register (the lower code in the low half).
+__device__ __forceinline__ unsigned decode2_e4m3(unsigned codes) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(codes & 0xFFFFu), __NV_E4M3);
+    return (unsigned)h.x | ((unsigned)h.y << 16);
+}
+
+// Bytes of {hi, lo} picked by `sel` (PTX prmt: result byte i = byte sel[4i + 3 : 4i]).
+__device__ __forceinline__ unsigned prmt(unsigned lo, unsigned hi, unsigned sel) {
+    unsigned r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(lo), "r"(hi), "r"(sel));
+    return r;
 }
 
 __device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
     return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
 }
 
-// Two adjacent E4M3 codes -> one f16x2 register (lower column in the low half).
-__device__ __forceinline__ unsigned decode2_e4m3(unsigned short codes) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)codes, __NV_E4M3);
-    return (unsigned)h.x | ((unsigned)h.y << 16);
-}
+// ---- K/V steps: codes -> the code tiles of a stage -----------------------------------------
 
-// ---- K/V steps: codes -> f16 in sK, sV ---------------------------------------------------
-
-// Chunk i of a thread within a step of codes: 16 codes at (row, col).
+// Chunk i of a thread within a step of codes: 16 codes of row `row`, 16-byte chunk `chunk`.
 struct Chunk {
-    int row, col;
+    int row, chunk;
 };
 __device__ __forceinline__ Chunk chunk_of(int i) {
     const int c = threadIdx.x + i * THREADS;
-    return {c >> 2, (c & 3) << 4};
-}
-
-// Stores 16 decoded values (two 16-byte chunks) of row ch.row.
-__device__ __forceinline__ void store16(u8* dst, Chunk ch, uint4 lo, uint4 hi) {
-    *reinterpret_cast<uint4*>(dst + swizzled(ch.row, ch.col >> 3)) = lo;
-    *reinterpret_cast<uint4*>(dst + swizzled(ch.row, (ch.col >> 3) + 1)) = hi;
+    return {c >> 2, c & 3};
 }
 
 #if USE_CP_ASYNC
-// Starts the copy of one step of K and V codes into a stage (rows < valid only).
+// Starts the copy of one step of K and V codes into a stage; rows >= valid are zero-filled by
+// the copy (no bytes read), so a short last step never leaves an earlier step's codes behind.
 __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
                                                 const u8* __restrict__ v_bh, int kv0, int valid,
-                                                u8* stage_k, u8* stage_v) {
+                                                u8* stage) {
 #pragma unroll
     for (int i = 0; i < CHUNKS_PER_THREAD; ++i) {
         const Chunk ch = chunk_of(i);
-        if (ch.row < valid) {
-            const size_t src = (size_t)(kv0 + ch.row) * HEAD_DIM + ch.col;
-            __pipeline_memcpy_async(stage_k + ch.row * HEAD_DIM + ch.col, k_bh + src, 16);
-            __pipeline_memcpy_async(stage_v + ch.row * HEAD_DIM + ch.col, v_bh + src, 16);
-        }
-    }
-}
-
-// Decodes a landed stage into sK, sV.
-__device__ __forceinline__ void decode_stage(const u8* stage_k, const u8* stage_v, int valid,
-                                             u8* sK, u8* sV) {
-#pragma unroll
-    for (int i = 0; i < CHUNKS_PER_THREAD; ++i) {
-        const Chunk ch = chunk_of(i);
-        uint4 klo = {0, 0, 0, 0}, khi = klo, vlo = klo, vhi = klo;
-        if (ch.row < valid) {
-            decode16_e4m3(*reinterpret_cast<const uint4*>(stage_k + ch.row * HEAD_DIM + ch.col), klo, khi);
-            decode16_e4m3(*reinterpret_cast<const uint4*>(stage_v + ch.row * HEAD_DIM + ch.col), vlo, vhi);
-        }
-        store16(sK, ch, klo, khi);
-        store16(sV, ch, vlo, vhi);
+        const bool live = ch.row < valid;
+        const size_t src = live ? (size_t)(kv0 + ch.row) * HEAD_DIM + ch.chunk * 16 : 0;
+        const int dst = swizzled(ch.row, ch.chunk);
+        __pipeline_memcpy_async(stage + dst, k_bh + src, 16, live ? 0 : 16);
+        __pipeline_memcpy_async(stage + STEP_CODE_BYTES + dst, v_bh + src, 16, live ? 0 : 16);
     }
 }
 #else
-// Loads one step of K and V codes from global memory and decodes it into sK, sV.
+// Loads one step of K and V codes from global memory into a stage (rows >= valid are zero).
 __device__ __forceinline__ void load_step(const u8* __restrict__ k_bh, const u8* __restrict__ v_bh,
-                                          int kv0, int valid, u8* sK, u8* sV) {
+                                          int kv0, int valid, u8* stage) {
     uint4 kc[CHUNKS_PER_THREAD], vc[CHUNKS_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < CHUNKS_PER_THREAD; ++i) { // all loads first: one memory latency, not N
         const Chunk ch = chunk_of(i);
         kc[i] = vc[i] = make_uint4(0, 0, 0, 0);
         if (ch.row < valid) {
-            const size_t src = (size_t)(kv0 + ch.row) * HEAD_DIM + ch.col;
+            const size_t src = (size_t)(kv0 + ch.row) * HEAD_DIM + ch.chunk * 16;
             kc[i] = *reinterpret_cast<const uint4*>(k_bh + src);
             vc[i] = *reinterpret_cast<const uint4*>(v_bh + src);
         }
@@ -217,11 +221,9 @@ __device__ __forceinline__ void load_step(const u8* __restrict__ k_bh, const u8*
 #pragma unroll
     for (int i = 0; i < CHUNKS_PER_THREAD; ++i) {
         const Chunk ch = chunk_of(i);
-        uint4 klo, khi, vlo, vhi;
-        decode16_e4m3(kc[i], klo, khi); // a zero code decodes to +0: rows past S are zero
-        decode16_e4m3(vc[i], vlo, vhi);
-        store16(sK, ch, klo, khi);
-        store16(sV, ch, vlo, vhi);
+        const int dst = swizzled(ch.row, ch.chunk);
+        *reinterpret_cast<uint4*>(stage + dst) = kc[i];
+        *reinterpret_cast<uint4*>(stage + STEP_CODE_BYTES + dst) = vc[i];
     }
 }
 #endif
@@ -235,8 +237,6 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
                       const float* __restrict__ k_scale, const float* __restrict__ v_scale,
                       __half* __restrict__ out, int B, int H, int S, float softmax_scale) {
     extern __shared__ __align__(128) u8 smem[];
-    u8* sK = smem + OFF_SK;
-    u8* sV = smem + OFF_SV;
 
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -261,20 +261,6 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     const float qk_scale = (q_scale[bh] * k_scale[bh]) * (softmax_scale * 1.4426950408889634f);
 #endif
 
-    // Q: this warp's 16 rows as A fragments, decoded straight from global memory.
-    unsigned qa[HEAD_DIM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = q0 + g + (i & 1) * 8;
-            const int col = kk * 16 + (i >> 1) * 8 + 2 * qd;
-            unsigned short codes = 0;
-            if (row < S) codes = *reinterpret_cast<const unsigned short*>(q_bh + (size_t)row * HEAD_DIM + col);
-            qa[kk][i] = decode2_e4m3(codes);
-        }
-    }
-
     // Per lane: rows g (index 0) and g + 8 (index 1) of the warp's 16.
     float o[HEAD_DIM / 8][4];
 #pragma unroll
@@ -282,70 +268,110 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     float m_run[2] = {NEG_INF, NEG_INF};
     float l_run[2] = {0.0f, 0.0f}; // this lane's share of the row sums
 
-    const int n_tiles = (S + BLOCK_N - 1) / BLOCK_N;
+    // Steps run while j * STEP_KEYS < S; tiles while t * BLOCK_N < keys_run (S itself is a
+    // kernel argument, so these bounds cost no register across the loop).
 #ifdef MUTANT_SKIP_LAST_KV_TILE
-    const int tiles_run = n_tiles - 1;
+    const int keys_run = (S - 1) / BLOCK_N * BLOCK_N; // every tile but the last
 #else
-    const int tiles_run = n_tiles;
+    const int keys_run = S;
 #endif
-    const int n_steps = (n_tiles + KV_SPLIT - 1) / KV_SPLIT;
-    const unsigned sK_addr = (unsigned)__cvta_generic_to_shared(sK);
-    const unsigned sV_addr = (unsigned)__cvta_generic_to_shared(sV);
+    const unsigned smem_addr = (unsigned)__cvta_generic_to_shared(smem);
     const int tile_row0 = split * BLOCK_N; // this warp's tile within a step
+    // The swizzle of a row depends on its index mod 8 only, so a lane's ldmatrix offsets are
+    // fixed: K (matrix kk = lane / 8: key lane % 8, chunk kk) and V (matrix i = lane / 8: key
+    // lane % 8 + 8·(i & 1), chunk 2·c2 + i / 2, where c2 = 1 flips chunk bit 1: XOR 32).
+    const int k_lane = swizzled(lane & 7, lane >> 3);
+    const int v_lane = swizzled((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #if USE_CP_ASYNC
-    u8* stage = smem + OFF_STAGE; // [stage][K = 0, V = 1][STEP_KEYS][HEAD_DIM]
-    copy_step_async(k_bh, v_bh, 0, min(STEP_KEYS, S), stage, stage + STEP_CODE_BYTES);
-    __pipeline_commit();
+    // Prologue: the first CP_STAGES - 1 steps in flight, one commit group each (maybe empty),
+    // before Q's loads, so Q's latency and theirs overlap.
+#pragma unroll
+    for (int st = 0; st < CP_STAGES - 1; ++st) {
+        if (st * STEP_KEYS < S) copy_step_async(k_bh, v_bh, st * STEP_KEYS, min(STEP_KEYS, S - st * STEP_KEYS), smem + st * STAGE_BYTES);
+        __pipeline_commit();
+    }
 #endif
 
-    for (int j = 0; j < n_steps; ++j) {
-        const int kv0 = j * STEP_KEYS;
-
-        // 1. This step's K and V, decoded into sK and sV.
-#if USE_CP_ASYNC
-        if (j + 1 < n_steps) {
-            u8* next = stage + ((j + 1) & 1) * 2 * STEP_CODE_BYTES;
-            copy_step_async(k_bh, v_bh, kv0 + STEP_KEYS, min(STEP_KEYS, S - kv0 - STEP_KEYS), next,
-                            next + STEP_CODE_BYTES);
+    // Q: this warp's 16 rows as A fragments, decoded from global memory. k-step kk,
+    // lane q: one 4-byte load of dims 16kk + 4q .. +3 per row (MMA k-indices 2q, 2q+1, 2q+8,
+    // 2q+9: the header's order), the low pair to a0 (a1), the high pair to a2 (a3).
+    unsigned qa[HEAD_DIM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int row = q0 + g + i * 8;
+            unsigned codes = 0;
+            if (row < S) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * HEAD_DIM + kk * 16 + 4 * qd);
+            qa[kk][i] = decode2_e4m3(codes);
+            qa[kk][i + 2] = decode2_e4m3(codes >> 16);
         }
-        __pipeline_commit();       // one group per iteration (maybe empty) keeps the count uniform
+    }
+    // Parked in shared memory and read back per tile (16 B per lane and k-step, lane-major:
+    // conflict-free), so they hold no registers across the P·V half of the loop.
+    uint4* q_park = reinterpret_cast<uint4*>(smem + OFF_Q) + warp * (HEAD_DIM / 16) * 32 + lane;
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+        q_park[kk * 32] = make_uint4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+
+
+    for (int j = 0; j * STEP_KEYS < S; ++j) {
+        // 1. This step's K and V codes, landed in its stage.
+#if USE_CP_ASYNC
+        // Groups committed so far: CP_STAGES - 1 + j; all but the newest CP_STAGES - 2 have
+        // landed once step j has.
 #ifndef MUTANT_SKIP_CP_WAIT
-        __pipeline_wait_prior(1);  // every group but the newest has landed: step j is here
-#endif
-        __syncthreads();
-#ifdef MUTANT_WRONG_STAGE
-        const u8* cur = stage + ((j + 1) & 1) * 2 * STEP_CODE_BYTES;
-#else
-        const u8* cur = stage + (j & 1) * 2 * STEP_CODE_BYTES;
-#endif
-        decode_stage(cur, cur + STEP_CODE_BYTES, min(STEP_KEYS, S - kv0), sK, sV);
-#else
-        load_step(k_bh, v_bh, kv0, min(STEP_KEYS, S - kv0), sK, sV);
+        __pipeline_wait_prior(CP_STAGES - 2);
 #endif
 #ifndef MUTANT_NO_DEQUANT_BARRIER
-        __syncthreads();
+        __syncthreads(); // every thread's copies of step j are visible; step j - 1 is done
 #endif
+        {
+            // Into the stage step j - 1 used: every warp is past it (the barrier above), so
+            // one barrier per step suffices.
+            const int ahead = j + CP_STAGES - 1;
+            if (ahead * STEP_KEYS < S)
+                copy_step_async(k_bh, v_bh, ahead * STEP_KEYS, min(STEP_KEYS, S - ahead * STEP_KEYS),
+                                smem + (ahead % CP_STAGES) * STAGE_BYTES);
+            __pipeline_commit(); // one group per iteration keeps the count uniform
+        }
+#ifdef MUTANT_WRONG_STAGE
+        const int cur = (j + 1) % CP_STAGES; // a stage still being filled
+#else
+        const int cur = j % CP_STAGES;
+#endif
+#else
+        load_step(k_bh, v_bh, j * STEP_KEYS, min(STEP_KEYS, S - j * STEP_KEYS), smem);
+        const int cur = 0;
+#ifndef MUTANT_NO_DEQUANT_BARRIER
+        __syncthreads(); // every thread's codes of this step are in shared memory
+#endif
+#endif
+        const unsigned sK_addr = smem_addr + cur * STAGE_BYTES;
+        const unsigned sV_addr = sK_addr + STEP_CODE_BYTES;
 
         const int t = j * KV_SPLIT + split; // this warp's tile
-        if (t < tiles_run) {
+        if (t * BLOCK_N < keys_run) {
             const int valid = min(BLOCK_N, S - t * BLOCK_N);
 
-            // 2. S = Q Kᵀ: 8 key blocks x 4 k-steps. ldmatrix matrix i of a pair: key block
-            //    nb + (i >> 1), d chunk 2kk + (i & 1) -> b0, b1 of key blocks nb and nb + 1.
+            // 2. S = Q Kᵀ: 8 key blocks x 4 k-steps. One ldmatrix per key block: matrix kk is
+            //    its 8 keys x chunk kk, so a lane gets dims 16kk + 4q .. +3 of key g: b0, b1.
             float s[BLOCK_N / 8][4];
 #pragma unroll
             for (int nb = 0; nb < BLOCK_N / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+            unsigned qa[HEAD_DIM / 16][4];
 #pragma unroll
             for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+                const uint4 f = q_park[kk * 32];
+                qa[kk][0] = f.x, qa[kk][1] = f.y, qa[kk][2] = f.z, qa[kk][3] = f.w;
+            }
 #pragma unroll
-                for (int nb = 0; nb < BLOCK_N / 8; nb += 2) {
-                    const int i = lane >> 3;
-                    const int row = tile_row0 + (nb + (i >> 1)) * 8 + (lane & 7);
-                    unsigned b[4];
-                    ldmatrix_x4(b, sK_addr + swizzled(row, 2 * kk + (i & 1)));
-                    mma16816(s[nb], qa[kk], b[0], b[1]);
-                    mma16816(s[nb + 1], qa[kk], b[2], b[3]);
-                }
+            for (int nb = 0; nb < BLOCK_N / 8; ++nb) {
+                unsigned kc[4];
+                ldmatrix_x4(kc, sK_addr + (tile_row0 + nb * 8) * HEAD_DIM + k_lane);
+#pragma unroll
+                for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+                    mma16816(s[nb], qa[kk], decode2_e4m3(kc[kk]), decode2_e4m3(kc[kk] >> 16));
             }
 
             // 3. Online softmax (base 2). Keys past S score -inf, so their P is exactly 0.
@@ -386,8 +412,9 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
             // 4. O *= alpha, then O += P V, one k-step of 16 keys at a time (so only that
             //    k-step's P is live). P comes straight from the score accumulators as the A
             //    fragment: key block 2kk gives a0 (row g), a1 (row g+8); block 2kk+1 gives a2, a3.
-            //    ldmatrix.trans matrix i: keys 16kk + (i & 1)·8, d chunk n + (i >> 1)
-            //    -> b0, b1 of d blocks n and n + 1.
+            //    ldmatrix.trans (b16) matrix i: keys 16kk + (i & 1)·8, chunk 2c2 + (i >> 1); a
+            //    lane gets keys 2q, 2q+1 (+8) x dims 2g, 2g+1; prmt sorts them per dim into
+            //    b0, b1 of the chunk's even-dim MMA (o[2c]) and odd-dim MMA (o[2c + 1]).
 #pragma unroll
             for (int n = 0; n < HEAD_DIM / 8; ++n) {
                 o[n][0] = __fmul_rn(o[n][0], alpha[0]);
@@ -412,22 +439,29 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
                     }
                 }
 #pragma unroll
-                for (int n = 0; n < HEAD_DIM / 8; n += 2) {
-                    const int i = lane >> 3;
-                    const int row = tile_row0 + kk * 16 + (i & 1) * 8 + (lane & 7);
-                    unsigned b[4];
-                    ldmatrix_x4_trans(b, sV_addr + swizzled(row, n + (i >> 1)));
-                    mma16816(o[n], pa, b[0], b[1]);
-                    mma16816(o[n + 1], pa, b[2], b[3]);
+                for (int c2 = 0; c2 < HEAD_DIM / 32; ++c2) {
+                    unsigned vc[4];
+                    ldmatrix_x4_trans(vc, sV_addr + (tile_row0 + kk * 16) * HEAD_DIM + (v_lane ^ (c2 * 32)));
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int c = 2 * c2 + h;
+                        const unsigned even = prmt(vc[2 * h], vc[2 * h + 1], 0x6420);
+                        const unsigned odd = prmt(vc[2 * h], vc[2 * h + 1], 0x7531);
+                        mma16816(o[2 * c], pa, decode2_e4m3(even), decode2_e4m3(even >> 16));
+                        mma16816(o[2 * c + 1], pa, decode2_e4m3(odd), decode2_e4m3(odd >> 16));
+                    }
                 }
             }
 #pragma unroll
             for (int i = 0; i < 2; ++i) l_run[i] = __fmaf_rn(l_run[i], alpha[i], part[i]);
         }
-        __syncthreads(); // every warp is done with sK, sV before the next step overwrites them
+#if !USE_CP_ASYNC
+        __syncthreads(); // every warp is done with the stage before the next step's stores
+#endif
     }
 #if USE_CP_ASYNC
-    __pipeline_wait_prior(0);
+    __pipeline_wait_prior(0); // only empty groups remain; none may land in the parking area
+    __syncthreads();          // every warp is done with the last stage before parking
 #endif
 
     // Row sums over the quad: (l_0 + l_1) + (l_2 + l_3), the same on every lane.
@@ -437,7 +471,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
         l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
     }
 
-    // Merge the KV splits into split 0 (sK/sV are free: the loop ended on a barrier).
+    // Merge the KV splits into split 0 (the stages are free: the loop ended on a barrier).
 #if KV_SPLIT > 1
     float* park = reinterpret_cast<float*>(smem);
     const int rw = warp % ROW_WARPS;
@@ -487,7 +521,8 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     }
 #endif
 
-    // Normalize and store: each lane writes 2 columns of rows g and g + 8 per d block.
+    // Normalize and store: per row (g, g + 8) and 16-dim chunk c a lane holds dims
+    // 16c + 4q .. +3 as (o[2c][.], o[2c+1][.], o[2c][. + 1], o[2c+1][. + 1]): one 8-byte store.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #ifdef MUTANT_STORE_ROW_OFF_BY_ONE
@@ -497,11 +532,15 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
 #endif
         if (row < S) {
             const float scale = v_scale[bh] / l_run[i];
-            __half2* dst = reinterpret_cast<__half2*>(out + head_off + (size_t)row * HEAD_DIM + 2 * qd);
+            uint2* dst = reinterpret_cast<uint2*>(out + head_off + (size_t)row * HEAD_DIM + 4 * qd);
 #pragma unroll
-            for (int n = 0; n < HEAD_DIM / 8; ++n)
-                dst[n * 4] = __halves2half2(__float2half_rn(__fmul_rn(o[n][2 * i], scale)),
-                                            __float2half_rn(__fmul_rn(o[n][2 * i + 1], scale)));
+            for (int c = 0; c < HEAD_DIM / 16; ++c) {
+                const __half d0 = __float2half_rn(__fmul_rn(o[2 * c][2 * i], scale));
+                const __half d1 = __float2half_rn(__fmul_rn(o[2 * c + 1][2 * i], scale));
+                const __half d2 = __float2half_rn(__fmul_rn(o[2 * c][2 * i + 1], scale));
+                const __half d3 = __float2half_rn(__fmul_rn(o[2 * c + 1][2 * i + 1], scale));
+                dst[c * 4] = make_uint2(pack_half2(d0, d1), pack_half2(d2, d3));
+            }
         }
     }
 #ifdef MUTANT_K_READ_PAST_END

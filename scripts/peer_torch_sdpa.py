@@ -44,7 +44,7 @@ BACKENDS = {
     "math": SDPBackend.MATH,
 }
 HOLD_BASE_US, HOLD_PER_SAMPLE_US = 200, 20  # the runner's timer; a floor here
-PERF_SCHEMA_VERSION = 1
+PERF_SCHEMA_VERSION = 2
 
 
 def parse_args():

@@ -10,7 +10,8 @@ pub const EXIT_PASS: u8 = 0;
 pub const EXIT_GATE_FAILED: u8 = 1;
 /// Usage or configuration error: bad flag, unknown shape, malformed JSON, unusable results dir.
 pub const EXIT_USAGE: u8 = 2;
-/// Environment error: no GPU, driver, NVRTC or CUDA headers.
+/// Environment error: no GPU, driver, NVRTC or CUDA headers, or the runner's own f64 reference
+/// kernel failed (never [`EXIT_KERNEL`]: that is the kernel under test's).
 pub const EXIT_ENVIRONMENT: u8 = 3;
 /// The kernel failed to compile, is not the variant asked for, or faulted at run time.
 pub const EXIT_KERNEL: u8 = 4;

@@ -26,14 +26,14 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         define: "MUTANT_WRONG_STAGE",
-        breaks: "decodes the stage being filled, not the landed one",
+        breaks: "reads a stage still being filled, not the landed one",
         cp_async_only: true,
         shapes: "mission,partial300",
         opt_in: false,
     },
     Mutant {
         define: "MUTANT_NO_DEQUANT_BARRIER",
-        breaks: "drops the barrier after dequantization",
+        breaks: "drops the barrier after a step's codes land in shared memory",
         cp_async_only: false,
         shapes: "mission,long",
         opt_in: false,

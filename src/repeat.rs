@@ -68,6 +68,7 @@ pub fn stress_variant(
         pass: divergent == 0 && failed.is_empty(),
         first_divergence,
         failed_gates: failed,
+        references: y.engine.to_string(),
     })
 }
 

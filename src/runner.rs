@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, DeviceSums};
 use crate::emulation;
 use crate::gates::Gates;
 use crate::metrics::{self, ErrorMetrics};
@@ -44,7 +44,10 @@ impl Yardsticks {
     }
 
     /// With the references where `engine` says ([`Engine::wants_device`]); on the device
-    /// they are computed while the host computes the emulation.
+    /// they are computed while the host computes the emulation. `Engine::Device` on a backend
+    /// without a device is refused (exit 2) before any work; where the device cannot compute
+    /// them ([`DeviceSums::Unavailable`]: out of memory, no reference kernel) `auto` computes
+    /// them on the host (and records `host`), `device` stops (exit 3).
     pub fn with_backend(
         backend: &mut dyn Backend,
         engine: Engine,
@@ -52,7 +55,13 @@ impl Yardsticks {
         kv_split: usize,
         rows: RowSet,
     ) -> Result<Self, BackendError> {
-        if !engine.wants_device(&rows, p.shape.s) {
+        if engine == Engine::Device && !backend.has_device_references() {
+            return Err(BackendError::Config(format!(
+                "--references device: the {} backend has no device; use --references host or auto",
+                backend.name()
+            )));
+        }
+        if !backend.has_device_references() || !engine.wants_device(&rows, p.shape.s) {
             return Ok(Self::compute(p, kv_split, rows));
         }
         let (sums, emulation_out) = std::thread::scope(|scope| {
@@ -64,14 +73,16 @@ impl Yardsticks {
             )
         });
         let (refs, engine) = match (sums?, engine) {
-            (Some(sums), _) => (References::from_sums(p, kv_split, &rows, sums), "device"),
-            (None, Engine::Device) => {
-                return Err(BackendError::Config(format!(
-                    "--references device: the {} backend has no device; use --references host or auto",
-                    backend.name()
+            (DeviceSums::Computed(sums), _) => {
+                (References::from_sums(p, kv_split, &rows, sums), "device")
+            }
+            (DeviceSums::Unavailable(why), Engine::Device) => {
+                return Err(BackendError::Environment(format!(
+                    "--references device: {why}; --references host computes the references on \
+                     the host"
                 )));
             }
-            (None, _) => (References::compute(p, kv_split, &rows), "host"),
+            (DeviceSums::Unavailable(_), _) => (References::compute(p, kv_split, &rows), "host"),
         };
         Ok(Self::assemble(p, rows, refs, engine, emulation_out))
     }
@@ -442,6 +453,7 @@ mod tests {
         let p = Problem::new(&shape(2100), 0);
         let rows = || RowSet::all(&p.shape);
         assert!(Engine::Auto.wants_device(&rows(), p.shape.s));
+        assert!(!backend.has_device_references());
         let y = Yardsticks::with_backend(&mut backend, Engine::Auto, &p, 2, rows()).unwrap();
         assert_eq!(y.engine, "host");
         let refused = Yardsticks::with_backend(&mut backend, Engine::Device, &p, 2, rows());
@@ -450,6 +462,132 @@ mod tests {
             "{:?}",
             refused.err()
         );
+    }
+
+    #[test]
+    fn references_on_a_backend_without_a_device_are_refused_before_any_work() {
+        // Rows of a larger shape: the emulation (or the host references) would panic on them,
+        // so only a refusal that comes first returns.
+        let p = Problem::new(&shape(20), 0);
+        let foreign = RowSet::all(&shape(4000));
+        let emulated = std::panic::catch_unwind(|| emulation::clean(&p, 2, &foreign));
+        assert!(
+            emulated.is_err(),
+            "the witness: the emulation cannot run these rows"
+        );
+        let mut backend = CpuBackend::new(Defect::None);
+        let refused = Yardsticks::with_backend(&mut backend, Engine::Device, &p, 2, foreign);
+        assert!(matches!(refused, Err(BackendError::Config(_))));
+    }
+
+    /// A backend with a device whose reference sums are the host's, or unavailable (as when
+    /// the GPU runs out of memory for them); it counts the requests.
+    struct FakeDevice {
+        cpu: CpuBackend,
+        out_of_memory: bool,
+        requests: usize,
+    }
+
+    impl FakeDevice {
+        fn new(out_of_memory: bool) -> Self {
+            FakeDevice {
+                cpu: CpuBackend::new(Defect::None),
+                out_of_memory,
+                requests: 0,
+            }
+        }
+    }
+
+    impl Backend for FakeDevice {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn variants(&self) -> &[String] {
+            self.cpu.variants()
+        }
+        fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
+            self.cpu.load(p)
+        }
+        fn launch_poisoned(&mut self, v: usize) -> Result<Vec<f16>, BackendError> {
+            self.cpu.launch_poisoned(v)
+        }
+        fn warm_up(&mut self, v: usize, launches: usize) -> Result<(), BackendError> {
+            self.cpu.warm_up(v, launches)
+        }
+        fn time_samples(
+            &mut self,
+            v: usize,
+            count: usize,
+            plan: &TimingPlan,
+        ) -> Result<timing::TimedBlock, BackendError> {
+            self.cpu.time_samples(v, count, plan)
+        }
+        fn clock(&self) -> &'static str {
+            self.cpu.clock()
+        }
+        fn device_name(&self) -> String {
+            self.cpu.device_name()
+        }
+        fn device_json(&self) -> serde_json::Value {
+            self.cpu.device_json()
+        }
+        fn details(&self) -> serde_json::Value {
+            self.cpu.details()
+        }
+        fn describe(&self) -> String {
+            self.cpu.describe()
+        }
+        fn has_device_references(&self) -> bool {
+            true
+        }
+        fn reference_sums(
+            &mut self,
+            p: &Problem,
+            rows: &RowSet,
+        ) -> Result<DeviceSums, BackendError> {
+            self.requests += 1;
+            Ok(if self.out_of_memory {
+                DeviceSums::Unavailable("the reference ran out of GPU memory".into())
+            } else {
+                DeviceSums::Computed(crate::reference::RowSums::on_host(p, rows))
+            })
+        }
+    }
+
+    #[test]
+    fn device_sums_are_finished_as_the_hosts_and_recorded_as_device() {
+        let p = Problem::new(&shape(100), 0);
+        let rows = RowSet::all(&p.shape);
+        let mut device = FakeDevice::new(false);
+        let y = Yardsticks::with_backend(&mut device, Engine::Device, &p, 2, rows.clone()).unwrap();
+        let host = Yardsticks::compute(&p, 2, rows.clone());
+        assert_eq!((y.engine, device.requests), ("device", 1));
+        assert_eq!(y.refs.kernel, host.refs.kernel);
+        assert_eq!(y.refs.end_to_end_bound, host.refs.end_to_end_bound);
+        assert_eq!(y.emulation_out, host.emulation_out);
+        // Below 2^24 pairs auto keeps the host, and host never asks the device.
+        for engine in [Engine::Auto, Engine::Host] {
+            let y = Yardsticks::with_backend(&mut device, engine, &p, 2, rows.clone()).unwrap();
+            assert_eq!((y.engine, device.requests), ("host", 1));
+        }
+    }
+
+    #[test]
+    fn a_device_out_of_memory_falls_back_to_the_host_under_auto_and_stops_device_with_exit_3() {
+        let p = Problem::new(&shape(2100), 0);
+        let rows = || RowSet::all(&p.shape);
+        let mut device = FakeDevice::new(true);
+        let y = Yardsticks::with_backend(&mut device, Engine::Auto, &p, 2, rows()).unwrap();
+        assert_eq!((y.engine, device.requests), ("host", 1));
+        let stopped = Yardsticks::with_backend(&mut device, Engine::Device, &p, 2, rows());
+        assert!(
+            matches!(&stopped, Err(BackendError::Environment(why))
+                if why.contains("out of GPU memory") && why.contains("--references host")),
+            "{:?}",
+            stopped.err()
+        );
+        let code = crate::error::AppError::from(stopped.err().unwrap()).exit_code();
+        assert_eq!(code, crate::error::EXIT_ENVIRONMENT);
     }
 
     #[test]

@@ -404,6 +404,9 @@ pub struct StressRecord {
     /// Gates of the first output and of every divergent one.
     pub failed_gates: Vec<String>,
     pub pass: bool,
+    /// Where the f64 references were computed: `host` or `device` (`--references`).
+    #[serde(default = "host")]
+    pub references: String,
 }
 
 /// stress.json
@@ -437,6 +440,9 @@ pub struct FuzzRecord {
     pub pass: bool,
     pub kernel_err_over_bound: f64,
     pub end_to_end_err_over_bound: f64,
+    /// Where the f64 references were computed: `host` or `device` (`--references`).
+    #[serde(default = "host")]
+    pub references: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

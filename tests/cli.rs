@@ -488,6 +488,7 @@ fn fuzz_checks_random_problems_records_each_and_passes_a_correct_kernel() {
         let shape = p["shape"].as_str().unwrap();
         assert!(shape.ends_with("x64") || shape.contains("x64:"), "{shape}");
         assert!(p["kernel_err_over_bound"].as_f64().unwrap() <= 1.0);
+        assert_eq!(p["references"], "host", "the cpu backend has no device");
     }
     // The same seed draws the same problems.
     let again = tempfile::tempdir().unwrap();

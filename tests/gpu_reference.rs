@@ -1,6 +1,7 @@
 //! The f64 references computed on the GPU (cuda/reference_f64.cu) against the host's, which
 //! the textbook-attention tests pin: on every shape kind and input distribution, for sampled
-//! rows and in several head groups, and through a whole check. The two engines sum in other
+//! rows in several head groups and launch sizes, sum by sum, and through whole checks of a
+//! correct kernel and of planted bugs. The two engines sum in other
 //! orders, so they differ by f64 roundoff; "equal" here means within a millionth of the
 //! error model's own allowance (docs/DESIGN.md "References on the GPU").
 
@@ -9,10 +10,11 @@ mod common;
 use sdpa_runner::backend::Backend;
 use sdpa_runner::backend::cuda::CudaBackend;
 use sdpa_runner::backend::cuda::kernel::KernelSource;
+use sdpa_runner::backend::cuda::reference::{self, BLOCKS_PER_LAUNCH};
 use sdpa_runner::backend::cuda::variant::VariantSpec;
-use sdpa_runner::gates::GateFile;
+use sdpa_runner::gates::{GateFile, Gates};
 use sdpa_runner::problem::Problem;
-use sdpa_runner::reference::{Engine, References};
+use sdpa_runner::reference::{Engine, References, RowSums};
 use sdpa_runner::rows::{CheckRows, RowSet};
 use sdpa_runner::runner::{self, Check};
 use sdpa_runner::shapes::{Dist, Shape, ShapeCatalog};
@@ -22,13 +24,23 @@ use sdpa_runner::shapes::{Dist, Shape, ShapeCatalog};
 const AGREE: f64 = 1e-6;
 
 fn backend() -> CudaBackend {
+    backend_of(&[VariantSpec::new(false, &[])])
+}
+
+fn backend_of(specs: &[VariantSpec]) -> CudaBackend {
     let root = common::project_root();
     let source = KernelSource::load(
         &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
         &root.join("cuda"),
     )
     .unwrap();
-    CudaBackend::new(source, &[VariantSpec::new(false, &[])]).unwrap()
+    CudaBackend::new(source, specs).unwrap()
+}
+
+fn gates() -> Gates {
+    GateFile::load(&common::project_root().join("gates/default.json"))
+        .unwrap()
+        .gates
 }
 
 fn shape(b: usize, h: usize, s: usize, qk_std: f64, dist: Dist) -> Shape {
@@ -90,8 +102,30 @@ fn disagreement(device: &References, host: &References) -> f64 {
 }
 
 fn device_references(b: &mut CudaBackend, p: &Problem, rows: &RowSet) -> References {
-    let sums = b.reference_sums(p, rows).unwrap().expect("a GPU backend");
+    let sums = b.reference_sums(p, rows).unwrap().computed().unwrap();
     References::from_sums(p, b.kv_split(), rows, sums)
+}
+
+/// The device's sums in groups of at most `group_bytes`, `blocks` row blocks per launch.
+fn grouped(
+    b: &mut CudaBackend,
+    p: &Problem,
+    rows: &RowSet,
+    group_bytes: u64,
+    blocks: usize,
+) -> RowSums {
+    b.reference_sums_grouped(p, rows, group_bytes, blocks)
+        .unwrap()
+        .computed()
+        .unwrap()
+}
+
+fn assert_same_bits(a: &RowSums, b: &RowSums, what: &str) {
+    assert!(
+        a.o_k == b.o_k && a.a == b.a && a.o_e == b.o_e,
+        "{what}: sums"
+    );
+    assert!(a.totals == b.totals, "{what}: totals");
 }
 
 #[test]
@@ -136,13 +170,25 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_references() {
     let rows = RowSet::sampled(&sh, 7, &[64, 128]);
     assert!(!rows.is_all());
     let mut b = backend();
-    let one_group = b.reference_sums_grouped(&p, &rows, u64::MAX).unwrap();
+    let (s, d) = (sh.s, sh.d);
+    let one_group = grouped(&mut b, &p, &rows, u64::MAX, BLOCKS_PER_LAUNCH);
+    assert_eq!(reference::head_groups(&rows, s, d, u64::MAX).len(), 1);
     // One byte: every head is a group of its own.
-    let per_head = b.reference_sums_grouped(&p, &rows, 1).unwrap();
-    assert_eq!(one_group.o_k, per_head.o_k);
-    assert_eq!(one_group.a, per_head.a);
-    assert_eq!(one_group.o_e, per_head.o_e);
-    assert_eq!(one_group.totals, per_head.totals);
+    let per_head = grouped(&mut b, &p, &rows, 1, BLOCKS_PER_LAUNCH);
+    assert_same_bits(&one_group, &per_head, "one head per group");
+    // The largest two neighbouring heads: the six heads go in three groups of two.
+    let head = |bh: usize| reference::head_bytes(s, d, rows.offset(bh + 1) - rows.offset(bh));
+    let two_heads = (0..rows.heads() - 1)
+        .map(|bh| head(bh) + head(bh + 1))
+        .max()
+        .unwrap();
+    let groups = reference::head_groups(&rows, s, d, two_heads);
+    assert_eq!(groups, [0..2, 2..4, 4..6]);
+    let pairs = grouped(&mut b, &p, &rows, two_heads, BLOCKS_PER_LAUNCH);
+    assert_same_bits(&one_group, &pairs, "two heads per group");
+    // One row block per launch: the chunked launch path, one launch per block.
+    let single_blocks = grouped(&mut b, &p, &rows, u64::MAX, 1);
+    assert_same_bits(&one_group, &single_blocks, "one row block per launch");
     let device = References::from_sums(&p, b.kv_split(), &rows, per_head);
     let host = References::compute(&p, b.kv_split(), &rows);
     let d = disagreement(&device, &host);
@@ -151,12 +197,94 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_references() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn the_device_sums_equal_the_hosts_sum_by_sum_with_the_same_subnormal_counts() {
+    // qk_std 3 and 20 at S = 1000 put many weights below f16's smallest normal, in counts
+    // that vary by row (a unit test in src/reference pins the host's count), so the exact
+    // comparison of the counts cannot pass on zeros.
+    let mut b = backend();
+    let close = |d: f64, h: f64| (d - h).abs() <= 1e-12 * h.abs();
+    let mut subnormal_rows = 0;
+    for (qk_std, dist) in [
+        (3.0, Dist::Normal),
+        (20.0, Dist::Normal),
+        (20.0, Dist::Outliers),
+    ] {
+        let sh = shape(1, 3, 1000, qk_std, dist);
+        let p = Problem::new(&sh, 5);
+        let rows = RowSet::all(&sh);
+        let host = RowSums::on_host(&p, &rows);
+        let device = grouped(&mut b, &p, &rows, u64::MAX, BLOCKS_PER_LAUNCH);
+        assert_eq!(device.totals.len(), host.totals.len());
+        for (i, (d, h)) in device.totals.iter().zip(&host.totals).enumerate() {
+            assert_eq!(
+                d.subnormal_weights, h.subnormal_weights,
+                "{} row {i}",
+                sh.name
+            );
+            assert!(
+                close(d.score_shift, h.score_shift) && close(d.l_k, h.l_k) && close(d.l_e, h.l_e),
+                "{} row {i}: device {d:?}, host {h:?}",
+                sh.name
+            );
+            subnormal_rows += usize::from(h.subnormal_weights > 0);
+        }
+    }
+    assert!(subnormal_rows > 0, "no row has a subnormal weight");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn planted_bugs_fail_the_same_gates_with_device_references_as_with_host_references() {
+    let catalog = ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap();
+    let shapes = catalog.select("small,partial77,mission").unwrap();
+    let gates = gates();
+    let clean = VariantSpec::new(false, &[]);
+    let mutants: Vec<VariantSpec> = ["MUTANT_K_SCALE_TWICE", "MUTANT_SKIP_LAST_KV_TILE"]
+        .into_iter()
+        .map(|m| clean.with_candidate_defines(&[(m.into(), String::new())]))
+        .collect();
+    let mut b = backend_of(&mutants);
+    let mut check = |references| {
+        let check = Check {
+            rows: CheckRows::All,
+            references,
+        };
+        runner::check_all(&mut b, &shapes, &[0, 1], check, &gates, |_| {}).unwrap()
+    };
+    let (device, host) = (check(Engine::Device), check(Engine::Host));
+    assert!(device.iter().all(|r| r.references == "device"));
+    assert!(host.iter().all(|r| r.references == "host"));
+    assert_eq!(device.len(), host.len());
+    for (d, h) in device.iter().zip(&host) {
+        let what = format!("{} seed {} {}", d.shape, d.seed, d.variant);
+        assert_eq!(
+            (&d.shape, d.seed, &d.variant),
+            (&h.shape, h.seed, &h.variant)
+        );
+        assert_eq!(d.output_checksum, h.output_checksum, "{what}");
+        let (failed_d, failed_h): (Vec<_>, Vec<_>) = (
+            d.gates
+                .iter()
+                .filter(|(_, c)| !c.pass)
+                .map(|(g, _)| g)
+                .collect(),
+            h.gates
+                .iter()
+                .filter(|(_, c)| !c.pass)
+                .map(|(g, _)| g)
+                .collect(),
+        );
+        assert!(!failed_h.is_empty(), "{what}: the planted bug passed");
+        assert_eq!(failed_d, failed_h, "{what}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn a_check_with_device_references_gives_the_verdicts_of_one_with_host_references() {
     let catalog = ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap();
     let shapes = catalog.select("all").unwrap();
-    let gates = GateFile::load(&common::project_root().join("gates/default.json"))
-        .unwrap()
-        .gates;
+    let gates = gates();
     let mut b = backend();
     let mut check = |references| {
         let check = Check {

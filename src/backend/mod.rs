@@ -37,6 +37,25 @@ pub enum BackendError {
     Config(String),
 }
 
+/// What [`Backend::reference_sums`] gives when nothing faulted.
+pub enum DeviceSums {
+    /// The sums, computed on the device.
+    Computed(RowSums),
+    /// Why the device cannot compute them (out of memory, or no reference kernel); the host
+    /// can.
+    Unavailable(String),
+}
+
+impl DeviceSums {
+    /// The sums, or why there are none.
+    pub fn computed(self) -> Result<RowSums, String> {
+        match self {
+            DeviceSums::Computed(sums) => Ok(sums),
+            DeviceSums::Unavailable(why) => Err(why),
+        }
+    }
+}
+
 pub trait Backend {
     /// `cpu` or `cuda`, as recorded in the result files.
     fn name(&self) -> &'static str;
@@ -105,15 +124,34 @@ pub trait Backend {
         crate::emulation::ROW_CHUNK
     }
 
+    /// Whether this backend has a device that can compute the f64 references
+    /// ([`Backend::reference_sums`]); `--references device` is refused (exit 2) where not,
+    /// before any work.
+    fn has_device_references(&self) -> bool {
+        false
+    }
+
     /// The f64 references' sums of `rows` of `problem`, computed on the device
-    /// (cuda/reference_f64.cu), or `None` where the backend has no device: the host computes
-    /// them then. The backend's own buffers; the loaded problem is left as it is.
+    /// (cuda/reference_f64.cu) in the backend's own buffers; the loaded problem is left as it
+    /// is. Three outcomes:
+    /// - `Ok(Computed)`: the sums.
+    /// - `Ok(Unavailable(why))`: the device cannot compute them here, and nothing is broken:
+    ///   it ran out of memory for the reference's buffers, or the reference kernel did not
+    ///   build or load. `--references auto` computes them on the host instead (and records
+    ///   `host`); `--references device` stops with `why` (exit 3).
+    /// - `Err(Environment)`: the runner's own reference kernel faulted (exit 3, never exit 4:
+    ///   that is the kernel under test's); the context may be unusable, so the run ends.
+    ///
+    /// Backends without a device ([`Backend::has_device_references`] false) say so.
     fn reference_sums(
         &mut self,
         _problem: &Problem,
         _rows: &RowSet,
-    ) -> Result<Option<RowSums>, BackendError> {
-        Ok(None)
+    ) -> Result<DeviceSums, BackendError> {
+        Ok(DeviceSums::Unavailable(format!(
+            "the {} backend has no device",
+            self.name()
+        )))
     }
 
     /// Each variant as reports show it: defines, and for a compiled kernel its PTX hash,

@@ -78,6 +78,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
             pass,
             kernel_err_over_bound: worst(|r| r.kernel_ref.max_err_over_bound),
             end_to_end_err_over_bound: worst(|r| r.end_to_end.max_err_over_bound),
+            references: engines(&rows),
             reproduce: (!pass).then(|| reproduce(args, shape, *seed)),
             failures,
         };
@@ -157,6 +158,14 @@ fn draw_problem(rng: &mut ChaCha8Rng, max_s: usize) -> (Shape, u64) {
     };
     shape.name = shape.inline();
     (shape, rng.random_range(0..1_000_000))
+}
+
+/// Where the references of one problem's records were computed: `host` or `device`, or both
+/// joined by `+` if its variants' yardsticks (one per KV split) were computed apart.
+fn engines(records: &[crate::schema::CorrectnessRecord]) -> String {
+    let engines: std::collections::BTreeSet<&str> =
+        records.iter().map(|r| r.references.as_str()).collect();
+    engines.into_iter().collect::<Vec<_>>().join("+")
 }
 
 /// The command that checks this one problem again.

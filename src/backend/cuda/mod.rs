@@ -21,10 +21,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 use cudarc::nvrtc::Ptx;
 use half::f16;
 
-use super::{Backend, BackendError};
+use super::{Backend, BackendError, DeviceSums};
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
-use crate::reference::RowSums;
 use crate::rows::RowSet;
 use crate::schema::VariantMeta;
 use crate::timing::{TimedBlock, TimingPlan};
@@ -51,8 +50,9 @@ struct Gpu {
     variants: Vec<LoadedVariant>,
     problem: Option<DeviceProblem>,
     timer: timer::Timer,
-    /// The f64 references' kernel (cuda/reference_f64.cu).
-    reference: reference::DeviceReference,
+    /// The f64 references' kernel (cuda/reference_f64.cu), or why it did not build or load:
+    /// that only matters when device references are asked for.
+    reference: Result<reference::DeviceReference, String>,
     /// Two non-blocking streams for concurrent launches (created on first use).
     pair: Option<[Arc<CudaStream>; 2]>,
 }
@@ -117,7 +117,7 @@ impl CudaBackend {
             (joined(reference_job), built)
         });
         let mut built: Vec<_> = built.into_iter().rev().collect();
-        let reference = reference::DeviceReference::load(&ctx, reference_build?)?;
+        let reference = reference_build.and_then(|c| reference::DeviceReference::load(&ctx, c));
         let mut variants = Vec::new();
         let mut kv_splits = Vec::new();
         let mut names = Vec::new();
@@ -232,25 +232,56 @@ impl Drop for CudaBackend {
 
 impl CudaBackend {
     /// [`Backend::reference_sums`] with the heads uploaded in groups of at most `group_bytes`
-    /// (the tests make groups small to prove that grouping changes nothing).
+    /// and at most 80% of the device's free memory (at least one head per group), and at most
+    /// `blocks_per_launch` row blocks per launch (the tests make both small to prove that
+    /// neither changes a bit).
+    ///
+    /// The reference kernel is the runner's own, so its failures are environment errors
+    /// (exit 3), never the kernel under test's (exit 4, which the self-test counts as a caught
+    /// mutant): a kernel that did not build or load, or an allocation that did not fit, is
+    /// [`DeviceSums::Unavailable`] and leaves the context usable; any other driver error (a
+    /// launch, a synchronize, or a copy reporting an earlier fault) marks it unusable.
     pub fn reference_sums_grouped(
         &mut self,
         p: &Problem,
         rows: &RowSet,
         group_bytes: u64,
-    ) -> Result<RowSums, BackendError> {
+        blocks_per_launch: usize,
+    ) -> Result<DeviceSums, BackendError> {
+        let on = format!(
+            "shape {} ({}) seed {}",
+            p.shape.name,
+            p.shape.dims(),
+            p.seed
+        );
         let gpu = &*self.gpu;
-        gpu.reference
-            .sums(&gpu.stream, p, rows, group_bytes)
-            .map_err(|e| {
+        let device_reference = match &gpu.reference {
+            Ok(r) => r,
+            Err(why) => {
+                return Ok(DeviceSums::Unavailable(format!(
+                    "the runner's f64 reference kernel is unavailable for {on}: {why}"
+                )));
+            }
+        };
+        let free = gpu
+            .ctx
+            .mem_get_info()
+            .map(|(free, _)| free as u64)
+            .unwrap_or(u64::MAX);
+        let budget = group_bytes.min(free / 5 * 4);
+        match device_reference.sums(&gpu.stream, p, rows, budget, blocks_per_launch) {
+            Ok(sums) => Ok(DeviceSums::Computed(sums)),
+            Err(e) if reference::out_of_memory(&e) => Ok(DeviceSums::Unavailable(format!(
+                "the runner's f64 reference kernel ran out of GPU memory on {on}: {e}"
+            ))),
+            Err(e) => {
                 self.faulted = true;
-                BackendError::Kernel(format!(
-                    "the f64 reference kernel failed on shape {} ({}) seed {}: {e}",
-                    p.shape.name,
-                    p.shape.dims(),
-                    p.seed
-                ))
-            })
+                Err(BackendError::Environment(format!(
+                    "the runner's f64 reference kernel (not the kernel under test) failed on \
+                     {on}: {e}; --references host computes the references on the host"
+                )))
+            }
+        }
     }
 
     /// The compiled variants' full identities (build_meta.json has them too).
@@ -287,13 +318,17 @@ impl Backend for CudaBackend {
         self.gpu.variants[variant].identity.constants.block_m as usize
     }
 
-    fn reference_sums(
-        &mut self,
-        p: &Problem,
-        rows: &RowSet,
-    ) -> Result<Option<RowSums>, BackendError> {
-        self.reference_sums_grouped(p, rows, reference::GROUP_BYTES)
-            .map(Some)
+    fn has_device_references(&self) -> bool {
+        true
+    }
+
+    fn reference_sums(&mut self, p: &Problem, rows: &RowSet) -> Result<DeviceSums, BackendError> {
+        self.reference_sums_grouped(
+            p,
+            rows,
+            reference::GROUP_BYTES,
+            reference::BLOCKS_PER_LAUNCH,
+        )
     }
 
     fn load(&mut self, p: &Problem) -> Result<(), BackendError> {

@@ -1,19 +1,23 @@
 //! The f64 references on the GPU (cuda/reference_f64.cu): the sums of
 //! [`RowSums`] for the checked rows, which the host finishes exactly as it finishes its own
-//! (`References::from_sums`). Heads are uploaded in groups that fit [`GROUP_BYTES`], so any
-//! shape the kernel runs also gets its references; the buffers are the reference's own, not
-//! the ones the kernel under test reads and writes.
+//! (`References::from_sums`). Heads are uploaded in groups that fit [`GROUP_BYTES`] (and the
+//! device's free memory), so any shape the kernel runs also gets its references; the buffers
+//! are the reference's own, not the ones the kernel under test reads and writes.
+//!
+//! This kernel is the runner's, not the one under test: its failures are never reported as
+//! the kernel's (exit 4). See `CudaBackend::reference_sums_grouped`.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
+use cudarc::driver::sys::CUresult;
 use cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
 use super::{identity, nvrtc};
-use crate::backend::BackendError;
 use crate::problem::Problem;
 use crate::reference::{RowSums, RowTotals};
 use crate::rows::RowSet;
@@ -23,14 +27,49 @@ const ENTRY: &str = "sdpa_reference_f64";
 /// Device memory one group of heads may take (inputs, gathered Q rows, sums).
 pub const GROUP_BYTES: u64 = 2 << 30;
 /// Row blocks per launch: bounds the work of one launch (a launch cannot be interrupted).
-const BLOCKS_PER_LAUNCH: usize = 1 << 15;
+pub const BLOCKS_PER_LAUNCH: usize = 1 << 15;
 
-/// Compiles the reference kernel (no headers needed); run beside the variants' builds.
-pub fn compile(arch: &str) -> Result<nvrtc::Compiled, BackendError> {
+/// Compiles the reference kernel (no headers needed); run beside the variants' builds. The
+/// error is a message: a reference kernel that does not build only matters when device
+/// references are asked for.
+pub fn compile(arch: &str) -> Result<nvrtc::Compiled, String> {
     let options = nvrtc::build_options(arch, &[], &[]);
-    nvrtc::compile(SOURCE, "reference_f64.cu", &options).map_err(|e| {
-        BackendError::Kernel(format!("the f64 reference kernel failed to compile: {e}"))
-    })
+    nvrtc::compile(SOURCE, "reference_f64.cu", &options)
+        .map_err(|e| format!("the f64 reference kernel failed to compile: {e}"))
+}
+
+/// Whether a driver error is an allocation that did not fit: the context stays usable (unlike
+/// after a failed launch or synchronize), and the host can compute the references instead.
+pub fn out_of_memory(e: &DriverError) -> bool {
+    e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Device bytes of one head of `s` keys with `rows` checked rows: K and V as codes and f32
+/// (per head), and per checked row its Q row as codes and f32 and its sums and totals in f64.
+pub fn head_bytes(s: usize, d: usize, rows: usize) -> u64 {
+    let per_head = (s * d * 10) as u64;
+    let per_row = (d * 5 + 3 * d * 8 + 4 * 8) as u64;
+    per_head + per_row * rows as u64
+}
+
+/// The heads of `rows` (of a problem with `s` keys per head) in consecutive groups of at most
+/// `group_bytes` of device memory each ([`head_bytes`]); a head that needs more is a group of
+/// its own.
+pub fn head_groups(rows: &RowSet, s: usize, d: usize, group_bytes: u64) -> Vec<Range<usize>> {
+    let bytes = |bh: usize| head_bytes(s, d, rows.offset(bh + 1) - rows.offset(bh));
+    let mut groups = Vec::new();
+    let mut first = 0;
+    while first < rows.heads() {
+        let mut end = first + 1;
+        let mut total = bytes(first);
+        while end < rows.heads() && total + bytes(end) <= group_bytes {
+            total += bytes(end);
+            end += 1;
+        }
+        groups.push(first..end);
+        first = end;
+    }
+    groups
 }
 
 /// The loaded reference kernel and the geometry it publishes (`REF_*`).
@@ -44,23 +83,22 @@ pub struct DeviceReference {
 }
 
 impl DeviceReference {
+    /// Loads the compiled kernel; the error is a message, as for [`compile`].
     pub fn load(
         ctx: &Arc<cudarc::driver::CudaContext>,
         compiled: nvrtc::Compiled,
-    ) -> Result<Self, BackendError> {
-        let failed = |e: DriverError| {
-            BackendError::Kernel(format!("loading the f64 reference kernel failed: {e}"))
-        };
+    ) -> Result<Self, String> {
+        let failed = |e: DriverError| format!("loading the f64 reference kernel failed: {e}");
         let constant = |name| {
             identity::ptx_constant(&compiled.ptx, name)
-                .map_err(|e| BackendError::Kernel(format!("the f64 reference kernel: {e}")))
+                .map_err(|e| format!("the f64 reference kernel: {e}"))
         };
         let head_dim = constant("REF_HEAD_DIM")? as usize;
         if head_dim != crate::shapes::HEAD_DIM {
-            return Err(BackendError::Kernel(format!(
+            return Err(format!(
                 "the f64 reference kernel is built for D = {head_dim}, the runner's is {}",
                 crate::shapes::HEAD_DIM
-            )));
+            ));
         }
         let (rows, threads, smem_bytes) = (
             constant("REF_ROWS")? as usize,
@@ -87,14 +125,17 @@ impl DeviceReference {
     }
 
     /// The sums of the checked rows of `p`, in groups of whole heads of at most
-    /// `group_bytes` of device memory (one head per group if a head needs more).
+    /// `group_bytes` of device memory (one head per group if a head needs more), at most
+    /// `blocks_per_launch` row blocks per launch.
     pub fn sums(
         &self,
         stream: &Arc<CudaStream>,
         p: &Problem,
         rows: &RowSet,
         group_bytes: u64,
+        blocks_per_launch: usize,
     ) -> Result<RowSums, DriverError> {
+        assert!(blocks_per_launch > 0, "at least one row block per launch");
         let (s, d) = (p.shape.s, p.shape.d);
         assert_eq!(
             d,
@@ -109,40 +150,32 @@ impl DeviceReference {
             totals: Vec::with_capacity(n),
         };
         let table = stream.clone_htod(&crate::fp8::decode_table_f64())?;
-        // K and V as codes and f32, Q rows as codes and f32, the sums in f64.
-        let per_head = (s * d * 10) as u64;
-        let per_row = (d * 5 + 3 * d * 8 + 4 * 8) as u64;
-        let mut first = 0;
-        while first < rows.heads() {
-            let mut end = first + 1;
-            let mut bytes = per_head + per_row * head_rows(rows, first) as u64;
-            while end < rows.heads() {
-                let more = per_head + per_row * head_rows(rows, end) as u64;
-                if bytes + more > group_bytes {
-                    break;
-                }
-                bytes += more;
-                end += 1;
-            }
-            self.group(stream, &table, p, rows, first..end, &mut sums)?;
-            first = end;
+        for heads in head_groups(rows, s, d, group_bytes) {
+            self.group(stream, &table, p, rows, heads, blocks_per_launch, &mut sums)?;
         }
         Ok(sums)
     }
 
     /// Heads `heads` of `p`: uploads them, launches, and reads their rows' sums into `sums`.
+    /// A group without checked rows has nothing to compute (and no buffers to allocate).
+    #[allow(clippy::too_many_arguments)]
     fn group(
         &self,
         stream: &Arc<CudaStream>,
         table: &cudarc::driver::CudaSlice<f64>,
         p: &Problem,
         rows: &RowSet,
-        heads: std::ops::Range<usize>,
+        heads: Range<usize>,
+        blocks_per_launch: usize,
         sums: &mut RowSums,
     ) -> Result<(), DriverError> {
         let (s, d) = (p.shape.s, p.shape.d);
         let span = heads.start * s * d..heads.end * s * d;
         let row_span = rows.offset(heads.start)..rows.offset(heads.end);
+        let n = row_span.len();
+        if n == 0 {
+            return Ok(());
+        }
         let (mut q_codes, mut q_orig) = (Vec::new(), Vec::new());
         let mut blocks: Vec<i32> = Vec::new();
         for bh in heads.clone() {
@@ -174,13 +207,12 @@ impl DeviceReference {
             up(&p.inputs.v[span])?,
         );
         let (q_s, k_s, v_s) = (scales(&p.q)?, scales(&p.k)?, scales(&p.v)?);
-        let n = row_span.len();
         let mut o_k = stream.alloc_zeros::<f64>(n * d)?;
         let mut o_a = stream.alloc_zeros::<f64>(n * d)?;
         let mut o_e = stream.alloc_zeros::<f64>(n * d)?;
         let mut stats = stream.alloc_zeros::<f64>(n * 4)?;
         let (s_arg, scale) = (s as i32, p.softmax_scale as f64);
-        for chunk in blocks.chunks(3 * BLOCKS_PER_LAUNCH) {
+        for chunk in blocks.chunks(3 * blocks_per_launch) {
             let table_of_blocks = stream.clone_htod(chunk)?;
             let cfg = LaunchConfig {
                 grid_dim: ((chunk.len() / 3) as u32, 1, 1),
@@ -223,6 +255,51 @@ impl DeviceReference {
     }
 }
 
-fn head_rows(rows: &RowSet, bh: usize) -> usize {
-    rows.offset(bh + 1) - rows.offset(bh)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shapes::Shape;
+
+    fn shape(h: usize, s: usize) -> Shape {
+        Shape {
+            name: "t".into(),
+            b: 1,
+            h,
+            s,
+            d: 64,
+            qk_std: 1.0,
+            purpose: String::new(),
+            dist: Default::default(),
+        }
+    }
+
+    #[test]
+    fn heads_are_grouped_greedily_within_the_budget_and_at_least_one_per_group() {
+        let sh = shape(5, 100);
+        let rows = RowSet::all(&sh);
+        let one = head_bytes(100, 64, 100);
+        assert_eq!(one, 100 * 64 * 10 + 100 * (64 * 5 + 3 * 64 * 8 + 32));
+        let all = head_groups(&rows, 100, 64, u64::MAX);
+        assert_eq!((all.len(), all[0].clone()), (1, 0..5));
+        assert_eq!(
+            head_groups(&rows, 100, 64, 1),
+            [0..1, 1..2, 2..3, 3..4, 4..5]
+        );
+        assert_eq!(head_groups(&rows, 100, 64, 2 * one), [0..2, 2..4, 4..5]);
+        assert_eq!(head_groups(&rows, 100, 64, 3 * one - 1), [0..2, 2..4, 4..5]);
+        assert_eq!(head_groups(&rows, 100, 64, 3 * one), [0..3, 3..5]);
+    }
+
+    #[test]
+    fn an_out_of_memory_error_is_told_apart_from_a_fault() {
+        assert!(out_of_memory(&DriverError(
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY
+        )));
+        assert!(!out_of_memory(&DriverError(
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+        )));
+        assert!(!out_of_memory(&DriverError(
+            CUresult::CUDA_ERROR_LAUNCH_FAILED
+        )));
+    }
 }
