@@ -14,8 +14,9 @@
 //                   the same code tiles in the same order.
 //   CP_STAGES=N     stages of the cp.async pipeline (default 2, measured best: docs/PERF.md).
 //   ROW_WARPS=R, KV_SPLIT=K  the warp grid (defaults 2 x 2, chosen by measurement:
-//                   docs/PERF.md). K changes the summation order; src/emulation.rs follows
-//                   the published SDPA_KV_SPLIT.
+//                   docs/PERF.md; R·K <= 16 and a step's codes must split into whole 16-byte
+//                   chunks per thread: R of 1, 2, 4 or 8). K changes the summation order;
+//                   src/emulation.rs follows the published SDPA_KV_SPLIT.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
 //                   N clock cycles at the end, a fixed planted slowdown that proves the
 //                   runner's SLOWER verdict. Unset, it compiles to nothing.
@@ -68,7 +69,8 @@
 //   OFF_Q = STAGES·STAGE_BYTES  Q fragments [warp][k-step][lane] uint4  NUM_WARPS·2048 = 8192
 //   stages: 1 (USE_CP_ASYNC=0), CP_STAGES (USE_CP_ASYNC=1)
 //   total (R = K = 2): 24576 bytes (USE_CP_ASYNC=0), 40960 bytes (USE_CP_ASYNC=1, 2 stages).
-//   After the last step, stage 0 is reused to park the splits' (m, l, O) for the merge.
+//   After the last step the splits' (m, l, O) are parked from offset 0 for the merge
+//   (PARK_BYTES: 9216 for R = K = 2; SMEM_BYTES grows to fit it for larger grids).
 
 #include <cuda_fp16.h>
 #include <cuda_pipeline_primitives.h>
@@ -109,14 +111,18 @@ constexpr int STAGES = USE_CP_ASYNC ? CP_STAGES : 1;
 constexpr int STAGE_BYTES = 2 * STEP_CODE_BYTES;       // K codes, then V codes
 constexpr int OFF_Q = STAGES * STAGE_BYTES;           // each warp's Q fragments
 constexpr int Q_FRAG_BYTES = HEAD_DIM / 16 * 4 * 4 * 32; // per warp: 16 registers x 32 lanes
-constexpr int SMEM_BYTES = OFF_Q + NUM_WARPS * Q_FRAG_BYTES;
 // A parked split: per lane 32 O values, then m[2], l[2]; stored lane-major (conflict-free).
 constexpr int PARK_FLOATS = 36 * 32;
+constexpr int PARK_BYTES = (KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4;
+// After the loop nothing in shared memory is live (Q fragments included), so the parking may
+// use all of it; large grids (4 x 2 and up) need more than one stage.
+constexpr int SMEM_BYTES = OFF_Q + NUM_WARPS * Q_FRAG_BYTES > PARK_BYTES
+                               ? OFF_Q + NUM_WARPS * Q_FRAG_BYTES
+                               : PARK_BYTES;
 
 static_assert(ROW_WARPS >= 1 && KV_SPLIT >= 1 && NUM_WARPS <= 16, "1..16 warps");
 static_assert(CP_STAGES >= 2 && CP_STAGES <= 8, "2..8 cp.async stages");
 static_assert(STEP_CODE_BYTES % (16 * THREADS) == 0, "each thread moves whole 16-byte chunks");
-static_assert((KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4 <= STAGE_BYTES, "parking fits in a stage");
 
 // Read by the host after loading the module: launch geometry and identity of this build.
 extern "C" __constant__ int SDPA_HEAD_DIM = HEAD_DIM;
@@ -471,7 +477,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
         l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
     }
 
-    // Merge the KV splits into split 0 (the stages are free: the loop ended on a barrier).
+    // Merge the KV splits into split 0 (shared memory is free: the loop ended on a barrier).
 #if KV_SPLIT > 1
     float* park = reinterpret_cast<float*>(smem);
     const int rw = warp % ROW_WARPS;

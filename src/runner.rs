@@ -82,7 +82,11 @@ impl Yardsticks {
                      the host"
                 )));
             }
-            (DeviceSums::Unavailable(_), _) => (References::compute(p, kv_split, &rows), "host"),
+            (DeviceSums::Unavailable(why), _) => {
+                // Said once per problem: the host may take far longer than the GPU would have.
+                eprintln!("warning: {why}; computing the references on the host");
+                (References::compute(p, kv_split, &rows), "host")
+            }
         };
         Ok(Self::assemble(p, rows, refs, engine, emulation_out))
     }

@@ -277,7 +277,8 @@ impl CudaBackend {
             Err(e) => {
                 self.faulted = true;
                 Err(BackendError::Environment(format!(
-                    "the runner's f64 reference kernel (not the kernel under test) failed on \
+                    "the runner's own f64 reference kernel failed (a kernel launched before it \
+                     may have left the GPU in a bad state) on \
                      {on}: {e}; --references host computes the references on the host"
                 )))
             }
