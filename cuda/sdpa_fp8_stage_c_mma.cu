@@ -41,10 +41,12 @@
 //      that puts a lane's four fragment codes side by side: MMA k-index 2q, 2q+1, 2q+8, 2q+9
 //      <-> dims 4q .. 4q+3 of the 16-dim chunk, for Q (its A fragment, from global memory) and
 //      K alike, so each k-step still sums the same 16 products. One ldmatrix of K codes (as
-//      b16) gives a key block's fragments for all 4 k-steps: 2 cvt e4m3x2 -> f16x2 each.
+//      b16) gives a key block's fragments for all 4 k-steps: 2 cvt e4m3x2 -> f16x2 each, the
+//      second reading the register's upper half in place (no shift).
 //   3. Online softmax in base 2 on the accumulators: s = acc · qk_scale, m_new = max(m, rowmax),
-//      alpha = exp2(m - m_new), P = f16(exp2(s - m_new)); each lane of a row's quad keeps its
-//      own partial sum l_q = fma(l_q, alpha, sum of its 16 P values).
+//      alpha = exp2(m - m_new), P = f16(exp2(s - m_new)) (ex2.approx.ftz: the same f16 bits as
+//      exp2f); each lane of a row's quad keeps its own partial sum l_q = fma(l_q, alpha, sum
+//      of its 16 P values).
 //   4. O *= alpha; O += P V with P straight from the accumulators as A fragments. V codes
 //      come by ldmatrix.trans (b16: a lane gets keys 2q, 2q+1 x dims 2g, 2g+1) and one prmt
 //      per fragment sorts the bytes into keys 2q, 2q+1, 2q+8, 2q+9 of dim 2g (or 2g+1): the
@@ -169,6 +171,25 @@ __device__ __forceinline__ unsigned decode2_e4m3(unsigned codes) {
     const __half2_raw h =
         __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(codes & 0xFFFFu), __NV_E4M3);
     return (unsigned)h.x | ((unsigned)h.y << 16);
+}
+
+// The high code pair of a register -> one f16x2 register: the convert reads the upper half
+// itself (F2FP ... R.H1), where `decode2_e4m3(codes >> 16)` spends a shift on it.
+__device__ __forceinline__ unsigned decode2_e4m3_hi(unsigned codes) {
+    unsigned r;
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}"
+        : "=r"(r)
+        : "r"(codes));
+    return r;
+}
+
+// exp2 of a score for P, which is rounded to f16 at once: ex2.approx.ftz flushes results below
+// 2^-126 to 0 where exp2f would return an f32 subnormal, and both round to the same f16 (every
+// value below 2^-25 rounds to +0), so P's bits are exp2f's, without exp2f's range check.
+__device__ __forceinline__ float exp2_for_p(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
 }
 
 // Bytes of {hi, lo} picked by `sel` (PTX prmt: result byte i = byte sel[4i + 3 : 4i]).
@@ -310,7 +331,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
             unsigned codes = 0;
             if (row < S) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * HEAD_DIM + kk * 16 + 4 * qd);
             qa[kk][i] = decode2_e4m3(codes);
-            qa[kk][i + 2] = decode2_e4m3(codes >> 16);
+            qa[kk][i + 2] = decode2_e4m3_hi(codes);
         }
     }
     // Parked in shared memory and read back per tile (16 B per lane and k-step, lane-major:
@@ -377,7 +398,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
                 ldmatrix_x4(kc, sK_addr + (tile_row0 + nb * 8) * HEAD_DIM + k_lane);
 #pragma unroll
                 for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-                    mma16816(s[nb], qa[kk], decode2_e4m3(kc[kk]), decode2_e4m3(kc[kk] >> 16));
+                    mma16816(s[nb], qa[kk], decode2_e4m3(kc[kk]), decode2_e4m3_hi(kc[kk]));
             }
 
             // 3. Online softmax (base 2). Keys past S score -inf, so their P is exactly 0.
@@ -437,8 +458,8 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
                     const int nb = 2 * kk + h;
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
-                        const __half p0 = __float2half_rn(exp2f(s[nb][2 * i] - m_run[i]));
-                        const __half p1 = __float2half_rn(exp2f(s[nb][2 * i + 1] - m_run[i]));
+                        const __half p0 = __float2half_rn(exp2_for_p(s[nb][2 * i] - m_run[i]));
+                        const __half p1 = __float2half_rn(exp2_for_p(s[nb][2 * i + 1] - m_run[i]));
                         part[i] += __half2float(p0);
                         part[i] += __half2float(p1);
                         pa[h * 2 + i] = pack_half2(p0, p1);
@@ -453,8 +474,8 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
                         const int c = 2 * c2 + h;
                         const unsigned even = prmt(vc[2 * h], vc[2 * h + 1], 0x6420);
                         const unsigned odd = prmt(vc[2 * h], vc[2 * h + 1], 0x7531);
-                        mma16816(o[2 * c], pa, decode2_e4m3(even), decode2_e4m3(even >> 16));
-                        mma16816(o[2 * c + 1], pa, decode2_e4m3(odd), decode2_e4m3(odd >> 16));
+                        mma16816(o[2 * c], pa, decode2_e4m3(even), decode2_e4m3_hi(even));
+                        mma16816(o[2 * c + 1], pa, decode2_e4m3(odd), decode2_e4m3_hi(odd));
                     }
                 }
             }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A kernel change on one GPU (docs/PERF.md): the in-run A/B against the previous kernel, the
+# A kernel change on one GPU (docs/PERF.md): whether its outputs keep their bits on every shape,
+# the in-run A/B against the previous kernel, the
 # PyTorch peer through `compare`, stress x1000 on every shape, the self-test, the sanitizers and
 # ncu on mission and long. Full logs under OUT_DIR; a table last.
 #   scripts/validate_kernel.sh OUT_DIR BASE_KERNEL.cu     (binaries staged in .device/)
@@ -7,6 +8,16 @@ set -u
 out=$1; base=$2; R=$PWD/.device/sdpa-runner; export SDPA_RUNNER_BIN=$R
 mkdir -p $out/l; T=$out/table.txt; nvidia-smi --query-gpu=name --format=csv,noheader >> $T
 step() { local n=$1; shift; local t0=$(date +%s); "$@" > $out/l/$n.log 2>&1; echo "$n exit $? $(($(date +%s)-t0))s" >> $T; }
+# Same bits? Every shape, both variants of both kernels: equal output checksums per (shape, seed).
+step bits $R --shapes all --seeds 0,1 --iters 0 --base-kernel $base --results-dir $out/bits
+python3 - "$(ls -d $out/bits/2* | head -1)/correctness.json" >> $T <<'PY'
+import json, sys, collections
+sums = collections.defaultdict(set)
+for r in json.load(open(sys.argv[1]))["results"]:
+    sums[(r["shape"], r["seed"])].add(r["output_checksum"])
+same = sum(len(v) == 1 for v in sums.values())
+print(f"bits: {same} of {len(sums)} (shape, seed) have one output checksum across the 4 builds")
+PY
 step ab $R --shapes mission,long,large --seeds 0,1,2 --base-kernel $base --results-dir $out/ab
 grep -E " vs .*speedup|^cp[01] " $out/l/ab.log >> $T
 step ours $R --shapes mission,long,large --seeds 0 --results-dir $out/ours
