@@ -2,22 +2,17 @@
 // Not part of the SDPA kernel; compiled by the runner's NVRTC path like the kernel is.
 #include "fp8_e4m3.cuh"
 
-// out[c] = f16 bits of code c, for all 256 codes, through the kernel's own decoder.
-// Launch: 1 block of 16 threads; thread t decodes codes 16t .. 16t+15.
+// out[c] = f16 bits of code c, for all 256 codes, through the kernel's own decoders: codes
+// 4w .. 4w+3 packed into one word, the low pair by decode2_e4m3, the high pair by
+// decode2_e4m3_hi. Launch: 1 block of 64 threads, thread w decodes word w.
 extern "C" __global__ void fp8_decode_all(unsigned short* out) {
-    const unsigned int t = threadIdx.x;
-    unsigned int w[4];
-    for (int i = 0; i < 4; ++i) {
-        const unsigned int c = 16 * t + 4 * i;
-        w[i] = c | ((c + 1) << 8) | ((c + 2) << 16) | ((c + 3) << 24);
-    }
-    uint4 lo, hi;
-    decode16_e4m3(make_uint4(w[0], w[1], w[2], w[3]), lo, hi);
-    const unsigned int h[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    for (int i = 0; i < 8; ++i) {
-        out[16 * t + 2 * i] = (unsigned short)(h[i] & 0xFFFFu);
-        out[16 * t + 2 * i + 1] = (unsigned short)(h[i] >> 16);
-    }
+    const unsigned int c = 4 * threadIdx.x;
+    const unsigned int word = c | ((c + 1) << 8) | ((c + 2) << 16) | ((c + 3) << 24);
+    const unsigned int lo = decode2_e4m3(word), hi = decode2_e4m3_hi(word);
+    out[c] = (unsigned short)(lo & 0xFFFFu);
+    out[c + 1] = (unsigned short)(lo >> 16);
+    out[c + 2] = (unsigned short)(hi & 0xFFFFu);
+    out[c + 3] = (unsigned short)(hi >> 16);
 }
 
 // out[i] = E4M3 code of in[i], CUDA's saturate-to-finite conversion (what the host encoder

@@ -166,26 +166,9 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
     return row * HEAD_DIM + ((chunk ^ ((row >> 1) & 3)) << 4);
 }
 
-// Two adjacent E4M3 codes (the low 16 bits) -> one f16x2 register (the lower code in the low half).
-__device__ __forceinline__ unsigned decode2_e4m3(unsigned codes) {
-    const __half2_raw h =
-        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(codes & 0xFFFFu), __NV_E4M3);
-    return (unsigned)h.x | ((unsigned)h.y << 16);
-}
-
-// The high code pair of a register -> one f16x2 register: the convert reads the upper half
-// itself (F2FP ... R.H1), where `decode2_e4m3(codes >> 16)` spends a shift on it.
-__device__ __forceinline__ unsigned decode2_e4m3_hi(unsigned codes) {
-    unsigned r;
-    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}"
-        : "=r"(r)
-        : "r"(codes));
-    return r;
-}
-
-// exp2 of a score for P, which is rounded to f16 at once: ex2.approx.ftz flushes results below
-// 2^-126 to 0 where exp2f would return an f32 subnormal, and both round to the same f16 (every
-// value below 2^-25 rounds to +0), so P's bits are exp2f's, without exp2f's range check.
+// exp2 of a score for P, which is rounded to f16 at once: ex2.approx.ftz gives 0 for results
+// below 2^-126 where exp2f returns a value of at most 2^-126, and both round to the same f16 +0
+// (every value at or below 2^-25 does), so P's bits are exp2f's, without exp2f's range check.
 __device__ __forceinline__ float exp2_for_p(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));

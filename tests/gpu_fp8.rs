@@ -48,7 +48,7 @@ fn the_kernels_decoder_matches_the_host_decode_for_all_256_codes() {
     unsafe {
         args.launch(LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (16, 1, 1),
+            block_dim: (64, 1, 1),
             shared_mem_bytes: 0,
         })
     }
