@@ -188,21 +188,8 @@ fn a_sampled_check_states_its_rows_on_the_console_and_in_correctness_json() {
     assert_eq!(rows["kernel_ref"]["elements"], 2 * 1000 * 64);
     // The planted unwritten row (the last of the last head, always in the sample) fails too;
     // a row outside the sample is covered by runner's unit tests.
-    let (code, stdout, _) = cpu(
-        &[
-            "--shapes",
-            "1x2x1000x64",
-            "--seeds",
-            "0",
-            "--iters",
-            "0",
-            "--check-rows",
-            "sampled",
-            "--emulation-defect",
-            "leave-row-unwritten",
-        ],
-        results.path(),
-    );
+    let with_defect = [&args[..], &["--emulation-defect", "leave-row-unwritten"]].concat();
+    let (code, stdout, _) = cpu(&with_defect, results.path());
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("unwritten=64"), "{stdout}");
 }

@@ -406,14 +406,8 @@ mod tests {
         );
         let cmps = paired_comparisons(&file, &crate::perf::fixtures::gates());
         let gates = PerformanceGates {
-            min_speedup_pct: 10.0,
             max_regression_pct: 3.0,
-            confidence: 0.95,
-            noise_floor_pct: 1.0,
-            unpaired_noise_floor_pct: 1.0,
-            unpaired_noise_floor_by_shape: Default::default(),
-            target_shapes: vec!["mission".into()],
-            clock_sag_pct: 3.0,
+            ..crate::perf::fixtures::gates()
         };
         let doc = CompareDoc {
             design: "paired: A/B interleaved in one run",
