@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::backend::BackendKind;
 use crate::backend::cuda::kernel::KernelLocation;
 use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
+use crate::devices::DeviceChoice;
 use crate::emulation::Defect;
 use crate::problem::HostDefect;
 use crate::reference::Engine as ReferenceEngine;
@@ -175,6 +176,17 @@ pub struct SetupArgs {
         value_name = "auto|host|device"
     )]
     pub references: ReferenceEngine,
+    /// GPUs to run on, one worker each: all, or CUDA ordinals such as 0,1. Problems are shared
+    /// costliest first (B·H·S²); a (shape, seed) runs whole on one GPU, its timings and A/B
+    /// pairs too, and every record names its GPU. The GPUs must be of one model; a GPU listed
+    /// twice (two workers) is allowed only without timing
+    #[arg(
+        long,
+        value_name = "all|0,1,...",
+        value_parser = DeviceChoice::parse,
+        default_value = "0"
+    )]
+    pub devices: DeviceChoice,
     #[command(flatten)]
     pub project: ProjectArgs,
     #[command(flatten)]
@@ -478,6 +490,15 @@ pub struct SelftestArgs {
     /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_mma.cu]
     #[arg(long, value_name = "FILE")]
     pub kernel: Option<PathBuf>,
+    /// GPUs to run the mutants' checks on, one worker each: all, or CUDA ordinals such as
+    /// 0,1 (nothing is timed, so a GPU may be listed twice); each check runs whole on one GPU
+    #[arg(
+        long,
+        value_name = "all|0,1,...",
+        value_parser = DeviceChoice::parse,
+        default_value = "0"
+    )]
+    pub devices: DeviceChoice,
     #[command(flatten)]
     pub project: ProjectArgs,
 }

@@ -44,14 +44,15 @@ impl ClockReading {
     }
 }
 
-/// Reads GPU 0 through nvidia-smi; unknown where it is missing or fails.
-pub fn read_gpu() -> ClockReading {
+/// Reads the GPU of this UUID through nvidia-smi (which numbers GPUs by PCI bus, not as CUDA
+/// does, so the UUID names it); unknown where nvidia-smi is missing or fails.
+pub fn read_gpu(uuid: &str) -> ClockReading {
     let out = Command::new("nvidia-smi")
         .args([
             "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
             "--format=csv,noheader,nounits",
             "-i",
-            "0",
+            uuid,
         ])
         .output();
     match out {

@@ -9,24 +9,38 @@ use crate::console;
 use crate::rows::RowSet;
 use crate::runner::Progress;
 use crate::schema::CorrectnessRecord;
-use crate::schema::Measurement;
+use crate::schema::{GpuSlot, Measurement};
 use crate::shapes::Shape;
 
 pub struct ConsoleProgress {
     widths: console::Widths,
-    tty: bool,
+    /// A bar is drawn on a terminal with one worker; several workers time at once, so each
+    /// says when it is done instead.
+    bar_allowed: bool,
+    /// Lines name their GPU when several workers share the run.
+    name_gpu: bool,
     bar: Option<ProgressBar>,
-    label: String,
 }
 
 impl ConsoleProgress {
-    pub fn new(widths: console::Widths) -> Self {
+    pub fn new(widths: console::Widths, workers: usize) -> Self {
         ConsoleProgress {
             widths,
-            tty: std::io::stdout().is_terminal(),
+            bar_allowed: std::io::stdout().is_terminal() && workers == 1,
+            name_gpu: workers > 1,
             bar: None,
-            label: String::new(),
         }
+    }
+
+    fn on_gpu(&self, gpu: Option<&GpuSlot>) -> String {
+        match gpu {
+            Some(g) if self.name_gpu => format!(" (GPU {})", g.index),
+            _ => String::new(),
+        }
+    }
+
+    fn timing_label(&self, shape: &str, seed: u64) -> String {
+        format!("[{shape:<w$}] seed={seed} timing", w = self.widths.shape)
     }
 
     fn println(&self, line: &str) {
@@ -39,7 +53,8 @@ impl ConsoleProgress {
 
 impl Progress for ConsoleProgress {
     fn record(&mut self, r: &CorrectnessRecord) {
-        self.println(&console::correctness_row(r, &self.widths));
+        let line = console::correctness_row(r, &self.widths);
+        self.println(&format!("{line}{}", self.on_gpu(r.gpu.as_ref())));
     }
 
     fn rows_chosen(&mut self, shape: &Shape, seed: u64, rows: &RowSet) {
@@ -49,19 +64,14 @@ impl Progress for ConsoleProgress {
     }
 
     fn timing_started(&mut self, shape: &Shape, seed: u64, rounds: usize) {
-        self.label = format!(
-            "[{:<w$}] seed={seed} timing",
-            shape.name,
-            w = self.widths.shape
-        );
-        if self.tty {
+        if self.bar_allowed {
             let bar = ProgressBar::new(rounds as u64);
             bar.set_style(
                 ProgressStyle::with_template("{prefix} [{bar:30}] round {pos}/{len} {elapsed}")
                     .expect("valid template")
                     .progress_chars("=> "),
             );
-            bar.set_prefix(self.label.clone());
+            bar.set_prefix(self.timing_label(&shape.name, seed));
             self.bar = Some(bar);
         }
     }
@@ -76,6 +86,10 @@ impl Progress for ConsoleProgress {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
+        let Some(first) = measured.first() else {
+            return;
+        };
+        let label = self.timing_label(&first.shape, first.seed);
         let parts: Vec<String> = measured
             .iter()
             .map(|m| {
@@ -85,6 +99,10 @@ impl Progress for ConsoleProgress {
                 )
             })
             .collect();
-        crate::outln!("{} {}", self.label, parts.join(" | "));
+        crate::outln!(
+            "{label} {}{}",
+            parts.join(" | "),
+            self.on_gpu(first.gpu.as_ref())
+        );
     }
 }

@@ -52,12 +52,20 @@ pub fn max_rows_per_head(rule: CheckRows, shape: &Shape) -> usize {
 }
 
 /// Refuses, before any work, a shape whose host data under `rule` would not fit in the
-/// memory available ([`crate::shapes::check_host_memory`]).
-pub fn check_host_memory(shapes: &[Shape], rule: CheckRows) -> Result<(), ConfigError> {
+/// memory available, with `workers` problems (of `seeds` seeds per shape) held at once
+/// ([`crate::shapes::check_host_memory`]).
+pub fn check_host_memory(
+    shapes: &[Shape],
+    rule: CheckRows,
+    workers: usize,
+    seeds: usize,
+) -> Result<(), ConfigError> {
     crate::shapes::check_host_memory(
         shapes,
         |s| max_rows_per_head(rule, s),
         crate::shapes::available_host_memory(),
+        workers,
+        seeds,
     )
 }
 

@@ -197,16 +197,43 @@ pub fn judge_output(
         pass: v.pass(),
         gates: v.checks,
         device: None,
+        gpu: None,
     }
 }
 
-/// Hooks for showing progress; every method does nothing by default.
+/// Hooks for showing progress; every method does nothing by default. With several workers
+/// (`--devices`) the calls of different problems interleave; each call's record or
+/// measurements name their GPU.
 pub trait Progress {
     fn record(&mut self, _record: &CorrectnessRecord) {}
     fn rows_chosen(&mut self, _shape: &Shape, _seed: u64, _rows: &RowSet) {}
     fn timing_started(&mut self, _shape: &Shape, _seed: u64, _rounds: usize) {}
     fn timing_round(&mut self) {}
     fn timing_done(&mut self, _measurements: &[Measurement]) {}
+}
+
+/// What a worker reports while it runs one problem; the calling thread hands each to the
+/// [`Progress`] (src/shard.rs).
+enum Event {
+    Rows(Shape, u64, RowSet),
+    Record(Box<CorrectnessRecord>),
+    TimingStarted(Shape, u64, usize),
+    TimingRound,
+    TimingDone(Vec<Measurement>),
+}
+
+impl Event {
+    fn show(self, progress: &mut dyn Progress) {
+        match self {
+            Event::Rows(shape, seed, rows) => progress.rows_chosen(&shape, seed, &rows),
+            Event::Record(r) => progress.record(&r),
+            Event::TimingStarted(shape, seed, rounds) => {
+                progress.timing_started(&shape, seed, rounds)
+            }
+            Event::TimingRound => progress.timing_round(),
+            Event::TimingDone(m) => progress.timing_done(&m),
+        }
+    }
 }
 
 /// What a run produced.
@@ -222,6 +249,16 @@ pub struct Work<'a> {
     pub seeds: &'a [u64],
     pub host_defect: HostDefect,
     pub check: Check,
+}
+
+impl Work<'_> {
+    /// Every (shape, seed), shapes first, in the order given: the order of the result files.
+    pub fn problems(&self) -> Vec<(&Shape, u64)> {
+        self.shapes
+            .iter()
+            .flat_map(|shape| self.seeds.iter().map(move |&seed| (shape, seed)))
+            .collect()
+    }
 }
 
 /// How each problem is held to the references: which rows, and where the references are
@@ -240,66 +277,122 @@ pub fn query_tiles(backend: &dyn Backend) -> Vec<usize> {
         .collect()
 }
 
+/// The predicted cost of a problem, for sharing problems among workers: its score elements,
+/// B·H·S², which the kernel, the references and the emulation each grow with.
+pub fn predicted_cost(shape: &Shape) -> u128 {
+    shape.heads() as u128 * shape.s as u128 * shape.s as u128
+}
+
+/// Runs `work(backend, item, emit)` for every item, sharing the items among the backends,
+/// one worker thread each (src/shard.rs): the costliest first, each item whole on one
+/// backend, the results in the items' order. `cost` predicts each item's cost.
+pub fn shared<T, R, P>(
+    backends: &mut [&mut dyn Backend],
+    items: &[T],
+    cost: impl Fn(&T) -> u128,
+    work: impl Fn(&mut dyn Backend, &T, &dyn Fn(P)) -> Result<R, BackendError> + Sync,
+    on_report: impl FnMut(usize, P),
+) -> Result<Vec<R>, BackendError>
+where
+    T: Sync,
+    R: Send,
+    P: Send,
+{
+    let costs: Vec<u128> = items.iter().map(cost).collect();
+    crate::shard::run(
+        backends,
+        items,
+        &costs,
+        |backend, item, emit| {
+            backend.attach_thread()?;
+            work(&mut **backend, item, emit)
+        },
+        on_report,
+    )
+}
+
 /// For every (shape, seed): checks every variant, then, while the inputs are loaded, times
-/// them all in interleaved rounds.
+/// them all in interleaved rounds. With several backends (one per GPU) the problems are
+/// shared among them ([`shared`]): a problem's checks, timings and A/B pairs all run on one.
 pub fn run_all(
-    backend: &mut dyn Backend,
+    backends: &mut [&mut dyn Backend],
     work: &Work,
     gates: &Gates,
     plan: &TimingPlan,
     progress: &mut dyn Progress,
 ) -> Result<RunOutput, BackendError> {
+    let problems = work.problems();
+    let done = shared(
+        backends,
+        &problems,
+        |(shape, _)| predicted_cost(shape),
+        |backend, &(shape, seed), emit| run_problem(backend, shape, seed, work, gates, plan, emit),
+        |_, event: Event| event.show(progress),
+    )?;
     let mut out = RunOutput {
         records: Vec::new(),
         measurements: Vec::new(),
     };
-    let tiles = query_tiles(backend);
-    for shape in work.shapes {
-        for &seed in work.seeds {
-            let p = Problem::with_host_defect(shape, seed, work.host_defect);
-            let rows = RowSet::choose(work.check.rows, shape, seed, &tiles);
-            progress.rows_chosen(shape, seed, &rows);
-            // One yardstick per KV split: variants of a base kernel may sum in another order.
-            let mut yardsticks: Vec<(usize, Yardsticks)> = Vec::new();
-            backend.load(&p)?;
-            let variants = backend.variants().to_vec();
-            for (i, variant) in variants.iter().enumerate() {
-                // Launch first: a fault ends the run before the O(S²) host work.
-                let output = backend.launch_poisoned(i)?;
-                let split = backend.kv_split_of(i);
-                if !yardsticks.iter().any(|(s, _)| *s == split) {
-                    let y = Yardsticks::with_backend(
-                        backend,
-                        work.check.references,
-                        &p,
-                        split,
-                        rows.clone(),
-                    )?;
-                    yardsticks.push((split, y));
-                }
-                let y = &yardsticks
-                    .iter()
-                    .find(|(s, _)| *s == split)
-                    .expect("added above")
-                    .1;
-                let record = judge_output(backend.name(), variant, &p, y, &output, gates);
-                progress.record(&record);
-                out.records.push(record);
-            }
-            if plan.enabled() {
-                progress.timing_started(shape, seed, plan.rounds);
-                let timings = measure(backend, plan, |_| progress.timing_round())?;
-                let measured: Vec<Measurement> = variants
-                    .iter()
-                    .zip(timings)
-                    .map(|(variant, t)| measurement(&p, variant, t))
-                    .collect();
-                progress.timing_done(&measured);
-                out.measurements.extend(measured);
-            }
-        }
+    for (records, measurements) in done {
+        out.records.extend(records);
+        out.measurements.extend(measurements);
     }
     Ok(out)
+}
+
+/// One (shape, seed) on one backend: every variant checked, then timed.
+fn run_problem(
+    backend: &mut dyn Backend,
+    shape: &Shape,
+    seed: u64,
+    work: &Work,
+    gates: &Gates,
+    plan: &TimingPlan,
+    emit: &dyn Fn(Event),
+) -> Result<(Vec<CorrectnessRecord>, Vec<Measurement>), BackendError> {
+    let tiles = query_tiles(backend);
+    let p = Problem::with_host_defect(shape, seed, work.host_defect);
+    let rows = RowSet::choose(work.check.rows, shape, seed, &tiles);
+    emit(Event::Rows(shape.clone(), seed, rows.clone()));
+    // One yardstick per KV split: variants of a base kernel may sum in another order.
+    let mut yardsticks: Vec<(usize, Yardsticks)> = Vec::new();
+    backend.load(&p)?;
+    let variants = backend.variants().to_vec();
+    let mut records = Vec::with_capacity(variants.len());
+    for (i, variant) in variants.iter().enumerate() {
+        // Launch first: a fault ends the run before the O(S²) host work.
+        let output = backend.launch_poisoned(i)?;
+        let split = backend.kv_split_of(i);
+        if !yardsticks.iter().any(|(s, _)| *s == split) {
+            let y =
+                Yardsticks::with_backend(backend, work.check.references, &p, split, rows.clone())?;
+            yardsticks.push((split, y));
+        }
+        let y = &yardsticks
+            .iter()
+            .find(|(s, _)| *s == split)
+            .expect("added above")
+            .1;
+        let mut record = judge_output(backend.name(), variant, &p, y, &output, gates);
+        record.gpu = backend.gpu();
+        emit(Event::Record(Box::new(record.clone())));
+        records.push(record);
+    }
+    let mut measured = Vec::new();
+    if plan.enabled() {
+        emit(Event::TimingStarted(shape.clone(), seed, plan.rounds));
+        let timings = measure(backend, plan, |_| emit(Event::TimingRound))?;
+        measured = variants
+            .iter()
+            .zip(timings)
+            .map(|(variant, t)| Measurement {
+                gpu: backend.gpu(),
+                ..measurement(&p, variant, t)
+            })
+            .collect();
+        emit(Event::TimingDone(measured.clone()));
+    }
+    Ok((records, measured))
 }
 
 /// Runs the plan on the backend's loaded problem: warm-up, then the rounds.
@@ -340,6 +433,7 @@ fn measurement(p: &Problem, variant: &str, t: timing::VariantTiming) -> Measurem
         round_sm_mhz: t.round_sm_mhz(),
         hold_retries: t.hold_retries(),
         hold_expired_blocks: t.hold_expired_blocks(),
+        gpu: None,
     }
 }
 
@@ -371,7 +465,7 @@ pub fn check_all(
         host_defect: HostDefect::None,
         check,
     };
-    Ok(run_all(backend, &work, gates, &plan, &mut Rows(on_record))?.records)
+    Ok(run_all(&mut [backend], &work, gates, &plan, &mut Rows(on_record))?.records)
 }
 
 #[cfg(test)]
@@ -380,6 +474,7 @@ mod tests {
     use crate::backend::cpu::CpuBackend;
     use crate::emulation::Defect;
     use crate::gates::GateFile;
+    use crate::schema::GpuSlot;
 
     fn gates() -> Gates {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
@@ -490,6 +585,7 @@ mod tests {
         cpu: CpuBackend,
         out_of_memory: bool,
         requests: usize,
+        gpu: Option<GpuSlot>,
     }
 
     impl FakeDevice {
@@ -498,6 +594,18 @@ mod tests {
                 cpu: CpuBackend::new(Defect::None),
                 out_of_memory,
                 requests: 0,
+                gpu: None,
+            }
+        }
+
+        /// A worker that says it is GPU `index`.
+        fn gpu(index: usize) -> Self {
+            FakeDevice {
+                gpu: Some(GpuSlot {
+                    index,
+                    uuid: format!("GPU-fake-{index}"),
+                }),
+                ..Self::new(false)
             }
         }
     }
@@ -543,6 +651,9 @@ mod tests {
         }
         fn has_device_references(&self) -> bool {
             true
+        }
+        fn gpu(&self) -> Option<GpuSlot> {
+            self.gpu.clone()
         }
         fn reference_sums(
             &mut self,
@@ -706,7 +817,7 @@ mod tests {
             host_defect: HostDefect::None,
             check: Check::default(),
         };
-        let out = run_all(&mut backend, &work, &gates(), &plan, &mut NoProgress).unwrap();
+        let out = run_all(&mut [&mut backend], &work, &gates(), &plan, &mut NoProgress).unwrap();
         assert_eq!(out.measurements.len(), 2);
         let m = &out.measurements[1];
         assert_eq!(
@@ -723,6 +834,63 @@ mod tests {
 
     struct NoProgress;
     impl Progress for NoProgress {}
+
+    /// Records and measurements with the worker's GPU and the timings' values taken out: what
+    /// must not depend on how many workers ran.
+    fn without_gpus_and_times(out: &RunOutput) -> (serde_json::Value, Vec<(String, u64, String)>) {
+        let mut records = serde_json::to_value(&out.records).unwrap();
+        for r in records.as_array_mut().unwrap() {
+            r.as_object_mut().unwrap().remove("gpu");
+        }
+        let timed = out
+            .measurements
+            .iter()
+            .map(|m| (m.shape.clone(), m.seed, m.variant.clone()))
+            .collect();
+        (records, timed)
+    }
+
+    #[test]
+    fn a_run_shared_among_workers_gives_one_workers_records_in_the_same_order() {
+        let plan = TimingPlan {
+            warmup: 0,
+            iters: 2,
+            rounds: 2,
+            batch: 1,
+            l2: timing::L2Mode::Warm,
+        };
+        let shapes = [shape(17), shape(300), shape(64), shape(129)];
+        let work = Work {
+            shapes: &shapes,
+            seeds: &[0, 1, 2],
+            host_defect: HostDefect::None,
+            check: Check::default(),
+        };
+        let run = |workers: &mut [FakeDevice]| {
+            let mut workers: Vec<&mut dyn Backend> =
+                workers.iter_mut().map(|w| w as &mut dyn Backend).collect();
+            run_all(&mut workers, &work, &gates(), &plan, &mut NoProgress).unwrap()
+        };
+        let one = run(&mut [FakeDevice::gpu(0)]);
+        let three = run(&mut [FakeDevice::gpu(0), FakeDevice::gpu(1), FakeDevice::gpu(2)]);
+        assert_eq!(without_gpus_and_times(&one), without_gpus_and_times(&three));
+        assert_eq!(three.records.len(), 4 * 3);
+        let gpus: std::collections::BTreeSet<usize> = three
+            .records
+            .iter()
+            .map(|r| r.gpu.as_ref().unwrap().index)
+            .collect();
+        assert!(gpus.len() > 1, "the work was shared: {gpus:?}");
+        // A (shape, seed)'s correctness and timings stay on one GPU.
+        for m in &three.measurements {
+            let r = three
+                .records
+                .iter()
+                .find(|r| (&r.shape, r.seed) == (&m.shape, m.seed))
+                .unwrap();
+            assert_eq!(r.gpu, m.gpu, "{} seed {}", m.shape, m.seed);
+        }
+    }
 
     #[test]
     fn records_carry_checksums_that_repeat_across_runs() {

@@ -157,6 +157,17 @@ pub struct CorrectnessRecord {
     /// The GPU model (or CPU) it ran on, where a file holds rows of several (`merge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// The GPU it ran on (`--devices`); absent for the CPU backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSlot>,
+}
+
+/// One GPU of a host: its CUDA ordinal and its UUID (as `nvidia-smi -L` writes it), which
+/// stays the same whatever CUDA_VISIBLE_DEVICES renumbers.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct GpuSlot {
+    pub index: usize,
+    pub uuid: String,
 }
 
 fn host() -> String {
@@ -182,6 +193,10 @@ pub struct PerfFile {
     pub measurements: Vec<Measurement>,
     /// In-run A/B verdicts per shape (the second variant against the first), if two ran.
     pub comparisons: Vec<ShapeComparison>,
+    /// The GPUs the measurements were taken on, one worker each (`--devices`); each
+    /// measurement names its own. Empty for the CPU backend and for files of older runners.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuSlot>,
     /// Set when another implementation was timed (scripts/peer_torch_sdpa.py): what it is,
     /// e.g. `{"library": "torch 2.11", "precision": "fp16"}`. Its inputs are its own draws.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -271,6 +286,9 @@ pub struct Measurement {
     /// Blocks kept although the hold expired in every attempt.
     #[serde(default)]
     pub hold_expired_blocks: u32,
+    /// The GPU it ran on (`--devices`); absent for the CPU backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSlot>,
 }
 
 /// The verdict on one shape: candidate against baseline, pooled over seeds.
@@ -407,6 +425,9 @@ pub struct StressRecord {
     /// Where the f64 references were computed: `host` or `device` (`--references`).
     #[serde(default = "host")]
     pub references: String,
+    /// The GPU it ran on (`--devices`); absent for the CPU backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSlot>,
 }
 
 /// stress.json
@@ -447,6 +468,9 @@ pub struct FuzzRecord {
     pub failures: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reproduce: Option<String>,
+    /// The GPU it ran on (`--devices`); absent for the CPU backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSlot>,
 }
 
 /// selftest.json
@@ -482,6 +506,9 @@ pub struct MutantResult {
     pub caught_by: Option<String>,
     /// The figure that caught it (or why it survived).
     pub figure: String,
+    /// The GPU its checks ran on, with `selftest --devices`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSlot>,
 }
 
 /// A result file of a schema this runner reads; any other `schema_version` is refused.
@@ -543,6 +570,7 @@ pub(crate) mod fixtures {
             row_rule: "all".into(),
             references: "host".into(),
             device: None,
+            gpu: None,
         }
     }
 }

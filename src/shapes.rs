@@ -417,26 +417,53 @@ impl ShapeCatalog {
 
 /// Refuses, before any work, a shape whose host data would not fit in available memory.
 /// `checked_rows` gives the rows per head each shape's check holds to the references (at most).
+/// With several `workers` (`--devices`), each holds a problem at once: the `workers` largest
+/// problems must fit together, each shape counted once per seed (`seeds`).
 pub fn check_host_memory(
     shapes: &[Shape],
     checked_rows: impl Fn(&Shape) -> usize,
     available_bytes: Option<u64>,
+    workers: usize,
+    seeds: usize,
 ) -> Result<(), ConfigError> {
     const GIB: f64 = (1u64 << 30) as f64;
+    let threads = rayon::current_num_threads();
+    let too_large = |needed: Option<u64>| match (needed, available_bytes) {
+        (None, _) => true,
+        (Some(n), Some(avail)) => n > avail,
+        (Some(_), None) => false,
+    };
+    let refuse = |shape: &Shape, what: String, needed: Option<u64>| ConfigError::TooLarge {
+        name: shape.name.clone(),
+        what,
+        needed_gib: needed.map_or(f64::INFINITY, |n| n as f64 / GIB),
+        available_gib: available_bytes.map_or(0.0, |a| a as f64 / GIB),
+    };
+    let mut needs = Vec::with_capacity(shapes.len());
     for shape in shapes {
-        let needed = shape.host_bytes_needed(checked_rows(shape), rayon::current_num_threads());
-        let too_large = match (needed, available_bytes) {
-            (None, _) => true,
-            (Some(n), Some(avail)) => n > avail,
-            (Some(_), None) => false,
-        };
-        if too_large {
-            return Err(ConfigError::TooLarge {
-                name: shape.name.clone(),
-                what: "host memory",
-                needed_gib: needed.map_or(f64::INFINITY, |n| n as f64 / GIB),
-                available_gib: available_bytes.map_or(0.0, |a| a as f64 / GIB),
-            });
+        let needed = shape.host_bytes_needed(checked_rows(shape), threads);
+        if too_large(needed) {
+            return Err(refuse(shape, "host memory".into(), needed));
+        }
+        needs.extend(std::iter::repeat_n(
+            (needed.unwrap_or(0), shape),
+            seeds.min(workers),
+        ));
+    }
+    if workers > 1 {
+        needs.sort_by_key(|n| std::cmp::Reverse(n.0));
+        let together: u64 = needs.iter().take(workers).map(|n| n.0).sum();
+        if let Some((_, largest)) = needs.first()
+            && too_large(Some(together))
+        {
+            return Err(refuse(
+                largest,
+                format!(
+                    "host memory with the {workers} workers of --devices holding problems at \
+                     once (fewer --devices need less)"
+                ),
+                Some(together),
+            ));
         }
     }
     Ok(())
@@ -525,7 +552,7 @@ mod tests {
     fn a_shape_too_large_for_memory_is_refused_with_the_size_it_needs() {
         let shapes = catalog().select("64x64x65536x64").unwrap();
         let every_row = |s: &Shape| s.s;
-        let err = check_host_memory(&shapes, every_row, Some(8 << 30))
+        let err = check_host_memory(&shapes, every_row, Some(8 << 30), 1, 1)
             .unwrap_err()
             .to_string();
         assert!(
@@ -536,7 +563,9 @@ mod tests {
             check_host_memory(
                 &catalog().select("small").unwrap(),
                 every_row,
-                Some(8 << 30)
+                Some(8 << 30),
+                1,
+                1
             )
             .is_ok()
         );
@@ -554,8 +583,23 @@ mod tests {
             gib(16384, 1)
         );
         assert!((gib(1024, 16) - gib(1024, 1) - 15.0 * 58.72e6 / (1u64 << 30) as f64).abs() < 0.01);
-        assert!(check_host_memory(&big, |_| 1024, Some(64 << 30)).is_ok());
-        assert!(check_host_memory(&big, every_row, Some(64 << 30)).is_err());
+        assert!(check_host_memory(&big, |_| 1024, Some(64 << 30), 1, 1).is_ok());
+        assert!(check_host_memory(&big, every_row, Some(64 << 30), 1, 1).is_err());
+    }
+
+    #[test]
+    fn several_workers_must_fit_their_largest_problems_together() {
+        // 46.5 GiB for one problem of the 2^31 shape: one fits in 64 GiB, two do not.
+        let big = catalog().select("128x16x16384x64").unwrap();
+        let rows = |_: &Shape| 1024;
+        let fits = |workers, seeds| check_host_memory(&big, rows, Some(64 << 30), workers, seeds);
+        assert!(fits(1, 2).is_ok());
+        assert!(fits(2, 1).is_ok(), "one seed: only one worker holds it");
+        let err = fits(2, 2).unwrap_err().to_string();
+        assert!(err.contains("2 workers") && err.contains("93."), "{err}");
+        let mut two = big.clone();
+        two.extend(catalog().select("small").unwrap());
+        assert!(check_host_memory(&two, rows, Some(64 << 30), 2, 1).is_ok());
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub enum ConfigError {
     )]
     TooLarge {
         name: String,
-        what: &'static str,
+        what: String,
         needed_gib: f64,
         available_gib: f64,
     },

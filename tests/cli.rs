@@ -281,6 +281,49 @@ fn device_references_on_the_cpu_backend_exit_2_naming_the_fix() {
 }
 
 #[test]
+fn devices_on_the_cpu_backend_exit_2_naming_the_fix() {
+    for command in [&[][..], &["stress"], &["fuzz", "--count", "1"]] {
+        let mut args = command.to_vec();
+        args.extend(["--backend", "cpu", "--devices", "0,1"]);
+        refused(&args, 2, &["--devices", "--backend cuda"]);
+    }
+}
+
+#[test]
+fn malformed_devices_exit_2_naming_the_forms() {
+    for bad in ["gpu1", "0-1", ""] {
+        refused(
+            &["--backend", "cpu", "--devices", bad],
+            2,
+            &["--devices all", "0,1"],
+        );
+    }
+}
+
+#[test]
+fn devices_without_a_gpu_exit_3_for_every_command_that_takes_them() {
+    for command in [
+        &[][..],
+        &["stress"],
+        &["fuzz", "--count", "1"],
+        &["selftest"],
+    ] {
+        let results = tempfile::tempdir().unwrap();
+        let mut args = command.to_vec();
+        args.extend(["--devices", "all", "--results-dir"]);
+        let (code, _, stderr) = output(
+            runner()
+                .env("CUDA_VISIBLE_DEVICES", "")
+                .args(&args)
+                .arg(results.path()),
+        );
+        assert_eq!(code, 3, "{command:?}: {stderr}");
+        assert!(stderr.contains("no usable GPU"), "{command:?}: {stderr}");
+        assert!(run_dirs(results.path()).is_empty(), "{command:?}");
+    }
+}
+
+#[test]
 fn zero_sequence_length_exits_2() {
     refused(&["--backend", "cpu", "--shapes", "1x1x0x64"], 2, &["S=0"]);
 }

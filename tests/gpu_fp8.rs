@@ -18,7 +18,7 @@ struct Codec {
 }
 
 fn codec() -> Codec {
-    let (ctx, info) = device::open().unwrap();
+    let (ctx, info, _) = device::open(0).unwrap();
     let include = headers::find_in_environment().unwrap();
     let cuda = common::project_root().join("cuda");
     let source = std::fs::read_to_string(cuda.join("fp8_codec_check.cu")).unwrap();

@@ -10,7 +10,7 @@ use crate::gates::ResourceGates;
 use crate::problem::Problem;
 use crate::reference::RowSums;
 use crate::rows::RowSet;
-use crate::schema::VariantMeta;
+use crate::schema::{GpuSlot, VariantMeta};
 use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
 
@@ -56,9 +56,21 @@ impl DeviceSums {
     }
 }
 
-pub trait Backend {
+/// `Send`: a backend is opened on the main thread and used by one worker thread at a time
+/// (src/shard.rs), which calls [`Backend::attach_thread`] first.
+pub trait Backend: Send {
     /// `cpu` or `cuda`, as recorded in the result files.
     fn name(&self) -> &'static str;
+
+    /// The GPU this backend runs on, recorded with every result; `None` for the CPU.
+    fn gpu(&self) -> Option<GpuSlot> {
+        None
+    }
+
+    /// Makes the calling thread able to drive this backend (binds the GPU's context to it).
+    fn attach_thread(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 
     /// The variants this backend runs, baseline first.
     fn variants(&self) -> &[String];

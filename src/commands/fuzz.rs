@@ -10,11 +10,12 @@ use clap::ValueEnum;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Project, build_meta, open_backend};
-use crate::backend::BackendKind;
+use super::{Project, as_workers, build_meta, open_workers, workers_line};
+use crate::backend::{Backend, BackendError, BackendKind};
 use crate::cli::FuzzArgs;
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
+use crate::gates::Gates;
 use crate::report::{self, RunDir};
 use crate::runner;
 use crate::schema::{FuzzFile, FuzzRecord, SCHEMA_VERSION};
@@ -30,76 +31,64 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         .map(|_| draw_problem(&mut draw, args.max_s))
         .collect();
     let biggest: Vec<Shape> = problems.iter().map(|(s, _)| s.clone()).collect();
-    crate::rows::check_host_memory(&biggest, args.setup.check_rows)?;
+    crate::rows::check_host_memory(&biggest, args.setup.check_rows, 1, 1)?;
     let check = args.setup.check().map_err(ConfigError::Usage)?;
-    let mut backend = open_backend(
+    let mut backends = open_workers(
+        &args.setup.devices,
+        false,
         args.setup.backend,
         &args.setup.kernel,
         None,
         args.emulation_defect,
         &project,
     )?;
+    if backends.len() > 1 {
+        crate::rows::check_host_memory(&biggest, args.setup.check_rows, backends.len(), 1)?;
+    }
     let run_dir = RunDir::create(&args.setup.results_root(project.root.path()))?;
-    crate::outln!("{}", backend.describe());
+    crate::outln!("{}", backends[0].describe());
+    if let Some(line) = workers_line(&backends) {
+        crate::outln!("{line}");
+    }
     crate::outln!(
         "fuzz: {} problems drawn with seed {}, S up to {}, variants {}",
         args.count,
         args.seed,
         args.max_s,
-        backend.variants().join(", ")
+        backends[0].variants().join(", ")
     );
     let t0 = Instant::now();
     let gates = &project.gates.gates;
-    let mut records = Vec::with_capacity(problems.len());
-    for (i, (shape, seed)) in problems.iter().enumerate() {
-        let rows = runner::check_all(
-            backend.as_mut(),
-            std::slice::from_ref(shape),
-            &[*seed],
-            check,
-            gates,
-            |_| {},
-        )?;
-        let worst = |f: fn(&crate::schema::CorrectnessRecord) -> f64| {
-            rows.iter().map(f).fold(0.0, f64::max)
-        };
-        let failures: Vec<String> = rows
-            .iter()
-            .flat_map(|r| {
-                verdict::failed(&r.gates)
-                    .map(|f| format!("{}: {f}", r.variant))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let pass = failures.is_empty();
-        let record = FuzzRecord {
-            shape: shape.inline(),
-            seed: *seed,
-            pass,
-            kernel_err_over_bound: worst(|r| r.kernel_ref.max_err_over_bound),
-            end_to_end_err_over_bound: worst(|r| r.end_to_end.max_err_over_bound),
-            references: engines(&rows),
-            reproduce: (!pass).then(|| reproduce(args, shape, *seed)),
-            failures,
-        };
-        if !pass {
-            crate::outln!(
-                "FAIL [{}] seed={}: {}\n    reproduce: {}",
-                record.shape,
-                seed,
-                record.failures.join("; "),
-                record.reproduce.as_deref().unwrap_or_default()
-            );
-        }
-        if (i + 1) % 500 == 0 {
-            crate::outln!("  {} / {} checked", i + 1, problems.len());
-        }
-        records.push(record);
-    }
+    let mut checked = 0;
+    let records = runner::shared(
+        &mut as_workers(&mut backends),
+        &problems,
+        |(shape, _)| runner::predicted_cost(shape),
+        |backend, (shape, seed), emit| {
+            let record = check_problem(backend, shape, *seed, args, check, gates)?;
+            emit(record.clone());
+            Ok(record)
+        },
+        |_, record: FuzzRecord| {
+            if !record.pass {
+                crate::outln!(
+                    "FAIL [{}] seed={}: {}\n    reproduce: {}",
+                    record.shape,
+                    record.seed,
+                    record.failures.join("; "),
+                    record.reproduce.as_deref().unwrap_or_default()
+                );
+            }
+            checked += 1;
+            if checked % 500 == 0 {
+                crate::outln!("  {checked} / {} checked", problems.len());
+            }
+        },
+    )?;
     let failures = records.iter().filter(|r| !r.pass).count();
     let file = FuzzFile {
         schema_version: SCHEMA_VERSION,
-        backend: backend.name().to_string(),
+        backend: backends[0].name().to_string(),
         draw_seed: args.seed,
         count: records.len(),
         failures,
@@ -109,7 +98,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
     };
     run_dir.write_json(
         "build_meta.json",
-        &build_meta(&project, backend.as_ref(), started_at),
+        &build_meta(&project, &backends, started_at),
     )?;
     run_dir.write_json("fuzz.json", &file)?;
     let path = run_dir.commit()?;
@@ -124,6 +113,47 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
     );
     crate::outln!("results: {}", path.display());
     Ok(Outcome::from_pass(file.all_pass))
+}
+
+/// Checks one problem's every variant on one backend.
+fn check_problem(
+    backend: &mut dyn Backend,
+    shape: &Shape,
+    seed: u64,
+    args: &FuzzArgs,
+    check: runner::Check,
+    gates: &Gates,
+) -> Result<FuzzRecord, BackendError> {
+    let rows = runner::check_all(
+        backend,
+        std::slice::from_ref(shape),
+        &[seed],
+        check,
+        gates,
+        |_| {},
+    )?;
+    let worst =
+        |f: fn(&crate::schema::CorrectnessRecord) -> f64| rows.iter().map(f).fold(0.0, f64::max);
+    let failures: Vec<String> = rows
+        .iter()
+        .flat_map(|r| {
+            verdict::failed(&r.gates)
+                .map(|f| format!("{}: {f}", r.variant))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let pass = failures.is_empty();
+    Ok(FuzzRecord {
+        shape: shape.inline(),
+        seed,
+        pass,
+        kernel_err_over_bound: worst(|r| r.kernel_ref.max_err_over_bound),
+        end_to_end_err_over_bound: worst(|r| r.end_to_end.max_err_over_bound),
+        references: engines(&rows),
+        reproduce: (!pass).then(|| reproduce(args, shape, seed)),
+        failures,
+        gpu: backend.gpu(),
+    })
 }
 
 /// One random problem: B in 1..=2, H in 1..=4, S toward the kernel's edges, qk_std mostly in

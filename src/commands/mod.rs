@@ -22,6 +22,7 @@ use crate::backend::cuda::kernel::{KernelLocation, KernelSource};
 use crate::backend::cuda::variant::{self, VariantSpec};
 use crate::backend::{Backend, BackendError, BackendKind};
 use crate::cli::{Cli, Command, KernelArgs, ProjectArgs};
+use crate::devices::DeviceChoice;
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::GateFile;
@@ -118,6 +119,18 @@ pub fn open_backend(
     defect: Defect,
     project: &Project,
 ) -> Result<Box<dyn Backend>, AppError> {
+    open_backend_on(0, kind, kernel, base, defect, project)
+}
+
+/// [`open_backend`] on the GPU of CUDA ordinal `gpu` (ignored by the cpu backend).
+fn open_backend_on(
+    gpu: usize,
+    kind: BackendKind,
+    kernel: &KernelArgs,
+    base: Option<&KernelLocation>,
+    defect: Defect,
+    project: &Project,
+) -> Result<Box<dyn Backend>, AppError> {
     Ok(match kind {
         BackendKind::Cpu => {
             if !kernel.candidate_defines.is_empty() || !kernel.defines.is_empty() {
@@ -154,7 +167,7 @@ pub fn open_backend(
                 let base = KernelSource::locate(location, project.root.path(), &cuda_dir)?;
                 sources.push((base, specs.iter().map(VariantSpec::of_base).collect()));
             }
-            Box::new(CudaBackend::from_sources(sources).map_err(|e| match e {
+            Box::new(CudaBackend::on_gpu(gpu, sources).map_err(|e| match e {
                 BackendError::Environment(why) => {
                     BackendError::Environment(format!("{why}\n{CPU_BACKEND_ADVICE}"))
                 }
@@ -164,9 +177,105 @@ pub fn open_backend(
     })
 }
 
-/// build_meta.json of a run.
-pub fn build_meta(project: &Project, backend: &dyn Backend, started_at: String) -> BuildMeta {
-    provenance(project, backend.name(), backend.details(), started_at)
+/// The workers of a command, one backend each: with `--backend cuda`, one per GPU that
+/// `devices` names (src/devices.rs checks them: they exist, are of one model, and a GPU
+/// listed twice only where nothing is `timed`), each compiled and loaded on its own GPU, in
+/// parallel; every GPU must build the same code. With `--backend cpu`, the emulation alone:
+/// `--devices` is refused (exit 2).
+pub fn open_workers(
+    devices: &DeviceChoice,
+    timed: bool,
+    kind: BackendKind,
+    kernel: &KernelArgs,
+    base: Option<&KernelLocation>,
+    defect: Defect,
+    project: &Project,
+) -> Result<Vec<Box<dyn Backend>>, AppError> {
+    if devices.is_default() {
+        return Ok(vec![open_backend(kind, kernel, base, defect, project)?]);
+    }
+    if kind == BackendKind::Cpu {
+        return Err(ConfigError::Usage(
+            "--devices chooses GPUs; it needs --backend cuda (the cpu backend already runs on \
+             every core of the host)"
+                .into(),
+        )
+        .into());
+    }
+    let seen = crate::backend::cuda::device::list().map_err(|e| match e {
+        BackendError::Environment(why) => {
+            BackendError::Environment(format!("{why}\n{CPU_BACKEND_ADVICE}"))
+        }
+        other => other,
+    })?;
+    let chosen = crate::devices::resolve(devices, &seen, timed).map_err(ConfigError::Usage)?;
+    let opened: Vec<Result<Box<dyn Backend>, AppError>> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = chosen
+            .iter()
+            .map(|gpu| {
+                scope.spawn(move || {
+                    open_backend_on(gpu.ordinal, kind, kernel, base, defect, project)
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|job| job.join().expect("opening a GPU panicked"))
+            .collect()
+    });
+    let workers = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let first = workers[0].variant_meta();
+    for w in &workers[1..] {
+        if w.variant_meta() != first {
+            return Err(BackendError::Environment(format!(
+                "GPU {} built other code than GPU {} from the same kernel (its variants' PTX or \
+                 resources differ); run on one of them with --devices",
+                w.gpu().map_or(0, |g| g.index),
+                workers[0].gpu().map_or(0, |g| g.index)
+            ))
+            .into());
+        }
+    }
+    Ok(workers)
+}
+
+/// The workers as the runner takes them.
+pub(crate) fn as_workers(backends: &mut [Box<dyn Backend>]) -> Vec<&mut dyn Backend> {
+    backends
+        .iter_mut()
+        .map(|b| b.as_mut() as &mut dyn Backend)
+        .collect()
+}
+
+/// One line naming the workers' GPUs, when there are several (or one other than GPU 0).
+pub(crate) fn workers_line(backends: &[Box<dyn Backend>]) -> Option<String> {
+    let gpus: Vec<String> = backends
+        .iter()
+        .filter_map(|b| b.gpu())
+        .map(|g| format!("GPU {} ({})", g.index, g.uuid))
+        .collect();
+    (backends.len() > 1 || backends[0].gpu().is_some_and(|g| g.index != 0)).then(|| {
+        format!(
+            "workers: {} ({}), problems shared costliest first",
+            gpus.len(),
+            gpus.join(", ")
+        )
+    })
+}
+
+/// build_meta.json of a run; with several workers, the first one's details and every
+/// worker's GPU (`backend_details.gpus`).
+pub fn build_meta(
+    project: &Project,
+    workers: &[Box<dyn Backend>],
+    started_at: String,
+) -> BuildMeta {
+    let backend = workers[0].as_ref();
+    let mut details = backend.details();
+    let gpus: Vec<_> = workers.iter().filter_map(|w| w.gpu()).collect();
+    if workers.len() > 1 && details.is_object() {
+        details["gpus"] = serde_json::to_value(gpus).expect("GPU slots serialize");
+    }
+    provenance(project, backend.name(), details, started_at)
 }
 
 /// build_meta.json of this process: the tool, the checkout, the host, the command line, the

@@ -3,7 +3,7 @@
 //! once) -> publish (the run directory, committed atomically; then the outputs outside it)
 //! -> print.
 
-use super::{Project, build_meta, open_backend};
+use super::{Project, as_workers, build_meta, open_workers, workers_line};
 use crate::analysis::{self, RunAnalysis, RunMeasured, RunPolicy};
 use crate::backend::{Backend, BackendKind};
 use crate::cli::{RunArgs, TimingArgs};
@@ -33,7 +33,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     };
     let analysis = analysis::analyze_run(measured, &job.project.gates.gates, policy);
     let report = compare_report(&analysis, &job.project);
-    let meta = build_meta(&job.project, job.backend.as_ref(), started_at);
+    let meta = build_meta(&job.project, &job.backends, started_at);
     let path = publish::commit_run(run_dir, &meta, &analysis, report.as_ref())?;
     let run_name = path
         .file_name()
@@ -64,7 +64,9 @@ struct Job {
     shapes: Vec<Shape>,
     plan: TimingPlan,
     check: runner::Check,
-    backend: Box<dyn Backend>,
+    /// One per GPU of `--devices`; the first speaks for all in headers and metadata (they
+    /// are of one model and built the same code).
+    backends: Vec<Box<dyn Backend>>,
     results_root: std::path::PathBuf,
     extras: Extras,
     widths: Widths,
@@ -74,7 +76,8 @@ impl Job {
     fn prepare(args: &RunArgs) -> Result<Self, AppError> {
         let project = Project::load(&args.setup.project)?;
         let shapes = project.catalog.select(&args.shapes)?;
-        crate::rows::check_host_memory(&shapes, args.setup.check_rows)?;
+        let seeds = args.seeds.0.len();
+        crate::rows::check_host_memory(&shapes, args.setup.check_rows, 1, seeds)?;
         let check = args.setup.check().map_err(ConfigError::Usage)?;
         let plan = timing_plan(&args.timing, args.setup.backend);
         plan.validate()?;
@@ -94,13 +97,19 @@ impl Job {
             )
             .into());
         }
-        let backend = open_backend(
+        let backends = open_workers(
+            &args.setup.devices,
+            plan.enabled(),
             args.setup.backend,
             &args.setup.kernel,
             args.base_kernel.as_ref(),
             args.emulation_defect,
             &project,
         )?;
+        if backends.len() > 1 {
+            crate::rows::check_host_memory(&shapes, args.setup.check_rows, backends.len(), seeds)?;
+        }
+        let backend = &backends[0];
         if args.require_speedup && (backend.variants().len() < 2 || !plan.enabled()) {
             return Err(ConfigError::Usage(
                 "--require-speedup judges the candidate variant against the baseline: it needs two \
@@ -118,19 +127,26 @@ impl Job {
             shapes,
             plan,
             check,
-            backend,
+            backends,
             results_root,
             extras,
             widths,
         })
     }
 
+    fn backend(&self) -> &dyn Backend {
+        self.backends[0].as_ref()
+    }
+
     fn print_header(&self) {
-        outln!("{}", self.backend.describe());
-        let variants = self.backend.variant_meta();
+        outln!("{}", self.backend().describe());
+        if let Some(line) = workers_line(&self.backends) {
+            outln!("{line}");
+        }
+        let variants = self.backend().variant_meta();
         if variants.iter().any(|v| v.ptx_sha256.is_some()) {
             let resources = self
-                .backend
+                .backend()
                 .resource_verdicts(&self.project.gates.gates.resources);
             out!("{}", console::identity_table(&variants, &resources));
             for (name, same) in crate::render::markdown::same_code_as_base(&variants) {
@@ -148,12 +164,14 @@ impl Job {
 
     /// Checks and times every (shape, seed, variant); nothing is decided yet.
     fn measure(&mut self, args: &RunArgs, started_at: &str) -> Result<RunMeasured, AppError> {
-        let gpu_clocks = || match args.setup.backend {
-            BackendKind::Cuda if self.plan.enabled() => clocks::read_gpu(),
+        // The first GPU's clocks (the others are of the same model, in the same host).
+        let first_gpu = self.backend().gpu();
+        let gpu_clocks = || match (&first_gpu, args.setup.backend) {
+            (Some(gpu), BackendKind::Cuda) if self.plan.enabled() => clocks::read_gpu(&gpu.uuid),
             _ => ClockReading::unknown("not a timed GPU run"),
         };
         let clocks_before = gpu_clocks();
-        let mut progress = ConsoleProgress::new(self.widths);
+        let mut progress = ConsoleProgress::new(self.widths, self.backends.len());
         let work = runner::Work {
             shapes: &self.shapes,
             seeds: &args.seeds.0,
@@ -161,14 +179,14 @@ impl Job {
             check: self.check,
         };
         let out = runner::run_all(
-            self.backend.as_mut(),
+            &mut as_workers(&mut self.backends),
             &work,
             &self.project.gates.gates,
             &self.plan,
             &mut progress,
         )?;
         let clocks_after = gpu_clocks();
-        let backend = self.backend.as_ref();
+        let backend = self.backend();
         let perf = self.plan.enabled().then(|| PerfFile {
             peer: None,
             schema_version: SCHEMA_VERSION,
@@ -184,6 +202,7 @@ impl Job {
             variants: backend.variant_meta(),
             comparisons: Vec::new(),
             measurements: out.measurements,
+            gpus: self.backends.iter().filter_map(|b| b.gpu()).collect(),
         });
         Ok(RunMeasured {
             backend: backend.name().to_string(),
@@ -221,8 +240,16 @@ pub(super) fn compare_report(a: &RunAnalysis, project: &Project) -> Option<Compa
         .filter(|v| v.name != base.name && v.name != cand.name)
         .map(|v| side(p, v, counts(&v.name)))
         .collect();
+    let design = match p.gpus.len() {
+        0 | 1 => "paired: every variant on the same inputs in one process, interleaved in rounds"
+            .to_string(),
+        n => format!(
+            "paired: every variant on the same inputs in one process, interleaved in rounds; \
+             {n} GPUs of one model, each (shape, seed) timed whole on one of them"
+        ),
+    };
     let doc = CompareDoc {
-        design: "paired: every variant on the same inputs in one process, interleaved in rounds",
+        design: &design,
         base: side(p, base, counts(&base.name)),
         cand: side(p, cand, counts(&cand.name)),
         others,

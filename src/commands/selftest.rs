@@ -15,16 +15,20 @@ use crate::backend::cuda::headers;
 use crate::backend::cuda::kernel::{self, KERNEL_FILE, KernelSource};
 use crate::backend::cuda::variant::VariantSpec;
 use crate::cli::SelftestArgs;
+use crate::devices::DeviceChoice;
 use crate::error::{AppError, EXIT_ENVIRONMENT, EXIT_GATE_FAILED, EXIT_KERNEL, EXIT_PASS, Outcome};
 use crate::mutants::{self, MUTANTS, Mutant};
 use crate::problem::HostDefect;
 use crate::report::RunDir;
-use crate::schema::{CorrectnessFile, MutantResult, PtxIdentity, SCHEMA_VERSION, SelftestFile};
+use crate::schema::{
+    CorrectnessFile, GpuSlot, MutantResult, PtxIdentity, SCHEMA_VERSION, SelftestFile,
+};
 use crate::usage::ConfigError;
 
 pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let chosen = choose(&args.only)?;
+    let gpus = chosen_gpus(&args.devices)?;
     let kernel_path = args
         .kernel
         .clone()
@@ -57,56 +61,77 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         root: project.root.path().to_path_buf(),
         kernel: args.kernel.clone(),
         work: run_dir.staging().join("runs"),
+        gpu: None,
+    };
+    let mut workers: Vec<Child> = match gpus {
+        None => vec![child],
+        Some(gpus) => gpus
+            .into_iter()
+            .map(|gpu| Child {
+                gpu: Some(gpu),
+                ..child.clone()
+            })
+            .collect(),
     };
     let repeats = args.repeats.to_string();
-
     let all_shapes = union_of_shapes(&chosen);
-    let clean_run = child.run(
-        "clean",
-        &[],
-        &["--shapes", &all_shapes, "--seeds", "0", "--iters", "0"],
+
+    // Every check is a child run of its own; with --devices they are shared among the GPUs,
+    // one worker each, and the results kept in this order.
+    let mut checks = vec![Check::CleanRun, Check::CleanStress];
+    checks.extend(chosen.iter().map(Check::Mutant));
+    if args.only.is_empty() {
+        checks.extend(
+            HostDefect::value_variants()
+                .iter()
+                .skip(1)
+                .map(|d| Check::Host(*d)),
+        );
+    }
+    let costs = vec![1; checks.len()];
+    let done = crate::shard::run(
+        &mut workers,
+        &checks,
+        &costs,
+        |child, check, emit| {
+            let done = check.run(child, &all_shapes, &repeats)?;
+            if let Done::Result(r) = &done {
+                emit(format!(
+                    "{:<30} {:<22} {}{}",
+                    r.define,
+                    r.caught_by.as_deref().unwrap_or("SURVIVED"),
+                    r.figure,
+                    child
+                        .gpu
+                        .as_ref()
+                        .map(|g| format!(" (GPU {})", g.index))
+                        .unwrap_or_default()
+                ));
+            }
+            Ok::<_, AppError>(done)
+        },
+        |_, line| crate::outln!("{line}"),
     )?;
-    let clean_stress = child.run(
-        "clean-stress",
-        &["stress"],
-        &[
-            "--shapes",
-            &all_shapes,
-            "--seeds",
-            "0",
-            "--repeats",
-            &repeats,
-        ],
-    )?;
+    let mut done = done.into_iter();
+    let (Some(Done::Clean(clean_run)), Some(Done::Clean(clean_stress))) =
+        (done.next(), done.next())
+    else {
+        unreachable!("the clean checks come first")
+    };
     let clean_pass = clean_run.code == EXIT_PASS as i32 && clean_stress.code == EXIT_PASS as i32;
     crate::outln!(
         "clean kernel on {all_shapes}: gates {}, stress x{repeats} {}",
         verdict_word(clean_run.code),
         verdict_word(clean_stress.code)
     );
-
-    let mut results = Vec::new();
-    let mut host_results = Vec::new();
-    for m in &chosen {
-        let r = check_mutant(&child, m, &repeats)?;
-        crate::outln!(
-            "{:<30} {:<22} {}",
-            m.define,
-            r.caught_by.as_deref().unwrap_or("SURVIVED"),
-            r.figure
-        );
-        results.push(r);
-    }
-    if args.only.is_empty() {
-        for defect in HostDefect::value_variants().iter().skip(1) {
-            let r = check_host_defect(&child, *defect)?;
-            crate::outln!(
-                "{:<30} {:<22} {}",
-                r.define,
-                r.caught_by.as_deref().unwrap_or("SURVIVED"),
-                r.figure
-            );
-            host_results.push(r);
+    let (mut results, mut host_results) = (Vec::new(), Vec::new());
+    for (check, done) in checks[2..].iter().zip(done) {
+        let Done::Result(r) = done else {
+            unreachable!("a mutant or host defect gives a result")
+        };
+        match check {
+            Check::Host(_) => host_results.push(r),
+            _ => results.push(r),
         }
     }
     let all_results = || results.iter().chain(&host_results);
@@ -177,6 +202,7 @@ fn check_host_defect(child: &Child, defect: HostDefect) -> Result<MutantResult, 
     });
     let caught = run.code == EXIT_GATE_FAILED as i32 && failed_gate.is_some();
     Ok(MutantResult {
+        gpu: child.gpu.clone(),
         define: format!("host: {name}"),
         breaks: host_defect_breaks(defect).into(),
         variants: "all".into(),
@@ -274,12 +300,47 @@ fn ptx_identity(source: &KernelSource) -> Result<Vec<PtxIdentity>, AppError> {
         .collect()
 }
 
+/// One check of the self-test, run as a child process.
+enum Check<'a> {
+    CleanRun,
+    CleanStress,
+    Mutant(&'a Mutant),
+    Host(HostDefect),
+}
+
+enum Done {
+    Clean(ChildRun),
+    Result(MutantResult),
+}
+
+impl Check<'_> {
+    fn run(&self, child: &Child, all_shapes: &str, repeats: &str) -> Result<Done, AppError> {
+        Ok(match self {
+            Check::CleanRun => Done::Clean(child.run(
+                "clean",
+                &[],
+                &["--shapes", all_shapes, "--seeds", "0", "--iters", "0"],
+            )?),
+            Check::CleanStress => Done::Clean(child.run(
+                "clean-stress",
+                &["stress"],
+                &["--shapes", all_shapes, "--seeds", "0", "--repeats", repeats],
+            )?),
+            Check::Mutant(m) => Done::Result(check_mutant(child, m, repeats)?),
+            Check::Host(defect) => Done::Result(check_host_defect(child, *defect)?),
+        })
+    }
+}
+
 /// Runs this binary as a child process, each run in its own results folder.
+#[derive(Clone)]
 struct Child {
     exe: PathBuf,
     root: PathBuf,
     kernel: Option<PathBuf>,
     work: PathBuf,
+    /// The GPU its runs use (`--devices`); None: the child's default, GPU 0.
+    gpu: Option<GpuSlot>,
 }
 
 struct ChildRun {
@@ -288,6 +349,25 @@ struct ChildRun {
     stdout: String,
     /// The run directory the child wrote, if any.
     dir: Option<PathBuf>,
+}
+
+/// The GPUs of `--devices`, checked as a run's are (nothing is timed), one child runner
+/// each; `None` for the default, GPU 0, which leaves the children's own default.
+fn chosen_gpus(devices: &DeviceChoice) -> Result<Option<Vec<GpuSlot>>, AppError> {
+    if devices.is_default() {
+        return Ok(None);
+    }
+    let seen = crate::backend::cuda::device::list()?;
+    let chosen = crate::devices::resolve(devices, &seen, false).map_err(ConfigError::Usage)?;
+    Ok(Some(
+        chosen
+            .into_iter()
+            .map(|g| GpuSlot {
+                index: g.ordinal,
+                uuid: g.uuid,
+            })
+            .collect(),
+    ))
 }
 
 impl Child {
@@ -304,6 +384,9 @@ impl Child {
             .arg(&results);
         if let Some(k) = &self.kernel {
             cmd.arg("--kernel").arg(k);
+        }
+        if let Some(gpu) = &self.gpu {
+            cmd.arg("--devices").arg(gpu.index.to_string());
         }
         cmd.env_remove("USE_CP_ASYNC");
         (cmd, results)
@@ -380,6 +463,7 @@ fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult
     let label = m.define.to_lowercase();
     let base = ["--seeds", "0", "--cp-async", cp, "--define", m.define];
     let result = |caught_by: Option<&str>, figure: String| MutantResult {
+        gpu: child.gpu.clone(),
         define: m.define.into(),
         breaks: m.breaks.into(),
         variants: if m.cp_async_only {

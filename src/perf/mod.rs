@@ -235,12 +235,14 @@ pub(crate) mod fixtures {
                         round_sm_mhz: vec![Some(1980.0); 20],
                         hold_retries: 0,
                         hold_expired_blocks: 0,
+                        gpu: None,
                     });
                 }
             }
         }
         PerfFile {
             peer: None,
+            gpus: Vec::new(),
             schema_version: SCHEMA_VERSION,
             backend: "cuda".into(),
             clock: "test".into(),

@@ -8,6 +8,7 @@ use cudarc::driver::sys::CUdevice_attribute as Attr;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::BackendError;
+use crate::devices::GpuId;
 
 /// The device facts recorded with every result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,8 +32,47 @@ impl DeviceInfo {
     }
 }
 
-/// Opens device 0, or explains why there is no usable GPU.
-pub fn open() -> Result<(Arc<CudaContext>, DeviceInfo), BackendError> {
+/// The GPUs the driver sees, in CUDA ordinal order, or why there are none usable; asked of
+/// the driver without opening a context on any of them.
+pub fn list() -> Result<Vec<GpuId>, BackendError> {
+    use cudarc::driver::result::device;
+    let count = device_count()?;
+    (0..count)
+        .map(|ordinal| {
+            let queried = |e| no_gpu(&format!("cannot query GPU {ordinal}: {e}"));
+            let dev = device::get(ordinal as i32).map_err(queried)?;
+            Ok(GpuId {
+                ordinal,
+                name: device::get_name(dev).map_err(queried)?,
+                uuid: uuid_text(
+                    &device::get_uuid(dev)
+                        .map_err(queried)?
+                        .bytes
+                        .map(|b| b as u8),
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Opens the GPU of CUDA ordinal `ordinal`, or explains why it is not usable.
+pub fn open(ordinal: usize) -> Result<(Arc<CudaContext>, DeviceInfo, GpuId), BackendError> {
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(BackendError::Config(format!(
+            "there is no GPU {ordinal}: the CUDA driver sees {count}"
+        )));
+    }
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| no_gpu(&format!("cannot open GPU {ordinal}: {e}")))?;
+    let queried =
+        |e: cudarc::driver::DriverError| no_gpu(&format!("cannot query GPU {ordinal}: {e}"));
+    let info = describe(&ctx).map_err(queried)?;
+    let id = gpu_id(&ctx).map_err(queried)?;
+    Ok((ctx, info, id))
+}
+
+fn device_count() -> Result<usize, BackendError> {
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(no_gpu(
             "the NVIDIA driver library (libcuda.so.1) could not be loaded, so this machine has no \
@@ -44,9 +84,33 @@ pub fn open() -> Result<(Arc<CudaContext>, DeviceInfo), BackendError> {
     if count < 1 {
         return Err(no_gpu("the CUDA driver sees no GPU"));
     }
-    let ctx = CudaContext::new(0).map_err(|e| no_gpu(&format!("cannot open GPU 0: {e}")))?;
-    let info = describe(&ctx).map_err(|e| no_gpu(&format!("cannot query GPU 0: {e}")))?;
-    Ok((ctx, info))
+    Ok(count as usize)
+}
+
+fn gpu_id(ctx: &Arc<CudaContext>) -> Result<GpuId, cudarc::driver::DriverError> {
+    Ok(GpuId {
+        ordinal: ctx.ordinal(),
+        name: ctx.name()?,
+        uuid: uuid_text(&ctx.uuid()?.bytes.map(|b| b as u8)),
+    })
+}
+
+/// A UUID as nvidia-smi writes it (`nvidia-smi -i` takes it): `GPU-` and 8-4-4-4-12 hex digits.
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    let hex = |r: std::ops::Range<usize>| {
+        bytes[r]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
 }
 
 fn no_gpu(what: &str) -> BackendError {
@@ -68,4 +132,16 @@ fn describe(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, cudarc::driver::Driver
         max_memory_clock_mhz: attr(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? / 1000,
         driver_cuda_version: format!("{}.{}", driver_version / 1000, (driver_version % 1000) / 10),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_uuid_is_written_as_nvidia_smi_writes_it() {
+        let bytes: [u8; 16] = std::array::from_fn(|i| (i * 17) as u8);
+        assert_eq!(
+            super::uuid_text(&bytes),
+            "GPU-00112233-4455-6677-8899-aabbccddeeff"
+        );
+    }
 }

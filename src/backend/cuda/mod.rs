@@ -22,10 +22,11 @@ use cudarc::nvrtc::Ptx;
 use half::f16;
 
 use super::{Backend, BackendError, DeviceSums};
+use crate::devices::GpuId;
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
 use crate::rows::RowSet;
-use crate::schema::VariantMeta;
+use crate::schema::{GpuSlot, VariantMeta};
 use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
 use device::DeviceInfo;
@@ -62,6 +63,8 @@ pub struct CudaBackend {
     faulted: bool,
     names: Vec<String>,
     device: DeviceInfo,
+    /// Which GPU: its ordinal and UUID go into every record.
+    id: GpuId,
     nvrtc_version: String,
     include_dir: PathBuf,
     /// The kernel sources, the one under test first.
@@ -84,7 +87,15 @@ impl CudaBackend {
     pub fn from_sources(
         sources: Vec<(KernelSource, Vec<VariantSpec>)>,
     ) -> Result<Self, BackendError> {
-        let (ctx, device) = device::open()?;
+        Self::on_gpu(0, sources)
+    }
+
+    /// As [`CudaBackend::from_sources`], on the GPU of CUDA ordinal `ordinal`.
+    pub fn on_gpu(
+        ordinal: usize,
+        sources: Vec<(KernelSource, Vec<VariantSpec>)>,
+    ) -> Result<Self, BackendError> {
+        let (ctx, device, id) = device::open(ordinal)?;
         // One stream only, synchronized explicitly: cudarc's per-buffer event records would
         // otherwise sit inside every timed region.
         unsafe { ctx.disable_event_tracking() };
@@ -149,6 +160,7 @@ impl CudaBackend {
             }),
             faulted: false,
             device,
+            id,
             nvrtc_version,
             include_dir,
             kernels: sources.into_iter().map(|(k, _)| k).collect(),
@@ -334,10 +346,11 @@ impl Backend for CudaBackend {
 
     fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
         self.loaded = format!(
-            "shape {} ({}) seed {}",
+            "shape {} ({}) seed {} on GPU {}",
             p.shape.name,
             p.shape.dims(),
-            p.seed
+            p.seed,
+            self.id.ordinal
         );
         if p.shape.heads() > 65535 {
             return Err(BackendError::Config(format!(
@@ -468,6 +481,22 @@ impl Backend for CudaBackend {
 
     fn device_name(&self) -> String {
         self.device.name.clone()
+    }
+
+    fn gpu(&self) -> Option<GpuSlot> {
+        Some(GpuSlot {
+            index: self.id.ordinal,
+            uuid: self.id.uuid.clone(),
+        })
+    }
+
+    fn attach_thread(&self) -> Result<(), BackendError> {
+        self.gpu.ctx.bind_to_thread().map_err(|e| {
+            BackendError::Environment(format!(
+                "cannot use GPU {} from a worker thread: {e}",
+                self.id.ordinal
+            ))
+        })
     }
 
     fn device_json(&self) -> serde_json::Value {

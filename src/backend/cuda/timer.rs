@@ -56,6 +56,11 @@ struct Mailbox {
     _memory: PinnedHostSlice<u64>,
 }
 
+// SAFETY: `host` points into `_memory`, which the mailbox owns and which moves with it; the
+// words are read and written through `&self` by the one thread that holds the backend (the
+// mailbox is not `Sync`).
+unsafe impl Send for Mailbox {}
+
 impl Mailbox {
     fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;

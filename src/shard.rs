@@ -1,0 +1,199 @@
+//! Work shared among workers, one thread each (one per GPU with `--devices`;
+//! docs/DESIGN.md "Several GPUs").
+//!
+//! - Items wait in one queue, the costliest first (longest-processing-time first, as
+//!   flashinfer's test sharding does with recorded durations; here the cost is predicted):
+//!   a worker that is free takes the next, so a long item is never left for last.
+//! - An item runs whole on the worker that took it.
+//! - Results come back in the items' own order, whichever worker ran them, so files merged
+//!   from several workers read as one worker's would.
+//! - The first error stops the workers from taking more items; it is returned once the
+//!   running items have finished.
+//! - Workers report progress through `emit`; the caller's thread receives each report, with
+//!   the index of the worker that sent it, while the work runs.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+
+/// The order in which items are taken: by falling `cost`, ties in the items' own order.
+pub fn queue_order(costs: &[u128]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    order.sort_by(|&a, &b| costs[b].cmp(&costs[a]).then(a.cmp(&b)));
+    order
+}
+
+/// Runs `work(worker, item, emit)` for every item on `workers.len()` threads and returns the
+/// results in the order of `items`; `on_report(worker index, report)` runs on the calling
+/// thread for each `emit` as it arrives.
+pub fn run<W, T, R, E, P>(
+    workers: &mut [W],
+    items: &[T],
+    costs: &[u128],
+    work: impl Fn(&mut W, &T, &dyn Fn(P)) -> Result<R, E> + Sync,
+    mut on_report: impl FnMut(usize, P),
+) -> Result<Vec<R>, E>
+where
+    W: Send,
+    T: Sync,
+    R: Send,
+    E: Send,
+    P: Send,
+{
+    assert_eq!(items.len(), costs.len(), "one cost per item");
+    assert!(!workers.is_empty(), "at least one worker");
+    let queue = Mutex::new(queue_order(costs).into_iter());
+    let stop = AtomicBool::new(false);
+    let done: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
+    let first_error: Mutex<Option<E>> = Mutex::new(None);
+    let (reports, received) = mpsc::channel::<(usize, P)>();
+    std::thread::scope(|scope| {
+        for (index, worker) in workers.iter_mut().enumerate() {
+            let reports = reports.clone();
+            let (queue, stop, done, first_error, work) =
+                (&queue, &stop, &done, &first_error, &work);
+            scope.spawn(move || {
+                let emit = |p: P| {
+                    // The receiver lives until every worker has ended.
+                    let _ = reports.send((index, p));
+                };
+                while !stop.load(Ordering::SeqCst) {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                    let Some(item) = next else { break };
+                    match work(worker, &items[item], &emit) {
+                        Ok(r) => done.lock().unwrap_or_else(|e| e.into_inner())[item] = Some(r),
+                        Err(e) => {
+                            stop.store(true, Ordering::SeqCst);
+                            first_error
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .get_or_insert(e);
+                        }
+                    }
+                }
+            });
+        }
+        drop(reports);
+        // Ends when the last worker has dropped its sender.
+        for (worker, report) in received {
+            on_report(worker, report);
+        }
+    });
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    Ok(done
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every item ran, or an error was returned"))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    #[test]
+    fn the_queue_takes_the_costliest_first_and_ties_in_their_own_order() {
+        assert_eq!(queue_order(&[1, 9, 4, 9, 0]), vec![1, 3, 2, 0, 4]);
+        assert_eq!(queue_order(&[]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn results_come_back_in_the_items_order_whichever_worker_ran_them() {
+        let items: Vec<u64> = (0..40).collect();
+        let costs: Vec<u128> = items.iter().map(|&i| (i * 7 % 13) as u128).collect();
+        let mut workers = vec![0usize; 3];
+        let mut reports = vec![0usize; 3];
+        let out = run(
+            &mut workers,
+            &items,
+            &costs,
+            |ran: &mut usize, &i, emit| {
+                *ran += 1;
+                emit(i);
+                std::thread::sleep(Duration::from_millis(i % 3));
+                Ok::<_, ()>(i * i)
+            },
+            |w, _| reports[w] += 1,
+        )
+        .unwrap();
+        assert_eq!(out, items.iter().map(|i| i * i).collect::<Vec<_>>());
+        assert_eq!(workers.iter().sum::<usize>(), 40);
+        assert_eq!(
+            reports, workers,
+            "each report names the worker that sent it"
+        );
+    }
+
+    #[test]
+    fn every_worker_takes_items_while_others_are_busy() {
+        // Four items that each wait until a second item is running: one worker alone would
+        // never see two at once.
+        let running = AtomicUsize::new(0);
+        let most = AtomicUsize::new(0);
+        let mut workers = vec![(); 2];
+        run(
+            &mut workers,
+            &[0, 1, 2, 3],
+            &[1, 1, 1, 1],
+            |_, _, _: &dyn Fn(())| {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(30));
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, ()>(())
+            },
+            |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn the_costliest_item_is_started_first() {
+        let started = Mutex::new(Vec::new());
+        let mut one = vec![()];
+        run(
+            &mut one,
+            &["short", "long", "middle"],
+            &[1, 100, 10],
+            |_, name, _: &dyn Fn(())| {
+                started.lock().unwrap().push(*name);
+                Ok::<_, ()>(())
+            },
+            |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(started.into_inner().unwrap(), ["long", "middle", "short"]);
+    }
+
+    #[test]
+    fn an_error_stops_further_items_and_is_returned() {
+        let ran = AtomicUsize::new(0);
+        let mut one = vec![()];
+        let out = run(
+            &mut one,
+            &[0, 1, 2, 3, 4],
+            &[5, 4, 3, 2, 1],
+            |_, &i, _: &dyn Fn(())| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                if i == 1 {
+                    Err(format!("item {i} faulted"))
+                } else {
+                    Ok(i)
+                }
+            },
+            |_, _| {},
+        );
+        assert_eq!(out, Err("item 1 faulted".to_string()));
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            2,
+            "nothing is taken after the fault"
+        );
+    }
+}
