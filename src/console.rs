@@ -3,7 +3,7 @@
 
 use crate::rows::RowSet;
 use crate::schema::CorrectnessRecord;
-use crate::schema::{Measurement, ShapeComparison, VariantMeta};
+use crate::schema::{GpuSlot, Measurement, ShapeComparison, VariantMeta};
 use crate::shapes::Shape;
 use crate::verdict::Verdict;
 
@@ -80,6 +80,15 @@ pub fn rows_line(shape: &Shape, seed: u64, rows: &RowSet, w: &Widths) -> String 
         rows.rule(),
         ws = w.shape
     )
+}
+
+/// ` (GPU n)`, appended to a printed row when several workers share a run (`several`); empty
+/// otherwise.
+pub fn on_gpu(gpu: Option<&GpuSlot>, several: bool) -> String {
+    match gpu {
+        Some(g) if several => format!(" (GPU {})", g.index),
+        _ => String::new(),
+    }
 }
 
 /// One correctness row, e.g.

@@ -39,6 +39,18 @@ impl DeviceChoice {
         Ok(DeviceChoice::List(list))
     }
 
+    /// As written on the command line.
+    pub fn spec(&self) -> String {
+        match self {
+            DeviceChoice::All => "all".into(),
+            DeviceChoice::List(list) => list
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+
     /// Whether this choice is the default (GPU 0 alone).
     pub fn is_default(&self) -> bool {
         *self == DeviceChoice::default()
@@ -85,11 +97,7 @@ pub fn resolve(choice: &DeviceChoice, seen: &[GpuId], timed: bool) -> Result<Vec
         return Err(format!(
             "--devices {}: a GPU listed twice gets two workers, whose launches would be timed \
              together; list each GPU once, or check without timing (--iters 0)",
-            ordinals
-                .iter()
-                .map(usize::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
+            choice.spec()
         ));
     }
     let models: BTreeSet<&str> = chosen.iter().map(|g| g.name.as_str()).collect();
@@ -139,6 +147,8 @@ mod tests {
             let why = DeviceChoice::parse(bad).unwrap_err();
             assert!(why.contains("--devices all"), "{bad}: {why}");
         }
+        assert_eq!(DeviceChoice::parse("2,0").unwrap().spec(), "2,0");
+        assert_eq!(DeviceChoice::All.spec(), "all");
         assert!(DeviceChoice::default().is_default());
         assert!(!DeviceChoice::All.is_default());
     }

@@ -205,6 +205,11 @@ pub fn merge(shards: &[Shard]) -> Result<Vec<(String, RunMeasured)>, ConfigError
                     }
                     merged.measurements.extend(p.measurements.iter().cloned());
                     merged.clocks_after = p.clocks_after.clone();
+                    for gpu in &p.gpus {
+                        if !merged.gpus.contains(gpu) {
+                            merged.gpus.push(gpu.clone());
+                        }
+                    }
                 }
             }
         }
@@ -332,5 +337,35 @@ mod tests {
             roles,
             [("cp0".to_string(), false), ("base-cp0".to_string(), true)]
         );
+    }
+
+    #[test]
+    fn timed_shards_of_one_model_list_every_gpu_they_ran_on() {
+        let slot = |index: usize| crate::schema::GpuSlot {
+            index,
+            uuid: format!("GPU-{index}"),
+        };
+        let timed = |seed: u64, gpus: Vec<crate::schema::GpuSlot>| {
+            let mut perf = crate::perf::fixtures::perf_file(
+                "NVIDIA H200",
+                &["mission"],
+                &[seed],
+                &[("cp0", 1.0), ("cp1", 0.9)],
+            );
+            perf.gpus = gpus;
+            Shard {
+                path: format!("run{seed}").into(),
+                perf: Some(perf),
+                ..untimed_gpu_shard()
+            }
+        };
+        let merged = merge(&[
+            timed(0, vec![slot(0), slot(1)]),
+            timed(1, vec![slot(1), slot(2)]),
+        ])
+        .unwrap();
+        let perf = merged[0].1.perf.as_ref().unwrap();
+        assert_eq!(perf.gpus, [slot(0), slot(1), slot(2)]);
+        assert_eq!(perf.measurements.len(), 4);
     }
 }

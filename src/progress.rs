@@ -33,10 +33,7 @@ impl ConsoleProgress {
     }
 
     fn on_gpu(&self, gpu: Option<&GpuSlot>) -> String {
-        match gpu {
-            Some(g) if self.name_gpu => format!(" (GPU {})", g.index),
-            _ => String::new(),
-        }
+        console::on_gpu(gpu, self.name_gpu)
     }
 
     fn timing_label(&self, shape: &str, seed: u64) -> String {

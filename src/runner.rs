@@ -874,7 +874,19 @@ mod tests {
         let one = run(&mut [FakeDevice::gpu(0)]);
         let three = run(&mut [FakeDevice::gpu(0), FakeDevice::gpu(1), FakeDevice::gpu(2)]);
         assert_eq!(without_gpus_and_times(&one), without_gpus_and_times(&three));
-        assert_eq!(three.records.len(), 4 * 3);
+        // ...in the order of the work, shapes first, not the queue's (costliest first).
+        let mut order: Vec<(String, u64)> = three
+            .records
+            .iter()
+            .map(|r| (r.shape.clone(), r.seed))
+            .collect();
+        order.dedup();
+        let expected: Vec<(String, u64)> = work
+            .problems()
+            .iter()
+            .map(|(sh, seed)| (sh.name.clone(), *seed))
+            .collect();
+        assert_eq!(order, expected);
         let gpus: std::collections::BTreeSet<usize> = three
             .records
             .iter()

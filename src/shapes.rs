@@ -596,7 +596,14 @@ mod tests {
         assert!(fits(1, 2).is_ok());
         assert!(fits(2, 1).is_ok(), "one seed: only one worker holds it");
         let err = fits(2, 2).unwrap_err().to_string();
-        assert!(err.contains("2 workers") && err.contains("93."), "{err}");
+        let one = big[0]
+            .host_bytes_needed(1024, rayon::current_num_threads())
+            .unwrap();
+        let both = format!("{:.1} GiB", 2.0 * one as f64 / (1u64 << 30) as f64);
+        assert!(
+            err.contains("2 workers") && err.contains(&both),
+            "{both}: {err}"
+        );
         let mut two = big.clone();
         two.extend(catalog().select("small").unwrap());
         assert!(check_host_memory(&two, rows, Some(64 << 30), 2, 1).is_ok());

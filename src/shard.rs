@@ -25,7 +25,7 @@ pub fn queue_order(costs: &[u128]) -> Vec<usize> {
 
 /// Runs `work(worker, item, emit)` for every item on `workers.len()` threads and returns the
 /// results in the order of `items`; `on_report(worker index, report)` runs on the calling
-/// thread for each `emit` as it arrives.
+/// thread for each `emit` as it arrives. One worker runs on the calling thread itself.
 pub fn run<W, T, R, E, P>(
     workers: &mut [W],
     items: &[T],
@@ -41,8 +41,21 @@ where
     P: Send,
 {
     assert_eq!(items.len(), costs.len(), "one cost per item");
+    let order = queue_order(costs);
+    if let [worker] = workers {
+        let on_report = std::cell::RefCell::new(&mut on_report);
+        let emit = |p: P| (on_report.borrow_mut())(0, p);
+        let mut done: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+        for item in order {
+            done[item] = Some(work(worker, &items[item], &emit)?);
+        }
+        return Ok(done
+            .into_iter()
+            .map(|r| r.expect("every item ran"))
+            .collect());
+    }
     assert!(!workers.is_empty(), "at least one worker");
-    let queue = Mutex::new(queue_order(costs).into_iter());
+    let queue = Mutex::new(order.into_iter());
     let stop = AtomicBool::new(false);
     let done: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
     let first_error: Mutex<Option<E>> = Mutex::new(None);
@@ -53,6 +66,7 @@ where
             let (queue, stop, done, first_error, work) =
                 (&queue, &stop, &done, &first_error, &work);
             scope.spawn(move || {
+                let _stop_on_panic = StopOnPanic(stop);
                 let emit = |p: P| {
                     // The receiver lives until every worker has ended.
                     let _ = reports.send((index, p));
@@ -74,6 +88,7 @@ where
             });
         }
         drop(reports);
+        let _stop_on_panic = StopOnPanic(&stop);
         // Ends when the last worker has dropped its sender.
         for (worker, report) in received {
             on_report(worker, report);
@@ -88,6 +103,18 @@ where
         .into_iter()
         .map(|r| r.expect("every item ran, or an error was returned"))
         .collect())
+}
+
+/// Stops every worker from taking another item when the thread holding it panics (the
+/// panic then surfaces once the running items have finished, not after the whole queue).
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -173,27 +200,81 @@ mod tests {
 
     #[test]
     fn an_error_stops_further_items_and_is_returned() {
+        for workers in [1, 2] {
+            let ran = AtomicUsize::new(0);
+            let mut pool = vec![(); workers];
+            let out = run(
+                &mut pool,
+                &[0, 1, 2, 3, 4, 5, 6, 7],
+                &[8, 7, 6, 5, 4, 3, 2, 1],
+                |_, &i, _: &dyn Fn(())| {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    if i == 1 {
+                        Err(format!("item {i} faulted"))
+                    } else {
+                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(i)
+                    }
+                },
+                |_, _| {},
+            );
+            assert_eq!(out, Err("item 1 faulted".to_string()));
+            // One worker stops at once; with two, the other finishes the item it holds and
+            // takes at most one more that it had already dequeued.
+            assert!(
+                ran.load(Ordering::SeqCst) <= 2 * workers,
+                "{workers} workers ran {} items",
+                ran.load(Ordering::SeqCst)
+            );
+        }
+    }
+
+    #[test]
+    fn a_panic_in_a_worker_stops_the_others_and_surfaces() {
         let ran = AtomicUsize::new(0);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut pool = vec![(); 2];
+            // 200 items of 5 ms: a drained queue takes a second on the other worker; the
+            // panic hook (a backtrace) may take a fraction of that before the stop is set.
+            let items: Vec<usize> = (0..200).collect();
+            let _ = run(
+                &mut pool,
+                &items,
+                &vec![1; 200],
+                |_, &i, _: &dyn Fn(())| {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    if i == 0 {
+                        panic!("planted");
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                    Ok::<_, ()>(())
+                },
+                |_, _| {},
+            );
+        }));
+        assert!(caught.is_err(), "the panic surfaces");
+        assert!(
+            ran.load(Ordering::SeqCst) < 150,
+            "the queue was drained: {} items ran",
+            ran.load(Ordering::SeqCst)
+        );
+    }
+
+    #[test]
+    fn one_worker_runs_on_the_calling_thread() {
+        let caller = std::thread::current().id();
         let mut one = vec![()];
-        let out = run(
+        let threads = run(
             &mut one,
-            &[0, 1, 2, 3, 4],
-            &[5, 4, 3, 2, 1],
-            |_, &i, _: &dyn Fn(())| {
-                ran.fetch_add(1, Ordering::SeqCst);
-                if i == 1 {
-                    Err(format!("item {i} faulted"))
-                } else {
-                    Ok(i)
-                }
+            &[0, 1],
+            &[1, 1],
+            |_, _, emit| {
+                emit(());
+                Ok::<_, ()>(std::thread::current().id())
             },
-            |_, _| {},
-        );
-        assert_eq!(out, Err("item 1 faulted".to_string()));
-        assert_eq!(
-            ran.load(Ordering::SeqCst),
-            2,
-            "nothing is taken after the fault"
-        );
+            |_, _| assert_eq!(std::thread::current().id(), caller),
+        )
+        .unwrap();
+        assert_eq!(threads, [caller, caller]);
     }
 }

@@ -318,7 +318,10 @@ fn devices_without_a_gpu_exit_3_for_every_command_that_takes_them() {
                 .arg(results.path()),
         );
         assert_eq!(code, 3, "{command:?}: {stderr}");
-        assert!(stderr.contains("no usable GPU"), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("--devices all: no usable GPU"),
+            "{command:?}: {stderr}"
+        );
         assert!(run_dirs(results.path()).is_empty(), "{command:?}");
     }
 }

@@ -129,3 +129,72 @@ fn a_gpu_listed_twice_is_refused_when_timed_and_a_missing_gpu_exits_2() {
         assert!(run_dirs(results.path()).is_empty());
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_timed_run_on_every_gpu_keeps_each_problems_timings_on_the_gpu_that_checked_it() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(
+        runner()
+            .args(["--shapes", "small,mission,partial300", "--seeds", "0-3"])
+            .args(["--iters", "60", "--devices", "all", "--results-dir"])
+            .arg(results.path()),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let dir = &run_dirs(results.path())[0];
+    let perf = read_json(&dir.join("perf.json"));
+    let correctness = read_json(&dir.join("correctness.json"));
+    let gpus = perf["gpus"].as_array().unwrap();
+    assert!(!gpus.is_empty());
+    for m in perf["measurements"].as_array().unwrap() {
+        assert!(gpus.contains(&m["gpu"]), "{}", m["gpu"]);
+        let checked = correctness["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["shape"] == m["shape"] && r["seed"] == m["seed"])
+            .unwrap();
+        assert_eq!(
+            checked["gpu"], m["gpu"],
+            "{} seed {}",
+            m["shape"], m["seed"]
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn selftest_shares_its_checks_among_workers_and_records_each_mutants_gpu() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(
+        runner()
+            .args([
+                "selftest",
+                "--only",
+                "MUTANT_K_SCALE_TWICE,MUTANT_NO_RESCALE",
+            ])
+            .args(["--repeats", "20", "--devices", several(), "--results-dir"])
+            .arg(results.path()),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let dir = &run_dirs(results.path())[0];
+    let selftest = read_json(&dir.join("selftest.json"));
+    let mutants = selftest["mutants"].as_array().unwrap();
+    let names: Vec<&str> = mutants
+        .iter()
+        .map(|m| m["define"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["MUTANT_K_SCALE_TWICE", "MUTANT_NO_RESCALE"],
+        "in the order asked"
+    );
+    for m in mutants {
+        assert!(m["caught_by"].is_string(), "{m}");
+        assert!(
+            m["gpu"]["uuid"].as_str().unwrap().starts_with("GPU-"),
+            "{m}"
+        );
+    }
+    assert_eq!(selftest["clean_kernel_pass"], true);
+}

@@ -18,7 +18,7 @@ use crate::error::{AppError, Outcome};
 use crate::gates::Gates;
 use crate::report::{self, RunDir};
 use crate::runner;
-use crate::schema::{FuzzFile, FuzzRecord, SCHEMA_VERSION};
+use crate::schema::{FuzzFile, FuzzRecord, GpuSlot, SCHEMA_VERSION};
 use crate::shapes::{self, Dist, Shape};
 use crate::usage::ConfigError;
 use crate::verdict;
@@ -150,7 +150,7 @@ fn check_problem(
         kernel_err_over_bound: worst(|r| r.kernel_ref.max_err_over_bound),
         end_to_end_err_over_bound: worst(|r| r.end_to_end.max_err_over_bound),
         references: engines(&rows),
-        reproduce: (!pass).then(|| reproduce(args, shape, seed)),
+        reproduce: (!pass).then(|| reproduce(args, shape, seed, backend.gpu())),
         failures,
         gpu: backend.gpu(),
     })
@@ -198,12 +198,15 @@ fn engines(records: &[crate::schema::CorrectnessRecord]) -> String {
     engines.into_iter().collect::<Vec<_>>().join("+")
 }
 
-/// The command that checks this one problem again.
-fn reproduce(args: &FuzzArgs, shape: &Shape, seed: u64) -> String {
+/// The command that checks this one problem again, on the GPU that failed it.
+fn reproduce(args: &FuzzArgs, shape: &Shape, seed: u64, gpu: Option<GpuSlot>) -> String {
     let mut cmd = format!(
         "sdpa-runner --shapes {} --seeds {seed} --iters 0",
         shape.inline()
     );
+    if let Some(gpu) = gpu.filter(|g| g.index != 0) {
+        cmd.push_str(&format!(" --devices {}", gpu.index));
+    }
     if args.setup.backend == BackendKind::Cpu {
         cmd.push_str(" --backend cpu");
     }

@@ -202,13 +202,7 @@ pub fn open_workers(
         )
         .into());
     }
-    let seen = crate::backend::cuda::device::list().map_err(|e| match e {
-        BackendError::Environment(why) => {
-            BackendError::Environment(format!("{why}\n{CPU_BACKEND_ADVICE}"))
-        }
-        other => other,
-    })?;
-    let chosen = crate::devices::resolve(devices, &seen, timed).map_err(ConfigError::Usage)?;
+    let chosen = chosen_gpus(devices, timed)?.unwrap_or_default();
     let opened: Vec<Result<Box<dyn Backend>, AppError>> = std::thread::scope(|scope| {
         let jobs: Vec<_> = chosen
             .iter()
@@ -236,6 +230,26 @@ pub fn open_workers(
         }
     }
     Ok(workers)
+}
+
+/// The GPUs `devices` names, checked against the driver's (src/devices.rs), before any work;
+/// `None` for the default, GPU 0 alone, which needs no list.
+pub(crate) fn chosen_gpus(
+    devices: &DeviceChoice,
+    timed: bool,
+) -> Result<Option<Vec<crate::devices::GpuId>>, AppError> {
+    if devices.is_default() {
+        return Ok(None);
+    }
+    let seen = crate::backend::cuda::device::list().map_err(|e| match e {
+        BackendError::Environment(why) => BackendError::Environment(format!(
+            "--devices {}: {why}\n{CPU_BACKEND_ADVICE}",
+            devices.spec()
+        )),
+        other => other,
+    })?;
+    let chosen = crate::devices::resolve(devices, &seen, timed).map_err(ConfigError::Usage)?;
+    Ok(Some(chosen))
 }
 
 /// The workers as the runner takes them.

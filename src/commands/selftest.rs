@@ -15,7 +15,7 @@ use crate::backend::cuda::headers;
 use crate::backend::cuda::kernel::{self, KERNEL_FILE, KernelSource};
 use crate::backend::cuda::variant::VariantSpec;
 use crate::cli::SelftestArgs;
-use crate::devices::DeviceChoice;
+use crate::console;
 use crate::error::{AppError, EXIT_ENVIRONMENT, EXIT_GATE_FAILED, EXIT_KERNEL, EXIT_PASS, Outcome};
 use crate::mutants::{self, MUTANTS, Mutant};
 use crate::problem::HostDefect;
@@ -28,7 +28,8 @@ use crate::usage::ConfigError;
 pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let chosen = choose(&args.only)?;
-    let gpus = chosen_gpus(&args.devices)?;
+    // Checked as a run's are; nothing is timed, so a GPU may be listed twice.
+    let gpus = super::chosen_gpus(&args.devices, false)?;
     let kernel_path = args
         .kernel
         .clone()
@@ -67,8 +68,11 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         None => vec![child],
         Some(gpus) => gpus
             .into_iter()
-            .map(|gpu| Child {
-                gpu: Some(gpu),
+            .map(|g| Child {
+                gpu: Some(GpuSlot {
+                    index: g.ordinal,
+                    uuid: g.uuid,
+                }),
                 ..child.clone()
             })
             .collect(),
@@ -95,19 +99,23 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         &costs,
         |child, check, emit| {
             let done = check.run(child, &all_shapes, &repeats)?;
-            if let Done::Result(r) = &done {
-                emit(format!(
-                    "{:<30} {:<22} {}{}",
+            let gpu = console::on_gpu(child.gpu.as_ref(), child.gpu.is_some());
+            emit(match (&done, check) {
+                (Done::Clean(run), Check::CleanStress) => format!(
+                    "clean kernel on {all_shapes}: stress x{repeats} {}{gpu}",
+                    verdict_word(run.code)
+                ),
+                (Done::Clean(run), _) => format!(
+                    "clean kernel on {all_shapes}: gates {}{gpu}",
+                    verdict_word(run.code)
+                ),
+                (Done::Result(r), _) => format!(
+                    "{:<30} {:<22} {}{gpu}",
                     r.define,
                     r.caught_by.as_deref().unwrap_or("SURVIVED"),
-                    r.figure,
-                    child
-                        .gpu
-                        .as_ref()
-                        .map(|g| format!(" (GPU {})", g.index))
-                        .unwrap_or_default()
-                ));
-            }
+                    r.figure
+                ),
+            });
             Ok::<_, AppError>(done)
         },
         |_, line| crate::outln!("{line}"),
@@ -119,11 +127,6 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
         unreachable!("the clean checks come first")
     };
     let clean_pass = clean_run.code == EXIT_PASS as i32 && clean_stress.code == EXIT_PASS as i32;
-    crate::outln!(
-        "clean kernel on {all_shapes}: gates {}, stress x{repeats} {}",
-        verdict_word(clean_run.code),
-        verdict_word(clean_stress.code)
-    );
     let (mut results, mut host_results) = (Vec::new(), Vec::new());
     for (check, done) in checks[2..].iter().zip(done) {
         let Done::Result(r) = done else {
@@ -349,25 +352,6 @@ struct ChildRun {
     stdout: String,
     /// The run directory the child wrote, if any.
     dir: Option<PathBuf>,
-}
-
-/// The GPUs of `--devices`, checked as a run's are (nothing is timed), one child runner
-/// each; `None` for the default, GPU 0, which leaves the children's own default.
-fn chosen_gpus(devices: &DeviceChoice) -> Result<Option<Vec<GpuSlot>>, AppError> {
-    if devices.is_default() {
-        return Ok(None);
-    }
-    let seen = crate::backend::cuda::device::list()?;
-    let chosen = crate::devices::resolve(devices, &seen, false).map_err(ConfigError::Usage)?;
-    Ok(Some(
-        chosen
-            .into_iter()
-            .map(|g| GpuSlot {
-                index: g.ordinal,
-                uuid: g.uuid,
-            })
-            .collect(),
-    ))
 }
 
 impl Child {

@@ -63,10 +63,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
             stress_problem(backend, shape, seed, args, check, gates, emit)
         },
         |_, r: StressRecord| {
-            let gpu = match &r.gpu {
-                Some(g) if name_gpu => format!(" (GPU {})", g.index),
-                _ => String::new(),
-            };
+            let gpu = crate::console::on_gpu(r.gpu.as_ref(), name_gpu);
             crate::outln!("{}{gpu}", repeat::line(&r, &widths));
             for failure in r.failed_gates.iter().take(3) {
                 crate::outln!("    {failure}");

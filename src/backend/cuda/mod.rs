@@ -236,6 +236,8 @@ fn joined<T>(job: std::thread::ScopedJoinHandle<'_, T>) -> T {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         if !self.faulted {
+            // The buffers are freed in this GPU's context, whichever thread drops the backend.
+            let _ = self.gpu.ctx.bind_to_thread();
             // SAFETY: dropped exactly once, here; after a fault the GPU state is leaked instead.
             unsafe { ManuallyDrop::drop(&mut self.gpu) };
         }
@@ -380,6 +382,13 @@ impl Backend for CudaBackend {
                 self.gpu.problem = Some(dp);
                 Ok(())
             }
+            // Free memory can shrink between the check and the allocations (another process,
+            // or a second worker on this GPU): the context is still sound, the problem too big.
+            Err(e) if reference::out_of_memory(&e) => Err(BackendError::Config(format!(
+                "{}: the GPU ran out of memory for the inputs ({e}); choose a smaller B, H or S, \
+                 or free the GPU (a GPU listed twice in --devices shares its memory)",
+                self.loaded
+            ))),
             Err(e) => Err(self.fault(0, "uploading the inputs", e)),
         }
     }
