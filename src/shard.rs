@@ -25,7 +25,8 @@ pub fn queue_order(costs: &[u128]) -> Vec<usize> {
 
 /// Runs `work(worker, item, emit)` for every item on `workers.len()` threads and returns the
 /// results in the order of `items`; `on_report(worker index, report)` runs on the calling
-/// thread for each `emit` as it arrives. One worker runs on the calling thread itself.
+/// thread for each `emit` as it arrives. One worker runs on the calling thread itself, in the
+/// items' own order.
 pub fn run<W, T, R, E, P>(
     workers: &mut [W],
     items: &[T],
@@ -41,21 +42,15 @@ where
     P: Send,
 {
     assert_eq!(items.len(), costs.len(), "one cost per item");
-    let order = queue_order(costs);
     if let [worker] = workers {
+        // Alone, a worker keeps the items' own order: nothing to balance, and rows print in
+        // the order asked for.
         let on_report = std::cell::RefCell::new(&mut on_report);
         let emit = |p: P| (on_report.borrow_mut())(0, p);
-        let mut done: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
-        for item in order {
-            done[item] = Some(work(worker, &items[item], &emit)?);
-        }
-        return Ok(done
-            .into_iter()
-            .map(|r| r.expect("every item ran"))
-            .collect());
+        return items.iter().map(|item| work(worker, item, &emit)).collect();
     }
     assert!(!workers.is_empty(), "at least one worker");
-    let queue = Mutex::new(order.into_iter());
+    let queue = Mutex::new(queue_order(costs).into_iter());
     let stop = AtomicBool::new(false);
     let done: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
     let first_error: Mutex<Option<E>> = Mutex::new(None);
@@ -181,21 +176,23 @@ mod tests {
     }
 
     #[test]
-    fn the_costliest_item_is_started_first() {
+    fn several_workers_start_the_costliest_items_first_and_one_keeps_their_order() {
+        // Each worker's first item is dequeued before any other: with two workers, the two
+        // costliest start first, whichever thread logs first.
         let started = Mutex::new(Vec::new());
-        let mut one = vec![()];
-        run(
-            &mut one,
-            &["short", "long", "middle"],
-            &[1, 100, 10],
-            |_, name, _: &dyn Fn(())| {
-                started.lock().unwrap().push(*name);
-                Ok::<_, ()>(())
-            },
-            |_, _| {},
-        )
-        .unwrap();
-        assert_eq!(started.into_inner().unwrap(), ["long", "middle", "short"]);
+        let log = |_: &mut (), name: &&'static str, _: &dyn Fn(())| {
+            started.lock().unwrap().push(*name);
+            std::thread::sleep(Duration::from_millis(20));
+            Ok::<_, ()>(())
+        };
+        let (items, costs) = (["short", "long", "middle", "tiny"], [5, 100, 10, 1]);
+        run(&mut [(), ()], &items, &costs, log, |_, _| {}).unwrap();
+        let mut first_two = started.lock().unwrap()[..2].to_vec();
+        first_two.sort();
+        assert_eq!(first_two, ["long", "middle"]);
+        started.lock().unwrap().clear();
+        run(&mut [()], &items, &costs, log, |_, _| {}).unwrap();
+        assert_eq!(*started.lock().unwrap(), items);
     }
 
     #[test]

@@ -322,6 +322,10 @@ fn devices_without_a_gpu_exit_3_for_every_command_that_takes_them() {
             stderr.contains("--devices all: no usable GPU"),
             "{command:?}: {stderr}"
         );
+        // Only the commands that take --backend point at it, and only without --devices.
+        let advice = stderr.contains("--backend cpu");
+        assert_eq!(advice, command != ["selftest"], "{command:?}: {stderr}");
+        assert!(!advice || stderr.contains("Without --devices"), "{stderr}");
         assert!(run_dirs(results.path()).is_empty(), "{command:?}");
     }
 }

@@ -202,7 +202,18 @@ pub fn open_workers(
         )
         .into());
     }
-    let chosen = chosen_gpus(devices, timed)?.unwrap_or_default();
+    let chosen = chosen_gpus(devices, timed)
+        .map_err(|e| match e {
+            AppError::Backend(BackendError::Environment(why)) => {
+                BackendError::Environment(format!(
+                    "{why}\nWithout --devices, `--backend cpu` runs the same pipeline on the \
+                     CPU emulation of the kernel, with no GPU."
+                ))
+                .into()
+            }
+            other => other,
+        })?
+        .unwrap_or_default();
     let opened: Vec<Result<Box<dyn Backend>, AppError>> = std::thread::scope(|scope| {
         let jobs: Vec<_> = chosen
             .iter()
@@ -242,10 +253,9 @@ pub(crate) fn chosen_gpus(
         return Ok(None);
     }
     let seen = crate::backend::cuda::device::list().map_err(|e| match e {
-        BackendError::Environment(why) => BackendError::Environment(format!(
-            "--devices {}: {why}\n{CPU_BACKEND_ADVICE}",
-            devices.spec()
-        )),
+        BackendError::Environment(why) => {
+            BackendError::Environment(format!("--devices {}: {why}", devices.spec()))
+        }
         other => other,
     })?;
     let chosen = crate::devices::resolve(devices, &seen, timed).map_err(ConfigError::Usage)?;

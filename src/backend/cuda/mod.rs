@@ -229,6 +229,12 @@ fn load_variant(
     })
 }
 
+/// Makes `ctx` current on this thread. cudarc first reports (and clears) an error it stored
+/// from an earlier asynchronous call, without binding; the second try binds.
+fn bind(ctx: &Arc<CudaContext>) -> Result<(), DriverError> {
+    ctx.bind_to_thread().or_else(|_| ctx.bind_to_thread())
+}
+
 fn joined<T>(job: std::thread::ScopedJoinHandle<'_, T>) -> T {
     job.join().expect("an NVRTC compile thread panicked")
 }
@@ -237,7 +243,7 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         if !self.faulted {
             // The buffers are freed in this GPU's context, whichever thread drops the backend.
-            let _ = self.gpu.ctx.bind_to_thread();
+            let _ = bind(&self.gpu.ctx);
             // SAFETY: dropped exactly once, here; after a fault the GPU state is leaked instead.
             unsafe { ManuallyDrop::drop(&mut self.gpu) };
         }
@@ -500,7 +506,7 @@ impl Backend for CudaBackend {
     }
 
     fn attach_thread(&self) -> Result<(), BackendError> {
-        self.gpu.ctx.bind_to_thread().map_err(|e| {
+        bind(&self.gpu.ctx).map_err(|e| {
             BackendError::Environment(format!(
                 "cannot use GPU {} from a worker thread: {e}",
                 self.id.ordinal
