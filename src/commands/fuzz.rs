@@ -10,7 +10,9 @@ use clap::ValueEnum;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Project, as_workers, build_meta, open_workers, workers_line};
+use super::{
+    Project, as_workers, build_meta, open_workers, plan_workers, worker_count, workers_line,
+};
 use crate::backend::{Backend, BackendError, BackendKind};
 use crate::cli::FuzzArgs;
 use crate::emulation::Defect;
@@ -31,20 +33,17 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         .map(|_| draw_problem(&mut draw, args.max_s))
         .collect();
     let biggest: Vec<Shape> = problems.iter().map(|(s, _)| s.clone()).collect();
-    crate::rows::check_host_memory(&biggest, args.setup.check_rows, 1, 1)?;
     let check = args.setup.check().map_err(ConfigError::Usage)?;
+    let gpus = plan_workers(&args.setup.devices, false, args.setup.backend)?;
+    crate::rows::check_host_memory(&biggest, args.setup.check_rows, worker_count(&gpus), 1)?;
     let mut backends = open_workers(
-        &args.setup.devices,
-        false,
+        gpus,
         args.setup.backend,
         &args.setup.kernel,
         None,
         args.emulation_defect,
         &project,
     )?;
-    if backends.len() > 1 {
-        crate::rows::check_host_memory(&biggest, args.setup.check_rows, backends.len(), 1)?;
-    }
     let run_dir = RunDir::create(&args.setup.results_root(project.root.path()))?;
     crate::outln!("{}", backends[0].describe());
     if let Some(line) = workers_line(&backends) {

@@ -22,7 +22,7 @@ use crate::backend::cuda::kernel::{KernelLocation, KernelSource};
 use crate::backend::cuda::variant::{self, VariantSpec};
 use crate::backend::{Backend, BackendError, BackendKind};
 use crate::cli::{Cli, Command, KernelArgs, ProjectArgs};
-use crate::devices::DeviceChoice;
+use crate::devices::{DeviceChoice, GpuId};
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::GateFile;
@@ -177,24 +177,16 @@ fn open_backend_on(
     })
 }
 
-/// The workers of a command, one backend each: with `--backend cuda`, one per GPU that
-/// `devices` names (src/devices.rs checks them: they exist, are of one model, and a GPU
-/// listed twice only where nothing is `timed`), each compiled and loaded on its own GPU, in
-/// parallel; every GPU must build the same code. With `--backend cpu`, the emulation alone:
-/// `--devices` is refused (exit 2).
-pub fn open_workers(
+/// The GPUs a command's workers will run on, checked before any work (src/devices.rs: they
+/// exist, are of one model, and a GPU is listed twice only where nothing is `timed`); `None`
+/// for the default, GPU 0 alone, or the cpu backend. `--devices` with `--backend cpu` is
+/// refused (exit 2).
+pub fn plan_workers(
     devices: &DeviceChoice,
     timed: bool,
     kind: BackendKind,
-    kernel: &KernelArgs,
-    base: Option<&KernelLocation>,
-    defect: Defect,
-    project: &Project,
-) -> Result<Vec<Box<dyn Backend>>, AppError> {
-    if devices.is_default() {
-        return Ok(vec![open_backend(kind, kernel, base, defect, project)?]);
-    }
-    if kind == BackendKind::Cpu {
+) -> Result<Option<Vec<GpuId>>, AppError> {
+    if kind == BackendKind::Cpu && !devices.is_default() {
         return Err(ConfigError::Usage(
             "--devices chooses GPUs; it needs --backend cuda (the cpu backend already runs on \
              every core of the host)"
@@ -202,18 +194,35 @@ pub fn open_workers(
         )
         .into());
     }
-    let chosen = chosen_gpus(devices, timed)
-        .map_err(|e| match e {
-            AppError::Backend(BackendError::Environment(why)) => {
-                BackendError::Environment(format!(
-                    "{why}\nWithout --devices, `--backend cpu` runs the same pipeline on the \
-                     CPU emulation of the kernel, with no GPU."
-                ))
-                .into()
-            }
-            other => other,
-        })?
-        .unwrap_or_default();
+    chosen_gpus(devices, timed).map_err(|e| match e {
+        AppError::Backend(BackendError::Environment(why)) => BackendError::Environment(format!(
+            "{why}\nWithout --devices, `--backend cpu` runs the same pipeline on the CPU \
+             emulation of the kernel, with no GPU."
+        ))
+        .into(),
+        other => other,
+    })
+}
+
+/// How many workers a plan ([`plan_workers`]) makes.
+pub fn worker_count(gpus: &Option<Vec<GpuId>>) -> usize {
+    gpus.as_ref().map_or(1, Vec::len)
+}
+
+/// The workers of a command, one backend each: one per GPU of `gpus` ([`plan_workers`]),
+/// each compiled and loaded on its own GPU, in parallel, and every GPU must build the same
+/// code; without GPUs, the one backend [`open_backend`] opens.
+pub fn open_workers(
+    gpus: Option<Vec<GpuId>>,
+    kind: BackendKind,
+    kernel: &KernelArgs,
+    base: Option<&KernelLocation>,
+    defect: Defect,
+    project: &Project,
+) -> Result<Vec<Box<dyn Backend>>, AppError> {
+    let Some(chosen) = gpus else {
+        return Ok(vec![open_backend(kind, kernel, base, defect, project)?]);
+    };
     let opened: Vec<Result<Box<dyn Backend>, AppError>> = std::thread::scope(|scope| {
         let jobs: Vec<_> = chosen
             .iter()
@@ -248,7 +257,7 @@ pub fn open_workers(
 pub(crate) fn chosen_gpus(
     devices: &DeviceChoice,
     timed: bool,
-) -> Result<Option<Vec<crate::devices::GpuId>>, AppError> {
+) -> Result<Option<Vec<GpuId>>, AppError> {
     if devices.is_default() {
         return Ok(None);
     }

@@ -3,7 +3,9 @@
 //! once) -> publish (the run directory, committed atomically; then the outputs outside it)
 //! -> print.
 
-use super::{Project, as_workers, build_meta, open_workers, workers_line};
+use super::{
+    Project, as_workers, build_meta, open_workers, plan_workers, worker_count, workers_line,
+};
 use crate::analysis::{self, RunAnalysis, RunMeasured, RunPolicy};
 use crate::backend::{Backend, BackendKind};
 use crate::cli::{RunArgs, TimingArgs};
@@ -76,8 +78,6 @@ impl Job {
     fn prepare(args: &RunArgs) -> Result<Self, AppError> {
         let project = Project::load(&args.setup.project)?;
         let shapes = project.catalog.select(&args.shapes)?;
-        let seeds = args.seeds.0.len();
-        crate::rows::check_host_memory(&shapes, args.setup.check_rows, 1, seeds)?;
         let check = args.setup.check().map_err(ConfigError::Usage)?;
         let plan = timing_plan(&args.timing, args.setup.backend);
         plan.validate()?;
@@ -97,18 +97,21 @@ impl Job {
             )
             .into());
         }
+        let gpus = plan_workers(&args.setup.devices, plan.enabled(), args.setup.backend)?;
+        crate::rows::check_host_memory(
+            &shapes,
+            args.setup.check_rows,
+            worker_count(&gpus),
+            args.seeds.0.len(),
+        )?;
         let backends = open_workers(
-            &args.setup.devices,
-            plan.enabled(),
+            gpus,
             args.setup.backend,
             &args.setup.kernel,
             args.base_kernel.as_ref(),
             args.emulation_defect,
             &project,
         )?;
-        if backends.len() > 1 {
-            crate::rows::check_host_memory(&shapes, args.setup.check_rows, backends.len(), seeds)?;
-        }
         let backend = &backends[0];
         if args.require_speedup && (backend.variants().len() < 2 || !plan.enabled()) {
             return Err(ConfigError::Usage(

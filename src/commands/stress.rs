@@ -2,7 +2,9 @@
 //! each output compared bit for bit with the first; writes stress.json; exit 1 on any
 //! divergence or gate failure.
 
-use super::{Project, as_workers, build_meta, open_workers, workers_line};
+use super::{
+    Project, as_workers, build_meta, open_workers, plan_workers, worker_count, workers_line,
+};
 use crate::backend::{Backend, BackendError};
 use crate::cli::StressArgs;
 use crate::console::Widths;
@@ -22,21 +24,22 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
     let project = Project::load(&args.setup.project)?;
     let selected = project.catalog.select(&args.shapes)?;
-    let seeds = args.seeds.0.len();
-    crate::rows::check_host_memory(&selected, args.setup.check_rows, 1, seeds)?;
     let check = args.setup.check().map_err(ConfigError::Usage)?;
+    let gpus = plan_workers(&args.setup.devices, false, args.setup.backend)?;
+    crate::rows::check_host_memory(
+        &selected,
+        args.setup.check_rows,
+        worker_count(&gpus),
+        args.seeds.0.len(),
+    )?;
     let mut backends = open_workers(
-        &args.setup.devices,
-        false,
+        gpus,
         args.setup.backend,
         &args.setup.kernel,
         None,
         Defect::None,
         &project,
     )?;
-    if backends.len() > 1 {
-        crate::rows::check_host_memory(&selected, args.setup.check_rows, backends.len(), seeds)?;
-    }
     let results_root = args.setup.results_root(project.root.path());
     let run_dir = RunDir::create(&results_root)?;
     crate::outln!("{}", backends[0].describe());
