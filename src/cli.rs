@@ -176,6 +176,16 @@ pub struct SetupArgs {
         value_name = "auto|host|device"
     )]
     pub references: ReferenceEngine,
+    /// Where the emulation (the relative gate's yardstick) is computed, by the same rule: auto
+    /// on the host up to 2^24 checked (row, key) pairs and on the GPU above; both give the
+    /// same bits (docs/DESIGN.md "The emulation on the GPU")
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        value_name = "auto|host|device"
+    )]
+    pub emulation: ReferenceEngine,
     /// GPUs to run on, one worker each: all, or CUDA ordinals such as 0,1. Problems are shared
     /// costliest first (B·H·S²); a (shape, seed) runs whole on one GPU, its timings and A/B
     /// pairs too, and every record names its GPU. The GPUs must be of one model; a GPU listed
@@ -194,18 +204,24 @@ pub struct SetupArgs {
 }
 
 impl SetupArgs {
-    /// How each problem is held to the references; `--references device` needs a GPU.
+    /// How each problem is held to the references; `--references device` and `--emulation
+    /// device` need a GPU.
     pub fn check(&self) -> Result<crate::runner::Check, String> {
-        if self.references == ReferenceEngine::Device && self.backend == BackendKind::Cpu {
-            return Err(
-                "--references device computes the references on the GPU; it needs \
-                 --backend cuda (use --references host or auto with --backend cpu)"
-                    .into(),
-            );
+        for (engine, flag, what) in [
+            (self.references, "--references", "the references"),
+            (self.emulation, "--emulation", "the emulation"),
+        ] {
+            if engine == ReferenceEngine::Device && self.backend == BackendKind::Cpu {
+                return Err(format!(
+                    "{flag} device computes {what} on the GPU; it needs --backend cuda (use \
+                     {flag} host or auto with --backend cpu)"
+                ));
+            }
         }
         Ok(crate::runner::Check {
             rows: self.check_rows,
             references: self.references,
+            emulation: self.emulation,
         })
     }
 

@@ -15,7 +15,7 @@ pub(crate) mod clocks;
 pub mod commands;
 pub(crate) mod console;
 pub mod devices;
-pub(crate) mod emulation;
+pub mod emulation;
 pub(crate) mod error;
 pub mod fp8;
 pub mod gates;

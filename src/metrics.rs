@@ -93,49 +93,97 @@ fn poison_counts(out: &[f16]) -> (usize, usize) {
 }
 
 /// The error statistics over the checked rows; `out_row` maps (output row, compact row) to
-/// the row of `out` that holds it.
+/// the row of `out` that holds it. Rows are taken [`ROWS_PER_PART`] at a time in parallel and
+/// the parts combined in row order, so the figures do not depend on the number of threads.
 fn errors(
     out: &[f16],
     reference: &[f64],
     bound: &[f64],
     rows: &RowSet,
     shape: &Shape,
-    out_row: impl Fn(usize, usize) -> usize,
+    out_row: impl Fn(usize, usize) -> usize + Sync,
 ) -> ErrorMetrics {
     let d = shape.d;
-    let (mut max, mut sum, mut sum_sq, mut worst_ratio) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    let mut counted = 0usize;
-    let mut worst = None;
-    for (full_row, compact_row) in rows.each() {
-        let o = &out[out_row(full_row, compact_row) * d..][..d];
-        let r = &reference[compact_row * d..][..d];
-        let b = &bound[compact_row * d..][..d];
-        for (x, ((&o, &r), &b)) in o.iter().zip(r).zip(b).enumerate() {
-            if !o.is_finite() {
-                continue; // poison or NaN/Inf: counted apart
+    let each: Vec<(usize, usize)> = rows.each().collect();
+    let parts: Vec<Part> = each
+        .par_chunks(ROWS_PER_PART)
+        .map(|chunk| {
+            let mut part = Part::default();
+            for &(full_row, compact_row) in chunk {
+                let o = &out[out_row(full_row, compact_row) * d..][..d];
+                let r = &reference[compact_row * d..][..d];
+                let b = &bound[compact_row * d..][..d];
+                for (x, ((&o, &r), &b)) in o.iter().zip(r).zip(b).enumerate() {
+                    // Poison and NaN/Inf are counted apart.
+                    if o.is_finite() {
+                        part.add((o.to_f64() - r).abs(), b, full_row * d + x);
+                    }
+                }
             }
-            let err = (o.to_f64() - r).abs();
-            max = max.max(err);
-            let ratio = err / b;
-            if ratio > worst_ratio || worst.is_none() {
-                worst_ratio = worst_ratio.max(ratio);
-                worst = Some(full_row * d + x);
-            }
-            sum += err;
-            sum_sq += err * err;
-            counted += 1;
-        }
-    }
-    let n = counted.max(1) as f64;
+            part
+        })
+        .collect();
+    let all = parts.into_iter().fold(Part::default(), Part::then);
+    let n = all.counted.max(1) as f64;
     ErrorMetrics {
-        max_abs_err: max,
-        mean_abs_err: sum / n,
-        rmse: (sum_sq / n).sqrt(),
-        max_err_over_bound: worst_ratio,
+        max_abs_err: all.max,
+        mean_abs_err: all.sum / n,
+        rmse: (all.sum_sq / n).sqrt(),
+        max_err_over_bound: all.worst_ratio,
         nonfinite: 0,
         unwritten: 0,
         elements: 0,
-        worst_at: worst.map(|i| unflatten(i, shape)),
+        worst_at: all.worst.map(|i| unflatten(i, shape)),
+    }
+}
+
+/// Output rows per parallel part of [`errors`] (not a numerical parameter: it only fixes the
+/// order in which the parts' sums are added).
+const ROWS_PER_PART: usize = 256;
+
+/// The error statistics of a run of consecutive elements.
+#[derive(Default)]
+struct Part {
+    max: f64,
+    sum: f64,
+    sum_sq: f64,
+    worst_ratio: f64,
+    /// The first element of the largest ratio (the first element while none is above 0).
+    worst: Option<usize>,
+    counted: usize,
+}
+
+impl Part {
+    fn add(&mut self, err: f64, bound: f64, at: usize) {
+        self.max = self.max.max(err);
+        let ratio = err / bound;
+        if ratio > self.worst_ratio || self.worst.is_none() {
+            self.worst_ratio = self.worst_ratio.max(ratio);
+            self.worst = Some(at);
+        }
+        self.sum += err;
+        self.sum_sq += err * err;
+        self.counted += 1;
+    }
+
+    /// This part followed by `next`: what adding `next`'s elements one by one would give,
+    /// but for the order of the sums' additions.
+    fn then(self, next: Part) -> Part {
+        let next_wins =
+            next.worst.is_some() && (self.worst.is_none() || next.worst_ratio > self.worst_ratio);
+        let (worst_ratio, worst) = if next_wins {
+            (next.worst_ratio, next.worst)
+        } else {
+            (self.worst_ratio, self.worst)
+        };
+        Part {
+            max: self.max.max(next.max),
+            sum: self.sum + next.sum,
+            sum_sq: self.sum_sq + next.sum_sq,
+            worst_ratio,
+            worst,
+            counted: self.counted + next.counted,
+        }
     }
 }
 
@@ -162,6 +210,71 @@ mod tests {
             purpose: String::new(),
             dist: Default::default(),
         }
+    }
+
+    #[test]
+    fn errors_in_parallel_parts_are_the_serial_scan_and_the_first_worst_element_wins() {
+        // 3 heads x 700 rows (parts of 256 rows end inside heads), every row checked; the
+        // largest ratio occurs twice, in part 1 and in part 5: the first is the worst.
+        let sh = Shape {
+            h: 3,
+            s: 700,
+            ..shape()
+        };
+        let n = 3 * 700 * 64;
+        let mut reference: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 1e3).collect();
+        let mut out: Vec<f16> = reference
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| f16::from_f64(r + ((i * 104_729) % 97) as f64 * 1e-5))
+            .collect();
+        let bound = vec![1e-2; n];
+        let (first, second) = (300 * 64 + 5, 1300 * 64 + 9);
+        for at in [first, second] {
+            reference[at] = 0.5;
+            out[at] = f16::from_f64(0.75);
+        }
+        out[77] = f16::NAN; // skipped
+        let rows = RowSet::all(&sh);
+        let got = measure(&out, &reference, &bound, &rows, &sh);
+        // The serial scan, element by element.
+        let (mut max, mut sum, mut worst, mut worst_ratio, mut counted) =
+            (0f64, 0f64, None, 0f64, 0);
+        for (i, (o, r)) in out.iter().zip(&reference).enumerate() {
+            if o.is_finite() {
+                let err = (o.to_f64() - r).abs();
+                max = max.max(err);
+                if err / 1e-2 > worst_ratio || worst.is_none() {
+                    worst_ratio = worst_ratio.max(err / 1e-2);
+                    worst = Some(i);
+                }
+                sum += err;
+                counted += 1;
+            }
+        }
+        assert_eq!(worst, Some(first));
+        assert_eq!(got.worst_at, Some(unflatten(first, &sh)));
+        assert_eq!(
+            (got.max_abs_err, got.max_err_over_bound),
+            (max, worst_ratio)
+        );
+        assert_eq!(got.nonfinite, 1);
+        let mean = sum / counted as f64;
+        assert!(
+            (got.mean_abs_err - mean).abs() <= 1e-12 * mean,
+            "{} vs {mean}",
+            got.mean_abs_err
+        );
+        // And the same bits from one thread as from many.
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let serial = one.install(|| measure(&out, &reference, &bound, &rows, &sh));
+        assert_eq!(
+            (serial.mean_abs_err.to_bits(), serial.rmse.to_bits()),
+            (got.mean_abs_err.to_bits(), got.rmse.to_bits())
+        );
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub fn stress_variant(
         first_divergence,
         failed_gates: failed,
         references: y.engine.to_string(),
+        emulation: y.emulation_engine.to_string(),
         gpu: backend.gpu(),
     })
 }

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use crate::backend::{Backend, BackendError, DeviceSums};
+use crate::backend::{Backend, BackendError, OnDevice};
 use crate::emulation;
 use crate::gates::Gates;
 use crate::metrics::{self, ErrorMetrics};
@@ -27,68 +27,81 @@ pub struct Yardsticks {
     pub refs: References,
     /// Where `refs` were computed: `host` or `device`.
     pub engine: &'static str,
-    /// The clean CPU emulation's output of the checked rows and its error against the kernel
+    /// The clean emulation's output of the checked rows and its error against the kernel
     /// reference.
     pub emulation_out: Vec<f16>,
     pub emulation: ErrorMetrics,
+    /// Where `emulation_out` was computed: `host` or `device` (the same bits either way).
+    pub emulation_engine: &'static str,
     pub facts: ProblemFacts,
 }
 
 impl Yardsticks {
-    /// With the references computed on the host; `kv_split`: the backend's
-    /// ([`Backend::kv_split`]), so the emulation sums as it does.
+    /// With the references and the emulation computed on the host; `kv_split`: the
+    /// backend's ([`Backend::kv_split`]), so the emulation sums as it does.
     pub fn compute(p: &Problem, kv_split: usize, rows: RowSet) -> Self {
         let refs = References::compute(p, kv_split, &rows);
         let emulation_out = emulation::clean(p, kv_split, &rows);
-        Self::assemble(p, rows, refs, "host", emulation_out)
+        Self::assemble(p, rows, (refs, "host"), (emulation_out, "host"))
     }
 
-    /// With the references where `engine` says ([`Engine::wants_device`]); on the device
-    /// they are computed while the host computes the emulation. `Engine::Device` on a backend
-    /// without a device is refused (exit 2) before any work; where the device cannot compute
-    /// them ([`DeviceSums::Unavailable`]: out of memory, no reference kernel) `auto` computes
-    /// them on the host (and records `host`), `device` stops (exit 3).
+    /// With the references and the emulation each where `check` says
+    /// ([`Engine::wants_device`]); what stays on the host is computed while the device
+    /// computes the rest. `device` on a backend without a device is refused (exit 2) before
+    /// any work; where the device cannot compute one ([`OnDevice::Unavailable`]: out of
+    /// memory, the runner's kernel did not build) `auto` computes it on the host (and records
+    /// `host`), `device` stops (exit 3).
     pub fn with_backend(
         backend: &mut dyn Backend,
-        engine: Engine,
+        check: &Check,
         p: &Problem,
         kv_split: usize,
         rows: RowSet,
     ) -> Result<Self, BackendError> {
-        if engine == Engine::Device && !backend.has_device_references() {
-            return Err(BackendError::Config(format!(
-                "--references device: the {} backend has no device; use --references host or auto",
-                backend.name()
-            )));
-        }
-        if !backend.has_device_references() || !engine.wants_device(&rows, p.shape.s) {
-            return Ok(Self::compute(p, kv_split, rows));
-        }
-        let (sums, emulation_out) = std::thread::scope(|scope| {
-            let emulation = scope.spawn(|| emulation::clean(p, kv_split, &rows));
-            let sums = backend.reference_sums(p, &rows);
-            (
-                sums,
-                emulation.join().expect("the emulation thread panicked"),
-            )
-        });
-        let (refs, engine) = match (sums?, engine) {
-            (DeviceSums::Computed(sums), _) => {
-                (References::from_sums(p, kv_split, &rows, sums), "device")
-            }
-            (DeviceSums::Unavailable(why), Engine::Device) => {
-                return Err(BackendError::Environment(format!(
-                    "--references device: {why}; --references host computes the references on \
-                     the host"
+        for (engine, flag) in [
+            (check.references, "--references"),
+            (check.emulation, "--emulation"),
+        ] {
+            if engine == Engine::Device && !backend.has_device() {
+                return Err(BackendError::Config(format!(
+                    "{flag} device: the {} backend has no device; use {flag} host or auto",
+                    backend.name()
                 )));
             }
-            (DeviceSums::Unavailable(why), _) => {
-                // Said once per problem: the host may take far longer than the GPU would have.
-                eprintln!("warning: {why}; computing the references on the host");
-                (References::compute(p, kv_split, &rows), "host")
-            }
+        }
+        let device = backend.has_device();
+        let refs_on_device = device && check.references.wants_device(&rows, p.shape.s);
+        let emulation_on_device = device && check.emulation.wants_device(&rows, p.shape.s);
+        if !refs_on_device && !emulation_on_device {
+            return Ok(Self::compute(p, kv_split, rows));
+        }
+        let (sums, emulated, host_emulation) = std::thread::scope(|scope| {
+            let host = (!emulation_on_device)
+                .then(|| scope.spawn(|| emulation::clean(p, kv_split, &rows)));
+            let sums = refs_on_device.then(|| backend.reference_sums(p, &rows));
+            let emulated =
+                emulation_on_device.then(|| backend.emulation_on_device(p, kv_split, &rows));
+            let host = host.map(|h| h.join().expect("the emulation thread panicked"));
+            (sums, emulated, host)
+        });
+        let refs = match sums.transpose()? {
+            None => (References::compute(p, kv_split, &rows), "host"),
+            Some(sums) => settle(
+                sums.map(|sums| References::from_sums(p, kv_split, &rows, sums)),
+                check.references,
+                "--references",
+                "the references",
+                || References::compute(p, kv_split, &rows),
+            )?,
         };
-        Ok(Self::assemble(p, rows, refs, engine, emulation_out))
+        let emulation_out = match (emulated.transpose()?, host_emulation) {
+            (Some(out), _) => settle(out, check.emulation, "--emulation", "the emulation", || {
+                emulation::clean(p, kv_split, &rows)
+            })?,
+            (None, Some(out)) => (out, "host"),
+            (None, None) => unreachable!("the emulation runs on the device or on the host"),
+        };
+        Ok(Self::assemble(p, rows, refs, emulation_out))
     }
 
     /// Every row checked: the yardsticks of the calibrated full check.
@@ -99,9 +112,8 @@ impl Yardsticks {
     fn assemble(
         p: &Problem,
         rows: RowSet,
-        refs: References,
-        engine: &'static str,
-        emulation_out: Vec<f16>,
+        (refs, engine): (References, &'static str),
+        (emulation_out, emulation_engine): (Vec<f16>, &'static str),
     ) -> Self {
         let emulation = metrics::measure_compact(
             &emulation_out,
@@ -130,7 +142,30 @@ impl Yardsticks {
             engine,
             emulation_out,
             emulation,
+            emulation_engine,
             facts,
+        }
+    }
+}
+
+/// A yardstick the device was asked for: `got`, or under `auto` what `on_host` computes
+/// (with a warning: the host may take far longer than the GPU would have), or under `device`
+/// the reason it is unavailable (exit 3).
+fn settle<T>(
+    got: OnDevice<T>,
+    engine: Engine,
+    flag: &str,
+    what: &str,
+    on_host: impl FnOnce() -> T,
+) -> Result<(T, &'static str), BackendError> {
+    match (got, engine) {
+        (OnDevice::Computed(x), _) => Ok((x, "device")),
+        (OnDevice::Unavailable(why), Engine::Device) => Err(BackendError::Environment(format!(
+            "{flag} device: {why}; {flag} host computes {what} on the host"
+        ))),
+        (OnDevice::Unavailable(why), _) => {
+            eprintln!("warning: {why}; computing {what} on the host");
+            Ok((on_host(), "host"))
         }
     }
 }
@@ -194,6 +229,7 @@ pub fn judge_output(
         rows_checked: y.rows.count(),
         row_rule: y.rows.rule().to_string(),
         references: y.engine.to_string(),
+        emulation: y.emulation_engine.to_string(),
         pass: v.pass(),
         gates: v.checks,
         device: None,
@@ -261,12 +297,13 @@ impl Work<'_> {
     }
 }
 
-/// How each problem is held to the references: which rows, and where the references are
-/// computed.
+/// How each problem is held to the references: which rows, and where the references and the
+/// emulation are computed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Check {
     pub rows: CheckRows,
     pub references: Engine,
+    pub emulation: Engine,
 }
 
 /// The query-tile sizes the backend's variants launch with (the sampled rule checks the
@@ -364,8 +401,7 @@ fn run_problem(
         let output = backend.launch_poisoned(i)?;
         let split = backend.kv_split_of(i);
         if !yardsticks.iter().any(|(s, _)| *s == split) {
-            let y =
-                Yardsticks::with_backend(backend, work.check.references, &p, split, rows.clone())?;
+            let y = Yardsticks::with_backend(backend, &work.check, &p, split, rows.clone())?;
             yardsticks.push((split, y));
         }
         let y = &yardsticks
@@ -552,15 +588,20 @@ mod tests {
         let p = Problem::new(&shape(2100), 0);
         let rows = || RowSet::all(&p.shape);
         assert!(Engine::Auto.wants_device(&rows(), p.shape.s));
-        assert!(!backend.has_device_references());
-        let y = Yardsticks::with_backend(&mut backend, Engine::Auto, &p, 2, rows()).unwrap();
-        assert_eq!(y.engine, "host");
-        let refused = Yardsticks::with_backend(&mut backend, Engine::Device, &p, 2, rows());
-        assert!(
-            matches!(&refused, Err(BackendError::Config(why)) if why.contains("--references host")),
-            "{:?}",
-            refused.err()
-        );
+        assert!(!backend.has_device());
+        let y = Yardsticks::with_backend(&mut backend, &on(Auto, Auto), &p, 2, rows()).unwrap();
+        assert_eq!((y.engine, y.emulation_engine), ("host", "host"));
+        for (check, flag) in [
+            (on(Device, Auto), "--references host"),
+            (on(Auto, Device), "--emulation host"),
+        ] {
+            let refused = Yardsticks::with_backend(&mut backend, &check, &p, 2, rows());
+            assert!(
+                matches!(&refused, Err(BackendError::Config(why)) if why.contains(flag)),
+                "{:?}",
+                refused.err()
+            );
+        }
     }
 
     #[test]
@@ -575,16 +616,34 @@ mod tests {
             "the witness: the emulation cannot run these rows"
         );
         let mut backend = CpuBackend::new(Defect::None);
-        let refused = Yardsticks::with_backend(&mut backend, Engine::Device, &p, 2, foreign);
-        assert!(matches!(refused, Err(BackendError::Config(_))));
+        for check in [on(Device, Host), on(Host, Device)] {
+            let refused = Yardsticks::with_backend(&mut backend, &check, &p, 2, foreign.clone());
+            assert!(matches!(refused, Err(BackendError::Config(_))));
+        }
     }
 
-    /// A backend with a device whose reference sums are the host's, or unavailable (as when
-    /// the GPU runs out of memory for them); it counts the requests.
+    use Engine::{Auto, Device, Host};
+
+    fn all(p: &Problem) -> RowSet {
+        RowSet::all(&p.shape)
+    }
+
+    /// Where the references and the emulation are asked for, every row checked.
+    fn on(references: Engine, emulation: Engine) -> Check {
+        Check {
+            rows: CheckRows::All,
+            references,
+            emulation,
+        }
+    }
+
+    /// A backend with a device whose reference sums and emulation are the host's, or
+    /// unavailable (as when the GPU runs out of memory for them); it counts the requests.
     struct FakeDevice {
         cpu: CpuBackend,
         out_of_memory: bool,
         requests: usize,
+        emulation_requests: usize,
         gpu: Option<GpuSlot>,
     }
 
@@ -594,6 +653,7 @@ mod tests {
                 cpu: CpuBackend::new(Defect::None),
                 out_of_memory,
                 requests: 0,
+                emulation_requests: 0,
                 gpu: None,
             }
         }
@@ -649,7 +709,7 @@ mod tests {
         fn describe(&self) -> String {
             self.cpu.describe()
         }
-        fn has_device_references(&self) -> bool {
+        fn has_device(&self) -> bool {
             true
         }
         fn gpu(&self) -> Option<GpuSlot> {
@@ -659,12 +719,25 @@ mod tests {
             &mut self,
             p: &Problem,
             rows: &RowSet,
-        ) -> Result<DeviceSums, BackendError> {
+        ) -> Result<crate::backend::DeviceSums, BackendError> {
             self.requests += 1;
             Ok(if self.out_of_memory {
-                DeviceSums::Unavailable("the reference ran out of GPU memory".into())
+                OnDevice::Unavailable("the reference ran out of GPU memory".into())
             } else {
-                DeviceSums::Computed(crate::reference::RowSums::on_host(p, rows))
+                OnDevice::Computed(crate::reference::RowSums::on_host(p, rows))
+            })
+        }
+        fn emulation_on_device(
+            &mut self,
+            p: &Problem,
+            kv_split: usize,
+            rows: &RowSet,
+        ) -> Result<OnDevice<Vec<f16>>, BackendError> {
+            self.emulation_requests += 1;
+            Ok(if self.out_of_memory {
+                OnDevice::Unavailable("the emulation ran out of GPU memory".into())
+            } else {
+                OnDevice::Computed(emulation::clean(p, kv_split, rows))
             })
         }
     }
@@ -674,17 +747,45 @@ mod tests {
         let p = Problem::new(&shape(100), 0);
         let rows = RowSet::all(&p.shape);
         let mut device = FakeDevice::new(false);
-        let y = Yardsticks::with_backend(&mut device, Engine::Device, &p, 2, rows.clone()).unwrap();
+        let y =
+            Yardsticks::with_backend(&mut device, &on(Device, Host), &p, 2, rows.clone()).unwrap();
         let host = Yardsticks::compute(&p, 2, rows.clone());
         assert_eq!((y.engine, device.requests), ("device", 1));
+        assert_eq!((y.emulation_engine, device.emulation_requests), ("host", 0));
         assert_eq!(y.refs.kernel, host.refs.kernel);
         assert_eq!(y.refs.end_to_end_bound, host.refs.end_to_end_bound);
         assert_eq!(y.emulation_out, host.emulation_out);
         // Below 2^24 pairs auto keeps the host, and host never asks the device.
-        for engine in [Engine::Auto, Engine::Host] {
-            let y = Yardsticks::with_backend(&mut device, engine, &p, 2, rows.clone()).unwrap();
+        for engine in [Auto, Host] {
+            let y = Yardsticks::with_backend(&mut device, &on(engine, engine), &p, 2, rows.clone())
+                .unwrap();
             assert_eq!((y.engine, device.requests), ("host", 1));
+            assert_eq!((y.emulation_engine, device.emulation_requests), ("host", 0));
         }
+    }
+
+    #[test]
+    fn the_emulation_goes_to_the_device_by_the_references_rule_and_is_recorded_as_device() {
+        let mut device = FakeDevice::new(false);
+        let small = Problem::new(&shape(100), 0);
+        let y = Yardsticks::with_backend(&mut device, &on(Host, Device), &small, 2, all(&small))
+            .unwrap();
+        assert_eq!((y.engine, device.requests), ("host", 0));
+        assert_eq!(
+            (y.emulation_engine, device.emulation_requests),
+            ("device", 1)
+        );
+        assert_eq!(y.emulation_out, emulation::clean(&small, 2, &all(&small)));
+        // Above 2^24 checked pairs auto asks the device for both.
+        let big = Problem::new(&shape(2100), 0);
+        let y = Yardsticks::with_backend(&mut device, &on(Auto, Auto), &big, 2, all(&big)).unwrap();
+        assert_eq!((y.engine, y.emulation_engine), ("device", "device"));
+        assert_eq!((device.requests, device.emulation_requests), (1, 2));
+        let record = judge_output("fake", "v", &big, &y, &y.emulation_out, &gates());
+        assert_eq!(
+            (record.references.as_str(), record.emulation.as_str()),
+            ("device", "device")
+        );
     }
 
     #[test]
@@ -692,17 +793,24 @@ mod tests {
         let p = Problem::new(&shape(2100), 0);
         let rows = || RowSet::all(&p.shape);
         let mut device = FakeDevice::new(true);
-        let y = Yardsticks::with_backend(&mut device, Engine::Auto, &p, 2, rows()).unwrap();
+        let y = Yardsticks::with_backend(&mut device, &on(Auto, Auto), &p, 2, rows()).unwrap();
         assert_eq!((y.engine, device.requests), ("host", 1));
-        let stopped = Yardsticks::with_backend(&mut device, Engine::Device, &p, 2, rows());
-        assert!(
-            matches!(&stopped, Err(BackendError::Environment(why))
-                if why.contains("out of GPU memory") && why.contains("--references host")),
-            "{:?}",
-            stopped.err()
-        );
-        let code = crate::error::AppError::from(stopped.err().unwrap()).exit_code();
-        assert_eq!(code, crate::error::EXIT_ENVIRONMENT);
+        assert_eq!((y.emulation_engine, device.emulation_requests), ("host", 1));
+        assert_eq!(y.emulation_out, emulation::clean(&p, 2, &rows()));
+        for (check, flag) in [
+            (on(Device, Host), "--references host"),
+            (on(Host, Device), "--emulation host"),
+        ] {
+            let stopped = Yardsticks::with_backend(&mut device, &check, &p, 2, rows());
+            assert!(
+                matches!(&stopped, Err(BackendError::Environment(why))
+                    if why.contains("out of GPU memory") && why.contains(flag)),
+                "{:?}",
+                stopped.err()
+            );
+            let code = crate::error::AppError::from(stopped.err().unwrap()).exit_code();
+            assert_eq!(code, crate::error::EXIT_ENVIRONMENT);
+        }
     }
 
     #[test]

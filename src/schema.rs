@@ -154,6 +154,9 @@ pub struct CorrectnessRecord {
     /// Where the f64 references were computed: `host` or `device` (`--references`).
     #[serde(default = "host")]
     pub references: String,
+    /// Where the emulation was computed: `host` or `device` (`--emulation`; the same bits).
+    #[serde(default = "host")]
+    pub emulation: String,
     /// The GPU model (or CPU) it ran on, where a file holds rows of several (`merge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
@@ -425,6 +428,9 @@ pub struct StressRecord {
     /// Where the f64 references were computed: `host` or `device` (`--references`).
     #[serde(default = "host")]
     pub references: String,
+    /// Where the emulation was computed: `host` or `device` (`--emulation`; the same bits).
+    #[serde(default = "host")]
+    pub emulation: String,
     /// The GPU it ran on (`--devices`); absent for the CPU backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSlot>,
@@ -464,6 +470,9 @@ pub struct FuzzRecord {
     /// Where the f64 references were computed: `host` or `device` (`--references`).
     #[serde(default = "host")]
     pub references: String,
+    /// Where the emulation was computed: `host` or `device` (`--emulation`; the same bits).
+    #[serde(default = "host")]
+    pub emulation: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -569,6 +578,7 @@ pub(crate) mod fixtures {
             rows_checked: 1,
             row_rule: "all".into(),
             references: "host".into(),
+            emulation: "host".into(),
             device: None,
             gpu: None,
         }

@@ -34,11 +34,13 @@ fn gates() -> Gates {
         .gates
 }
 
-/// `rows`, with the references on the GPU (the run's default there).
+/// `rows`, with the references and the emulation on the GPU (the run's default there for
+/// large problems).
 fn on_device(rows: CheckRows) -> Check {
     Check {
         rows,
         references: Engine::Device,
+        emulation: Engine::Device,
     }
 }
 

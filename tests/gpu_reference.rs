@@ -9,6 +9,7 @@ mod common;
 
 use sdpa_runner::backend::Backend;
 use sdpa_runner::backend::cuda::CudaBackend;
+use sdpa_runner::backend::cuda::groups;
 use sdpa_runner::backend::cuda::kernel::KernelSource;
 use sdpa_runner::backend::cuda::reference::{self, BLOCKS_PER_LAUNCH};
 use sdpa_runner::backend::cuda::variant::VariantSpec;
@@ -171,18 +172,18 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_references() {
     assert!(!rows.is_all());
     let mut b = backend();
     let (s, d) = (sh.s, sh.d);
+    let head = |bh: usize| reference::head_bytes(s, d, rows.offset(bh + 1) - rows.offset(bh));
     let one_group = grouped(&mut b, &p, &rows, u64::MAX, BLOCKS_PER_LAUNCH);
-    assert_eq!(reference::head_groups(&rows, s, d, u64::MAX).len(), 1);
+    assert_eq!(groups::head_groups(rows.heads(), u64::MAX, head).len(), 1);
     // One byte: every head is a group of its own.
     let per_head = grouped(&mut b, &p, &rows, 1, BLOCKS_PER_LAUNCH);
     assert_same_bits(&one_group, &per_head, "one head per group");
     // The largest two neighbouring heads: the six heads go in three groups of two.
-    let head = |bh: usize| reference::head_bytes(s, d, rows.offset(bh + 1) - rows.offset(bh));
     let two_heads = (0..rows.heads() - 1)
         .map(|bh| head(bh) + head(bh + 1))
         .max()
         .unwrap();
-    let groups = reference::head_groups(&rows, s, d, two_heads);
+    let groups = groups::head_groups(rows.heads(), two_heads, head);
     assert_eq!(groups, [0..2, 2..4, 4..6]);
     let pairs = grouped(&mut b, &p, &rows, two_heads, BLOCKS_PER_LAUNCH);
     assert_same_bits(&one_group, &pairs, "two heads per group");
@@ -248,6 +249,7 @@ fn planted_bugs_fail_the_same_gates_with_device_references_as_with_host_referenc
         let check = Check {
             rows: CheckRows::All,
             references,
+            emulation: Engine::Host,
         };
         runner::check_all(&mut b, &shapes, &[0, 1], check, &gates, |_| {}).unwrap()
     };
@@ -290,6 +292,7 @@ fn a_check_with_device_references_gives_the_verdicts_of_one_with_host_references
         let check = Check {
             rows: CheckRows::All,
             references,
+            emulation: Engine::Host,
         };
         runner::check_all(&mut b, &shapes, &[0, 1, 2], check, &gates, |_| {}).unwrap()
     };

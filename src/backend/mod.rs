@@ -37,21 +37,33 @@ pub enum BackendError {
     Config(String),
 }
 
-/// What [`Backend::reference_sums`] gives when nothing faulted.
-pub enum DeviceSums {
-    /// The sums, computed on the device.
-    Computed(RowSums),
-    /// Why the device cannot compute them (out of memory, or no reference kernel); the host
-    /// can.
+/// What the runner's own kernels on the device ([`Backend::reference_sums`],
+/// [`Backend::emulation_on_device`]) give when nothing faulted.
+pub enum OnDevice<T> {
+    /// The result, computed on the device.
+    Computed(T),
+    /// Why the device cannot compute it (out of memory, or the runner's kernel did not build
+    /// or load); the host can.
     Unavailable(String),
 }
 
-impl DeviceSums {
-    /// The sums, or why there are none.
-    pub fn computed(self) -> Result<RowSums, String> {
+/// The f64 references' sums from the device.
+pub type DeviceSums = OnDevice<RowSums>;
+
+impl<T> OnDevice<T> {
+    /// The result made into another.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> OnDevice<U> {
         match self {
-            DeviceSums::Computed(sums) => Ok(sums),
-            DeviceSums::Unavailable(why) => Err(why),
+            OnDevice::Computed(x) => OnDevice::Computed(f(x)),
+            OnDevice::Unavailable(why) => OnDevice::Unavailable(why),
+        }
+    }
+
+    /// The result, or why there is none.
+    pub fn computed(self) -> Result<T, String> {
+        match self {
+            OnDevice::Computed(x) => Ok(x),
+            OnDevice::Unavailable(why) => Err(why),
         }
     }
 }
@@ -136,10 +148,11 @@ pub trait Backend: Send {
         crate::emulation::ROW_CHUNK
     }
 
-    /// Whether this backend has a device that can compute the f64 references
-    /// ([`Backend::reference_sums`]); `--references device` is refused (exit 2) where not,
-    /// before any work.
-    fn has_device_references(&self) -> bool {
+    /// Whether this backend has a device that can compute the yardsticks (the f64 references,
+    /// [`Backend::reference_sums`], and the emulation, [`Backend::emulation_on_device`]);
+    /// `--references device` and `--emulation device` are refused (exit 2) where not, before
+    /// any work.
+    fn has_device(&self) -> bool {
         false
     }
 
@@ -154,13 +167,29 @@ pub trait Backend: Send {
     /// - `Err(Environment)`: the runner's own reference kernel faulted (exit 3, never exit 4:
     ///   that is the kernel under test's); the context may be unusable, so the run ends.
     ///
-    /// Backends without a device ([`Backend::has_device_references`] false) say so.
+    /// Backends without a device ([`Backend::has_device`] false) say so.
     fn reference_sums(
         &mut self,
         _problem: &Problem,
         _rows: &RowSet,
     ) -> Result<DeviceSums, BackendError> {
-        Ok(DeviceSums::Unavailable(format!(
+        Ok(OnDevice::Unavailable(format!(
+            "the {} backend has no device",
+            self.name()
+        )))
+    }
+
+    /// The clean emulation of `rows` of `problem` with `kv_split` splits, computed on the
+    /// device (cuda/emulation_f32.cu): the same bits as `emulation::clean` on the host, in
+    /// the compact layout of `rows`. The three outcomes of [`Backend::reference_sums`], with
+    /// `--emulation` in place of `--references`.
+    fn emulation_on_device(
+        &mut self,
+        _problem: &Problem,
+        _kv_split: usize,
+        _rows: &RowSet,
+    ) -> Result<OnDevice<Vec<f16>>, BackendError> {
+        Ok(OnDevice::Unavailable(format!(
             "the {} backend has no device",
             self.name()
         )))

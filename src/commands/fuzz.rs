@@ -148,7 +148,8 @@ fn check_problem(
         pass,
         kernel_err_over_bound: worst(|r| r.kernel_ref.max_err_over_bound),
         end_to_end_err_over_bound: worst(|r| r.end_to_end.max_err_over_bound),
-        references: engines(&rows),
+        references: engines(&rows, |r| &r.references),
+        emulation: engines(&rows, |r| &r.emulation),
         reproduce: (!pass).then(|| reproduce(args, shape, seed, backend.gpu())),
         failures,
         gpu: backend.gpu(),
@@ -189,11 +190,14 @@ fn draw_problem(rng: &mut ChaCha8Rng, max_s: usize) -> (Shape, u64) {
     (shape, rng.random_range(0..1_000_000))
 }
 
-/// Where the references of one problem's records were computed: `host` or `device`, or both
-/// joined by `+` if its variants' yardsticks (one per KV split) were computed apart.
-fn engines(records: &[crate::schema::CorrectnessRecord]) -> String {
-    let engines: std::collections::BTreeSet<&str> =
-        records.iter().map(|r| r.references.as_str()).collect();
+/// Where a yardstick of one problem's records (`engine` picks it) was computed: `host` or
+/// `device`, or both joined by `+` if its variants' yardsticks (one per KV split) were
+/// computed apart.
+fn engines(
+    records: &[crate::schema::CorrectnessRecord],
+    engine: impl Fn(&crate::schema::CorrectnessRecord) -> &str,
+) -> String {
+    let engines: std::collections::BTreeSet<&str> = records.iter().map(engine).collect();
     engines.into_iter().collect::<Vec<_>>().join("+")
 }
 

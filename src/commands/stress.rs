@@ -106,7 +106,7 @@ fn stress_problem(
     let p = Problem::new(shape, seed);
     let rows = RowSet::choose(check.rows, shape, seed, &runner::query_tiles(backend));
     let split = backend.kv_split();
-    let y = Yardsticks::with_backend(backend, check.references, &p, split, rows)?;
+    let y = Yardsticks::with_backend(backend, &check, &p, split, rows)?;
     backend.load(&p)?;
     let mut results = Vec::new();
     for v in 0..backend.variants().len() {

@@ -2,6 +2,8 @@
 //! architecture, proves each is the variant it claims, loads it, and launches it.
 
 pub mod device;
+pub mod emulation;
+pub mod groups;
 pub mod headers;
 pub mod identity;
 pub mod kernel;
@@ -21,7 +23,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 use cudarc::nvrtc::Ptx;
 use half::f16;
 
-use super::{Backend, BackendError, DeviceSums};
+use super::{Backend, BackendError, DeviceSums, OnDevice};
 use crate::devices::GpuId;
 use crate::gates::ResourceGates;
 use crate::problem::Problem;
@@ -54,6 +56,8 @@ struct Gpu {
     /// The f64 references' kernel (cuda/reference_f64.cu), or why it did not build or load:
     /// that only matters when device references are asked for.
     reference: Result<reference::DeviceReference, String>,
+    /// The emulation's kernel (cuda/emulation_f32.cu), likewise.
+    emulation: Result<emulation::DeviceEmulation, String>,
     /// Two non-blocking streams for concurrent launches (created on first use).
     pair: Option<[Arc<CudaStream>; 2]>,
 }
@@ -103,18 +107,14 @@ impl CudaBackend {
         let include_dir =
             headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
         let stream = ctx.default_stream();
-        let timer = timer::Timer::new(
-            &ctx,
-            &include_dir,
-            &device.arch(),
-            device.max_sm_clock_mhz,
-            device.sm_count,
-        )?;
-        // NVRTC compiles each variant, and the f64 reference kernel, on its own thread (each
-        // is a separate program); the modules are loaded in order afterwards.
+        // NVRTC compiles each variant, the timer's kernels and the runner's f64 reference and
+        // emulation kernels, each on its own thread (each is a separate program); the modules
+        // are loaded in order afterwards.
         let arch = device.arch();
-        let (reference_build, built) = std::thread::scope(|scope| {
+        let (timer_build, reference_build, emulation_build, built) = std::thread::scope(|scope| {
+            let timer_job = scope.spawn(|| timer::compile(&include_dir, &arch));
             let reference_job = scope.spawn(|| reference::compile(&arch));
+            let emulation_job = scope.spawn(|| emulation::compile(&arch));
             let jobs: Vec<_> = sources
                 .iter()
                 .flat_map(|(source, specs)| specs.iter().map(move |spec| (source, spec)))
@@ -125,10 +125,18 @@ impl CudaBackend {
                 .collect();
             let built: Vec<Result<BuiltVariant, BackendError>> =
                 jobs.into_iter().map(joined).collect();
-            (joined(reference_job), built)
+            (
+                joined(timer_job),
+                joined(reference_job),
+                joined(emulation_job),
+                built,
+            )
         });
+        let timer =
+            timer::Timer::load(&ctx, timer_build?, device.max_sm_clock_mhz, device.sm_count)?;
         let mut built: Vec<_> = built.into_iter().rev().collect();
         let reference = reference_build.and_then(|c| reference::DeviceReference::load(&ctx, c));
+        let emulation = emulation_build.and_then(|c| emulation::DeviceEmulation::load(&ctx, c));
         let mut variants = Vec::new();
         let mut kv_splits = Vec::new();
         let mut names = Vec::new();
@@ -156,6 +164,7 @@ impl CudaBackend {
                 problem: None,
                 timer,
                 reference,
+                emulation,
                 pair: None,
             }),
             faulted: false,
@@ -229,6 +238,30 @@ fn load_variant(
     })
 }
 
+/// Which of the runner's own kernels, for its messages.
+struct Yardstick {
+    kernel: &'static str,
+    flag: &'static str,
+}
+
+const YARDSTICK_REFERENCES: Yardstick = Yardstick {
+    kernel: "f64 reference kernel",
+    flag: "--references",
+};
+const YARDSTICK_EMULATION: Yardstick = Yardstick {
+    kernel: "emulation kernel",
+    flag: "--emulation",
+};
+
+/// 80% of the device's free memory: what one of the runner's own kernels may take.
+fn free_share(ctx: &Arc<CudaContext>) -> u64 {
+    let free = ctx
+        .mem_get_info()
+        .map(|(free, _)| free as u64)
+        .unwrap_or(u64::MAX);
+    free / 5 * 4
+}
+
 /// Makes `ctx` current on this thread. cudarc first reports (and clears) an error it stored
 /// from an earlier asynchronous call, without binding; the second try binds.
 fn bind(ctx: &Arc<CudaContext>) -> Result<(), DriverError> {
@@ -255,12 +288,6 @@ impl CudaBackend {
     /// and at most 80% of the device's free memory (at least one head per group), and at most
     /// `blocks_per_launch` row blocks per launch (the tests make both small to prove that
     /// neither changes a bit).
-    ///
-    /// The reference kernel is the runner's own, so its failures are environment errors
-    /// (exit 3), never the kernel under test's (exit 4, which the self-test counts as a caught
-    /// mutant): a kernel that did not build or load, or an allocation that did not fit, is
-    /// [`DeviceSums::Unavailable`] and leaves the context usable; any other driver error (a
-    /// launch, a synchronize, or a copy reporting an earlier fault) marks it unusable.
     pub fn reference_sums_grouped(
         &mut self,
         p: &Problem,
@@ -268,38 +295,66 @@ impl CudaBackend {
         group_bytes: u64,
         blocks_per_launch: usize,
     ) -> Result<DeviceSums, BackendError> {
+        let gpu = &*self.gpu;
+        let kernel = gpu.reference.as_ref().map_err(String::clone);
+        let result = kernel.map(|k| {
+            let budget = group_bytes.min(free_share(&gpu.ctx));
+            k.sums(&gpu.stream, p, rows, budget, blocks_per_launch)
+        });
+        self.own_kernel_outcome(YARDSTICK_REFERENCES, p, result)
+    }
+
+    /// [`Backend::emulation_on_device`] with the limits of [`Self::reference_sums_grouped`].
+    pub fn emulation_grouped(
+        &mut self,
+        p: &Problem,
+        kv_split: usize,
+        rows: &RowSet,
+        group_bytes: u64,
+        blocks_per_launch: usize,
+    ) -> Result<OnDevice<Vec<f16>>, BackendError> {
+        let gpu = &*self.gpu;
+        let kernel = gpu.emulation.as_ref().map_err(String::clone);
+        let result = kernel.map(|k| {
+            let budget = group_bytes.min(free_share(&gpu.ctx));
+            k.run(&gpu.stream, p, kv_split, rows, budget, blocks_per_launch)
+        });
+        self.own_kernel_outcome(YARDSTICK_EMULATION, p, result)
+    }
+
+    /// What one of the runner's own kernels gave, in the three outcomes of
+    /// [`Backend::reference_sums`]. Its failures are environment errors (exit 3), never the
+    /// kernel under test's (exit 4, which the self-test counts as a caught mutant): a kernel
+    /// that did not build or load (`Err(why)`), or an allocation that did not fit, is
+    /// [`OnDevice::Unavailable`] and leaves the context usable; any other driver error (a
+    /// launch, a synchronize, or a copy reporting an earlier fault) marks it unusable.
+    fn own_kernel_outcome<T>(
+        &mut self,
+        which: Yardstick,
+        p: &Problem,
+        result: Result<Result<T, DriverError>, String>,
+    ) -> Result<OnDevice<T>, BackendError> {
         let on = format!(
             "shape {} ({}) seed {}",
             p.shape.name,
             p.shape.dims(),
             p.seed
         );
-        let gpu = &*self.gpu;
-        let device_reference = match &gpu.reference {
-            Ok(r) => r,
-            Err(why) => {
-                return Ok(DeviceSums::Unavailable(format!(
-                    "the runner's f64 reference kernel is unavailable for {on}: {why}"
-                )));
-            }
-        };
-        let free = gpu
-            .ctx
-            .mem_get_info()
-            .map(|(free, _)| free as u64)
-            .unwrap_or(u64::MAX);
-        let budget = group_bytes.min(free / 5 * 4);
-        match device_reference.sums(&gpu.stream, p, rows, budget, blocks_per_launch) {
-            Ok(sums) => Ok(DeviceSums::Computed(sums)),
-            Err(e) if reference::out_of_memory(&e) => Ok(DeviceSums::Unavailable(format!(
-                "the runner's f64 reference kernel ran out of GPU memory on {on}: {e}"
+        let Yardstick { kernel, flag } = which;
+        match result {
+            Ok(Ok(x)) => Ok(OnDevice::Computed(x)),
+            Err(why) => Ok(OnDevice::Unavailable(format!(
+                "the runner's {kernel} is unavailable for {on}: {why}"
             ))),
-            Err(e) => {
+            Ok(Err(e)) if reference::out_of_memory(&e) => Ok(OnDevice::Unavailable(format!(
+                "the runner's {kernel} ran out of GPU memory on {on}: {e}"
+            ))),
+            Ok(Err(e)) => {
                 self.faulted = true;
                 Err(BackendError::Environment(format!(
-                    "the runner's own f64 reference kernel failed (a kernel launched before it \
-                     may have left the GPU in a bad state) on \
-                     {on}: {e}; --references host computes the references on the host"
+                    "the runner's own {kernel} failed (a kernel launched before it may have \
+                     left the GPU in a bad state) on {on}: {e}; {flag} host computes it on the \
+                     host"
                 )))
             }
         }
@@ -339,13 +394,28 @@ impl Backend for CudaBackend {
         self.gpu.variants[variant].identity.constants.block_m as usize
     }
 
-    fn has_device_references(&self) -> bool {
+    fn has_device(&self) -> bool {
         true
     }
 
     fn reference_sums(&mut self, p: &Problem, rows: &RowSet) -> Result<DeviceSums, BackendError> {
         self.reference_sums_grouped(
             p,
+            rows,
+            reference::GROUP_BYTES,
+            reference::BLOCKS_PER_LAUNCH,
+        )
+    }
+
+    fn emulation_on_device(
+        &mut self,
+        p: &Problem,
+        kv_split: usize,
+        rows: &RowSet,
+    ) -> Result<OnDevice<Vec<f16>>, BackendError> {
+        self.emulation_grouped(
+            p,
+            kv_split,
             rows,
             reference::GROUP_BYTES,
             reference::BLOCKS_PER_LAUNCH,

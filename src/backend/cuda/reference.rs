@@ -17,7 +17,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{identity, nvrtc};
+use super::{groups, identity, nvrtc};
 use crate::problem::Problem;
 use crate::reference::{RowSums, RowTotals};
 use crate::rows::RowSet;
@@ -50,26 +50,6 @@ pub fn head_bytes(s: usize, d: usize, rows: usize) -> u64 {
     let per_head = (s * d * 10) as u64;
     let per_row = (d * 5 + 3 * d * 8 + 4 * 8) as u64;
     per_head + per_row * rows as u64
-}
-
-/// The heads of `rows` (of a problem with `s` keys per head) in consecutive groups of at most
-/// `group_bytes` of device memory each ([`head_bytes`]); a head that needs more is a group of
-/// its own.
-pub fn head_groups(rows: &RowSet, s: usize, d: usize, group_bytes: u64) -> Vec<Range<usize>> {
-    let bytes = |bh: usize| head_bytes(s, d, rows.offset(bh + 1) - rows.offset(bh));
-    let mut groups = Vec::new();
-    let mut first = 0;
-    while first < rows.heads() {
-        let mut end = first + 1;
-        let mut total = bytes(first);
-        while end < rows.heads() && total + bytes(end) <= group_bytes {
-            total += bytes(end);
-            end += 1;
-        }
-        groups.push(first..end);
-        first = end;
-    }
-    groups
 }
 
 /// The loaded reference kernel and the geometry it publishes (`REF_*`).
@@ -150,7 +130,8 @@ impl DeviceReference {
             totals: Vec::with_capacity(n),
         };
         let table = stream.clone_htod(&crate::fp8::decode_table_f64())?;
-        for heads in head_groups(rows, s, d, group_bytes) {
+        let bytes = |bh: usize| head_bytes(s, d, rows.offset(bh + 1) - rows.offset(bh));
+        for heads in groups::head_groups(rows.heads(), group_bytes, bytes) {
             self.group(stream, &table, p, rows, heads, blocks_per_launch, &mut sums)?;
         }
         Ok(sums)
@@ -176,25 +157,9 @@ impl DeviceReference {
         if n == 0 {
             return Ok(());
         }
-        let (mut q_codes, mut q_orig) = (Vec::new(), Vec::new());
-        let mut blocks: Vec<i32> = Vec::new();
-        for bh in heads.clone() {
-            let mine = rows.rows(bh);
-            for &r in mine.iter() {
-                let at = (bh * s + r) * d..(bh * s + r + 1) * d;
-                q_codes.extend_from_slice(&p.q.codes[at.clone()]);
-                q_orig.extend_from_slice(&p.inputs.q[at]);
-            }
-            let base = rows.offset(bh) - row_span.start;
-            for start in (0..mine.len()).step_by(self.rows) {
-                let count = self.rows.min(mine.len() - start);
-                blocks.extend([
-                    (bh - heads.start) as i32,
-                    (base + start) as i32,
-                    count as i32,
-                ]);
-            }
-        }
+        let q_codes = groups::gather(&p.q.codes, rows, heads.clone(), s, d);
+        let q_orig = groups::gather(&p.inputs.q, rows, heads.clone(), s, d);
+        let blocks = groups::row_blocks(rows, heads.clone(), self.rows);
         let up = |x: &[f32]| stream.clone_htod(x);
         let scales = |t: &crate::fp8::Fp8Tensor| up(&t.scales[heads.clone()]);
         let (q_c, q_f) = (stream.clone_htod(&q_codes)?, up(&q_orig)?);
@@ -258,36 +223,13 @@ impl DeviceReference {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shapes::Shape;
-
-    fn shape(h: usize, s: usize) -> Shape {
-        Shape {
-            name: "t".into(),
-            b: 1,
-            h,
-            s,
-            d: 64,
-            qk_std: 1.0,
-            purpose: String::new(),
-            dist: Default::default(),
-        }
-    }
 
     #[test]
-    fn heads_are_grouped_greedily_within_the_budget_and_at_least_one_per_group() {
-        let sh = shape(5, 100);
-        let rows = RowSet::all(&sh);
-        let one = head_bytes(100, 64, 100);
-        assert_eq!(one, 100 * 64 * 10 + 100 * (64 * 5 + 3 * 64 * 8 + 32));
-        let all = head_groups(&rows, 100, 64, u64::MAX);
-        assert_eq!((all.len(), all[0].clone()), (1, 0..5));
+    fn a_head_takes_its_keys_and_values_and_its_checked_rows() {
         assert_eq!(
-            head_groups(&rows, 100, 64, 1),
-            [0..1, 1..2, 2..3, 3..4, 4..5]
+            head_bytes(100, 64, 100),
+            100 * 64 * 10 + 100 * (64 * 5 + 3 * 64 * 8 + 32)
         );
-        assert_eq!(head_groups(&rows, 100, 64, 2 * one), [0..2, 2..4, 4..5]);
-        assert_eq!(head_groups(&rows, 100, 64, 3 * one - 1), [0..2, 2..4, 4..5]);
-        assert_eq!(head_groups(&rows, 100, 64, 3 * one), [0..3, 3..5]);
     }
 
     #[test]

@@ -108,18 +108,23 @@ pub struct Timer {
     cycles_per_us: i64,
 }
 
+/// Compiles the hold and stamp kernels (cuda/timer_hold.cu) for `arch`; run beside the
+/// variants' builds.
+pub fn compile(include: &Path, arch: &str) -> Result<nvrtc::Compiled, BackendError> {
+    let options = nvrtc::build_options(arch, &[include], &[]);
+    nvrtc::compile(HOLD_SOURCE, "timer_hold.cu", &options).map_err(|e| {
+        BackendError::Kernel(format!("the timer's hold kernel failed to compile: {e}"))
+    })
+}
+
 impl Timer {
-    pub fn new(
+    /// Loads the hold and stamp kernels [`compile`] built.
+    pub fn load(
         ctx: &Arc<CudaContext>,
-        include: &Path,
-        arch: &str,
+        compiled: nvrtc::Compiled,
         sm_clock_mhz: u32,
         sm_count: u32,
     ) -> Result<Self, BackendError> {
-        let options = nvrtc::build_options(arch, &[include], &[]);
-        let compiled = nvrtc::compile(HOLD_SOURCE, "timer_hold.cu", &options).map_err(|e| {
-            BackendError::Kernel(format!("the timer's hold kernel failed to compile: {e}"))
-        })?;
         let failed = |e: DriverError| {
             BackendError::Kernel(format!("loading the timer's kernels failed: {e}"))
         };

@@ -15,13 +15,23 @@
 //! finally `O * (v_scale / l)` rounded to f16. Keys past S score -inf (masked).
 //! Two roles: the `cpu` backend, and the same-precision yardstick of the relative gate.
 
+mod exp2;
+
 use half::f16;
 use rayon::prelude::*;
+
+use exp2::exp2;
 
 use crate::fp8;
 use crate::problem::Problem;
 use crate::rows::RowSet;
 use crate::shapes::HEAD_DIM;
+
+/// Head `bh`'s factor from the raw Q·K sums to base-2 scores, as the kernel forms it:
+/// `(q_scale * k_scale) * (softmax_scale * log2 e)` (the GPU emulation takes it from here).
+pub fn qk_scale(p: &Problem, bh: usize) -> f32 {
+    (p.q.scales[bh] * p.k.scales[bh]) * (p.softmax_scale * std::f32::consts::LOG2_E)
+}
 
 /// Keys per KV tile; the kernel's BLOCK_N, checked against the compiled kernel at run time.
 pub const KV_TILE: usize = 64;
@@ -105,8 +115,7 @@ pub fn run_rows(p: &Problem, kv_split: usize, defect: Defect, rows: &RowSet, out
             for (slot, &c) in vd.iter_mut().zip(vc) {
                 *slot = table[c as usize];
             }
-            let qk_scale =
-                (p.q.scales[bh] * p.k.scales[bh]) * (p.softmax_scale * std::f32::consts::LOG2_E);
+            let qk_scale = qk_scale(p, bh);
             let v_scale = p.v.scales[bh];
             let tiles_run = match defect {
                 Defect::SkipLastKvTile => n_tiles - 1,
@@ -230,10 +239,10 @@ impl Running {
         // 2. Online softmax (base 2), P rounded to f16, one partial sum per quad lane.
         let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let m_new = self.m.max(tile_max);
-        let alpha = (self.m - m_new).exp2();
+        let alpha = exp2(self.m - m_new);
         let mut p = [0f32; KV_TILE];
         for (pj, sc) in p.iter_mut().zip(scores) {
-            *pj = (sc - m_new).exp2();
+            *pj = exp2(sc - m_new);
         }
         for pj in p.iter_mut() {
             *pj = round_unit_to_f16(*pj);
@@ -296,11 +305,11 @@ fn merge(splits: &[SplitState]) -> (f32, [f32; HEAD_DIM]) {
         return (first.l, first.o);
     }
     let m_all = splits.iter().map(|s| s.m).fold(f32::NEG_INFINITY, f32::max);
-    let f = (first.m - m_all).exp2();
+    let f = exp2(first.m - m_all);
     let mut l = first.l * f;
     let mut o = first.o.map(|x| x * f);
     for other in &splits[1..] {
-        let a = (other.m - m_all).exp2();
+        let a = exp2(other.m - m_all);
         l = other.l.mul_add(a, l);
         for (x, &y) in o.iter_mut().zip(&other.o) {
             *x = y.mul_add(a, *x);

@@ -1,0 +1,219 @@
+//! The emulation computed on the GPU (cuda/emulation_f32.cu) against the host's
+//! (src/emulation/mod.rs), which the emulation's own tests pin: the same f16 bits on every
+//! element, on every shape kind and input distribution, for every KV split from 1 to 4, for
+//! sampled rows in head groups and launches of any size, at a long context, and through whole
+//! checks of a correct kernel and of planted bugs, whose records are then identical
+//! (docs/DESIGN.md "The emulation on the GPU").
+
+mod common;
+
+use half::f16;
+use sdpa_runner::backend::Backend;
+use sdpa_runner::backend::cuda::CudaBackend;
+use sdpa_runner::backend::cuda::kernel::KernelSource;
+use sdpa_runner::backend::cuda::reference::BLOCKS_PER_LAUNCH;
+use sdpa_runner::backend::cuda::variant::VariantSpec;
+use sdpa_runner::emulation;
+use sdpa_runner::gates::{GateFile, Gates};
+use sdpa_runner::problem::Problem;
+use sdpa_runner::reference::Engine;
+use sdpa_runner::rows::{CheckRows, RowSet};
+use sdpa_runner::runner::{self, Check};
+use sdpa_runner::shapes::{Dist, Shape, ShapeCatalog};
+
+fn backend_of(specs: &[VariantSpec]) -> CudaBackend {
+    let root = common::project_root();
+    let source = KernelSource::load(
+        &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
+        &root.join("cuda"),
+    )
+    .unwrap();
+    CudaBackend::new(source, specs).unwrap()
+}
+
+fn backend() -> CudaBackend {
+    backend_of(&[VariantSpec::new(false, &[])])
+}
+
+fn gates() -> Gates {
+    GateFile::load(&common::project_root().join("gates/default.json"))
+        .unwrap()
+        .gates
+}
+
+fn catalog() -> ShapeCatalog {
+    ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap()
+}
+
+fn shape(b: usize, h: usize, s: usize, qk_std: f64, dist: Dist) -> Shape {
+    Shape {
+        name: format!("{b}x{h}x{s} {} qk_std {qk_std}", dist.name()),
+        b,
+        h,
+        s,
+        d: 64,
+        qk_std,
+        purpose: String::new(),
+        dist,
+    }
+}
+
+fn on_device(b: &mut CudaBackend, p: &Problem, split: usize, rows: &RowSet) -> Vec<f16> {
+    b.emulation_on_device(p, split, rows)
+        .unwrap()
+        .computed()
+        .unwrap()
+}
+
+/// Panics at the first element whose bits differ, naming it.
+fn assert_same_bits(device: &[f16], host: &[f16], rows: &RowSet, what: &str) {
+    assert_eq!(device.len(), host.len(), "{what}: lengths");
+    if let Some(i) = device
+        .iter()
+        .zip(host)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        let differing = device
+            .iter()
+            .zip(host)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let (full_row, _) = rows.each().nth(i / 64).unwrap();
+        panic!(
+            "{what}: {differing} of {} elements differ; first at checked row {} (row {full_row} \
+             of the output), column {}: device {:?} ({:#06x}), host {:?} ({:#06x})",
+            host.len(),
+            i / 64,
+            i % 64,
+            device[i],
+            device[i].to_bits(),
+            host[i],
+            host[i].to_bits()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_device_emulation_gives_the_hosts_bits_on_every_shape_distribution_and_split() {
+    let mut shapes = catalog().select("all").unwrap();
+    for (i, dist) in Dist::ALL.into_iter().enumerate() {
+        let qk_std = [1.0, 20.0, 0.05][i % 3];
+        for s in [1, 17, 31, 32, 33, 63, 64, 65, 129, 200, 1000] {
+            shapes.push(shape(2, 3, s, qk_std, dist));
+        }
+    }
+    let mut b = backend();
+    let mut elements = 0;
+    for sh in &shapes {
+        for seed in [0, 1] {
+            let p = Problem::new(sh, seed);
+            let rows = RowSet::all(sh);
+            for split in 1..=4 {
+                let host = emulation::clean(&p, split, &rows);
+                let device = on_device(&mut b, &p, split, &rows);
+                let what = format!("{} seed {seed} split {split}", sh.name);
+                assert_same_bits(&device, &host, &rows, &what);
+                elements += host.len();
+            }
+        }
+    }
+    println!(
+        "{} shapes x 2 seeds x splits 1-4: {elements} elements, every one the same bits",
+        shapes.len()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_emulation() {
+    let sh = shape(2, 3, 3000, 1.0, Dist::Normal);
+    let p = Problem::new(&sh, 7);
+    let rows = RowSet::sampled(&sh, 7, &[64, 128]);
+    assert!(!rows.is_all());
+    let mut b = backend();
+    let host = emulation::clean(&p, 2, &rows);
+    // Whole, one head per group (one byte), two heads' worth, one row block per launch.
+    for (budget, blocks) in [
+        (u64::MAX, BLOCKS_PER_LAUNCH),
+        (1, BLOCKS_PER_LAUNCH),
+        (2 * 2 * 3000 * 64, BLOCKS_PER_LAUNCH),
+        (u64::MAX, 1),
+    ] {
+        let device = b
+            .emulation_grouped(&p, 2, &rows, budget, blocks)
+            .unwrap()
+            .computed()
+            .unwrap();
+        let what = format!("groups of {budget} bytes, {blocks} blocks per launch");
+        assert_same_bits(&device, &host, &rows, &what);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_long_context_gives_the_same_bits_on_its_sampled_rows() {
+    let sh = catalog().select("ctx16k").unwrap().remove(0);
+    let p = Problem::new(&sh, 0);
+    let rows = RowSet::choose(CheckRows::Auto, &sh, 0, &[64, 128]);
+    assert!(!rows.is_all());
+    let mut b = backend();
+    let t = std::time::Instant::now();
+    let device = on_device(&mut b, &p, 2, &rows);
+    let on_gpu = t.elapsed();
+    let t = std::time::Instant::now();
+    let host = emulation::clean(&p, 2, &rows);
+    let on_host = t.elapsed();
+    assert_same_bits(&device, &host, &rows, "ctx16k sampled rows");
+    println!(
+        "ctx16k: {} rows: device {on_gpu:.2?}, host {on_host:.2?}",
+        rows.count()
+    );
+}
+
+/// Records with the emulation's engine taken out, as JSON.
+fn without_engine<T: serde::Serialize>(records: &[T]) -> Vec<serde_json::Value> {
+    records
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap();
+            v.as_object_mut().unwrap().remove("emulation");
+            v
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn checks_with_the_device_emulation_give_the_records_of_checks_with_the_hosts() {
+    // A correct kernel on every default shape, and two planted bugs on three: every record,
+    // every figure and gate included, is the same whichever computed the emulation.
+    let gates = gates();
+    let clean = VariantSpec::new(false, &[]);
+    let mutants: Vec<VariantSpec> = ["MUTANT_K_SCALE_TWICE", "MUTANT_SKIP_LAST_KV_TILE"]
+        .into_iter()
+        .map(|m| clean.with_candidate_defines(&[(m.into(), String::new())]))
+        .collect();
+    for (mut b, shapes, planted) in [
+        (backend(), catalog().select("all").unwrap(), false),
+        (
+            backend_of(&mutants),
+            catalog().select("small,partial77,mission").unwrap(),
+            true,
+        ),
+    ] {
+        let mut check = |emulation| {
+            let check = Check {
+                rows: CheckRows::All,
+                references: Engine::Host,
+                emulation,
+            };
+            runner::check_all(&mut b, &shapes, &[0, 1], check, &gates, |_| {}).unwrap()
+        };
+        let (device, host) = (check(Engine::Device), check(Engine::Host));
+        assert!(device.iter().all(|r| r.emulation == "device"));
+        assert!(host.iter().all(|r| r.emulation == "host"));
+        assert!(host.iter().all(|r| r.pass != planted), "the verdicts");
+        assert_eq!(without_engine(&device), without_engine(&host));
+    }
+}
