@@ -12,9 +12,9 @@
 //            l_q = fma(l_q, alpha, Σ of lane q's P in block order), q < 4 (a quad's lanes)
 //   P·V      o = o·alpha, then per 16-key step o_x += (Σ over its keys of p_j·v_jx, from 0)
 // A split ends with l = (l_0 + l_1) + (l_2 + l_3); the splits merge as the kernel's split 0
-// does; out = f16(o · (v_scale / l)). Every operation is an explicit round-to-nearest
-// intrinsic (__fadd_rn, __fmul_rn, fmaf): nothing is contracted or reordered, whatever the
-// compiler's flags. exp2 is `exp2_portable`, the host's src/emulation/exp2.rs.
+// does; out = f16(o · (v_scale / l)), a NaN written as 0x7FFF (the host's NAN_BITS). Every
+// operation is an explicit round-to-nearest intrinsic (__fadd_rn, __fmul_rn, fmaf): nothing
+// is contracted or reordered, whatever the compiler's flags. exp2 is `exp2_portable`, the host's src/emulation/exp2.rs.
 //
 // Launch: one CTA per block of up to ROWS checked rows of one head; the host's block table
 // holds (head, first row, rows) per CTA, rows indexing the gathered Q rows and the output.
@@ -25,7 +25,7 @@
 // Its Q row lives in registers; its O accumulator in shared memory, so that no loop over
 // the 64 columns needs unrolling (NVRTC compiles this file in well under a second).
 //
-// Shared memory (dynamic, 4-byte words; 99,328 bytes, so two CTAs fit an SM):
+// Shared memory (dynamic, 4-byte words; 99,328 bytes, so two CTAs fit an SM of sm_90):
 //   table[256]      the E4M3 decode table, the host's f32 one (identical decoding)
 //   kt[KT][64]      the tile's keys, decoded; all threads read one key at a time (broadcast)
 //   vt[KT][64]      the tile's values, decoded; keys past S are 0 in both, as on the host
@@ -40,6 +40,7 @@
 #define K_STEP 16
 #define QUAD 4
 #define STATE (2 + D)
+#define NAN_BITS 0x7FFF
 #define SMEM_BYTES ((256 + 2 * KT * D + KT * ROWS + D * ROWS) * 4)
 
 // The launch geometry, read by the host from the module (src/backend/cuda/emulation.rs).
@@ -247,6 +248,7 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
     const float f = __fdiv_rn(v_scale[head], l);
     unsigned short* row_out = out + (size_t)(first + r) * D;
     for (int x = 0; x < D; ++x) {
-        row_out[x] = to_f16_bits(__fmul_rn(so[x * ROWS + r], f));
+        const float v = __fmul_rn(so[x * ROWS + r], f);
+        row_out[x] = isnan(v) ? NAN_BITS : to_f16_bits(v);  // one NaN, as on the host
     }
 }

@@ -16,7 +16,7 @@
 //   ROW_WARPS=R, KV_SPLIT=K  the warp grid (defaults 2 x 2, chosen by measurement:
 //                   docs/PERF.md; R·K <= 16 and a step's codes must split into whole 16-byte
 //                   chunks per thread: R of 1, 2, 4 or 8). K changes the summation order;
-//                   src/emulation.rs follows the published SDPA_KV_SPLIT.
+//                   src/emulation/mod.rs follows the published SDPA_KV_SPLIT.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
 //                   N clock cycles at the end, a fixed planted slowdown that proves the
 //                   runner's SLOWER verdict. Unset, it compiles to nothing.
@@ -58,7 +58,8 @@
 //
 // Scales: codes are decoded exactly and the scales applied in f32 where it is cheapest:
 //   qk_scale = (q_scale * k_scale) * (softmax_scale * log2 e) on the scores, v_scale at the end.
-// src/emulation.rs mirrors every step above in the same precisions and order; keep them in step.
+// src/emulation/mod.rs mirrors every step above in the same precisions and order (and
+// cuda/emulation_f32.cu mirrors it, bit for bit); keep them in step.
 //
 // Shared memory (dynamic): code tiles of one step, K then V, each [STEP_KEYS][64] u8 with rows
 // of 64 bytes and no padding; the 16-byte chunk c of row r lives at chunk c ^ ((r >> 1) & 3),

@@ -46,8 +46,8 @@ impl Yardsticks {
     }
 
     /// With the references and the emulation each where `check` says
-    /// ([`Engine::wants_device`]); what stays on the host is computed while the device
-    /// computes the rest. `device` on a backend without a device is refused (exit 2) before
+    /// ([`Engine::wants_device`]); what stays on the host is computed (on another thread)
+    /// while the device computes the rest. `device` on a backend without a device is refused (exit 2) before
     /// any work; where the device cannot compute one ([`OnDevice::Unavailable`]: out of
     /// memory, the runner's kernel did not build) `auto` computes it on the host (and records
     /// `host`), `device` stops (exit 3).
@@ -75,24 +75,31 @@ impl Yardsticks {
         if !refs_on_device && !emulation_on_device {
             return Ok(Self::compute(p, kv_split, rows));
         }
-        let (sums, emulated, host_emulation) = std::thread::scope(|scope| {
-            let host = (!emulation_on_device)
-                .then(|| scope.spawn(|| emulation::clean(p, kv_split, &rows)));
+        // The host computes what stays on the host while the device computes the rest; after
+        // a fault of the reference kernel the context is unusable, so nothing more is launched.
+        let (sums, emulated, (host_refs, host_emulation)) = std::thread::scope(|scope| {
+            let host = scope.spawn(|| {
+                let refs = (!refs_on_device).then(|| References::compute(p, kv_split, &rows));
+                let emulation =
+                    (!emulation_on_device).then(|| emulation::clean(p, kv_split, &rows));
+                (refs, emulation)
+            });
             let sums = refs_on_device.then(|| backend.reference_sums(p, &rows));
-            let emulated =
-                emulation_on_device.then(|| backend.emulation_on_device(p, kv_split, &rows));
-            let host = host.map(|h| h.join().expect("the emulation thread panicked"));
+            let emulated = (emulation_on_device && !matches!(sums, Some(Err(_))))
+                .then(|| backend.emulation_on_device(p, kv_split, &rows));
+            let host = host.join().expect("the host's yardstick thread panicked");
             (sums, emulated, host)
         });
-        let refs = match sums.transpose()? {
-            None => (References::compute(p, kv_split, &rows), "host"),
-            Some(sums) => settle(
+        let refs = match (sums.transpose()?, host_refs) {
+            (Some(sums), _) => settle(
                 sums.map(|sums| References::from_sums(p, kv_split, &rows, sums)),
                 check.references,
                 "--references",
                 "the references",
                 || References::compute(p, kv_split, &rows),
             )?,
+            (None, Some(refs)) => (refs, "host"),
+            (None, None) => unreachable!("the references are computed on the device or the host"),
         };
         let emulation_out = match (emulated.transpose()?, host_emulation) {
             (Some(out), _) => settle(out, check.emulation, "--emulation", "the emulation", || {
@@ -644,6 +651,8 @@ mod tests {
         out_of_memory: bool,
         requests: usize,
         emulation_requests: usize,
+        /// Its reference kernel faults (the runner's own kernel: exit 3).
+        reference_faults: bool,
         gpu: Option<GpuSlot>,
     }
 
@@ -654,6 +663,7 @@ mod tests {
                 out_of_memory,
                 requests: 0,
                 emulation_requests: 0,
+                reference_faults: false,
                 gpu: None,
             }
         }
@@ -721,6 +731,11 @@ mod tests {
             rows: &RowSet,
         ) -> Result<crate::backend::DeviceSums, BackendError> {
             self.requests += 1;
+            if self.reference_faults {
+                return Err(BackendError::Environment(
+                    "the reference kernel faulted".into(),
+                ));
+            }
             Ok(if self.out_of_memory {
                 OnDevice::Unavailable("the reference ran out of GPU memory".into())
             } else {
@@ -786,6 +801,18 @@ mod tests {
             (record.references.as_str(), record.emulation.as_str()),
             ("device", "device")
         );
+    }
+
+    #[test]
+    fn after_a_reference_kernel_fault_nothing_more_is_launched_and_the_run_stops_with_exit_3() {
+        let p = Problem::new(&shape(100), 0);
+        let mut device = FakeDevice {
+            reference_faults: true,
+            ..FakeDevice::new(false)
+        };
+        let stopped = Yardsticks::with_backend(&mut device, &on(Device, Device), &p, 2, all(&p));
+        assert!(matches!(stopped, Err(BackendError::Environment(_))));
+        assert_eq!((device.requests, device.emulation_requests), (1, 0));
     }
 
     #[test]

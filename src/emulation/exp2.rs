@@ -9,8 +9,9 @@
 //! r = x - k (exact, |r| <= 1/2), 2^r by its Taylor series in r·ln 2 to degree 12 (truncation
 //! below 2e-16 relative) by Horner's rule, times 2^k (exact), rounded once to f32. The f64
 //! result is within a few f64 ulps of 2^x, so the f32 is the correctly rounded 2^x except
-//! where 2^x lies within about 1e-15 relative of a rounding boundary (the test measures how
-//! rarely); either way both sides give the same bits. Branch-free: the emulation's loops
+//! where 2^x lies within about 1e-15 relative of a rounding boundary, which no f32 in
+//! [-160, 0) does (docs/DESIGN.md "The emulation on the GPU"); either way both sides give the
+//! same bits. Branch-free: the emulation's loops
 //! vectorize with it.
 
 /// ln(2)^n / n! for n = 0..=12, each the f64 nearest the exact value (given by its bits).

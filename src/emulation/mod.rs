@@ -157,7 +157,7 @@ pub fn run_rows(p: &Problem, kv_split: usize, defect: Defect, rows: &RowSet, out
                         let (l, o) = merge(&splits);
                         let f = v_scale / l;
                         for (dst, x) in out_row.iter_mut().zip(o) {
-                            *dst = f16::from_f32(x * f);
+                            *dst = output(x * f);
                         }
                     }
                 });
@@ -297,6 +297,19 @@ fn round_unit_to_f16(x: f32) -> f32 {
     if x < MIN_NORMAL { subnormal } else { normal }
 }
 
+/// The f16 NaN every NaN output is written as, on the host and on the GPU: a NaN's sign and
+/// payload are not the same on both (nor promised by Rust), its NaN-ness is.
+pub const NAN_BITS: u16 = 0x7FFF;
+
+/// An output element: `x` rounded to f16 (to nearest, ties to even), NaN as [`NAN_BITS`].
+fn output(x: f32) -> f16 {
+    if x.is_nan() {
+        f16::from_bits(NAN_BITS)
+    } else {
+        f16::from_f32(x)
+    }
+}
+
 /// Merges the splits' states into (l, O) as the kernel's split 0 does. One split is taken
 /// as is (the kernel skips the merge then).
 fn merge(splits: &[SplitState]) -> (f32, [f32; HEAD_DIM]) {
@@ -391,6 +404,22 @@ mod tests {
                 0.0,
                 |a, b| if b.is_nan() { f64::INFINITY } else { a.max(b) },
             )
+    }
+
+    #[test]
+    fn every_nan_output_is_written_as_the_one_nan_both_engines_write() {
+        // The seed system's quantizer writes the E4M3 NaN codes (0x7F, 0xFF): rows that read
+        // one come out NaN, through NaNs of whatever sign and payload on the way.
+        let shape = problem(1, 2, 100, 1.0).shape;
+        let p = Problem::with_host_defect(&shape, 0, crate::problem::HostDefect::SeedQuantizer);
+        let out = emulate(&p, Defect::None);
+        let nans: Vec<u16> = out
+            .iter()
+            .filter(|x| x.is_nan())
+            .map(|x| x.to_bits())
+            .collect();
+        assert!(!nans.is_empty(), "the witness: NaN codes give NaN outputs");
+        assert!(nans.iter().all(|&b| b == NAN_BITS), "{:#06x?}", &nans[..4]);
     }
 
     #[test]

@@ -35,25 +35,26 @@ pub struct References {
     pub end_to_end_bound: Vec<f64>,
 }
 
-/// Where the f64 references are computed (`--references`).
+/// Where a yardstick is computed: the f64 references (`--references`) or the emulation
+/// (`--emulation`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Engine {
     /// On the host, independent of the GPU, while that is cheap; on the GPU (when the backend
     /// has one) above [`AUTO_DEVICE_ABOVE`] checked (row, key) pairs, unless it has too little
-    /// free memory for them or no reference kernel: then on the host.
+    /// free memory for it or the runner's kernel did not build: then on the host.
     #[default]
     Auto,
-    /// On the host's cores (ndarray GEMMs).
+    /// On the host's cores (the references: ndarray GEMMs; the emulation: src/emulation/).
     Host,
-    /// On the GPU (cuda/reference_f64.cu); needs `--backend cuda`.
+    /// On the GPU (cuda/reference_f64.cu, cuda/emulation_f32.cu); needs `--backend cuda`.
     Device,
 }
 
-/// Checked (row, key) pairs above which `auto` computes the references on the GPU: 2^24 pairs
-/// take the host about 0.07 s on 16 cores (measured: 18298 rows x 16384 keys in 1.16 s), so
-/// every default shape but `long` (1x8x2048, 2^25 pairs) and `large` keeps references that
-/// share nothing with the GPU, and `long`, `large` and the long contexts get theirs from the
-/// GPU while the host computes the emulation.
+/// Checked (row, key) pairs above which `auto` computes a yardstick on the GPU: 2^24 pairs
+/// take the host about 0.07 s on 16 cores for the references (measured: 18298 rows x 16384
+/// keys in 1.16 s), so every default shape but `long` (1x8x2048, 2^25 pairs) and `large`
+/// keeps yardsticks that share nothing with the GPU, and `long`, `large` and the long contexts
+/// get theirs from the GPU.
 pub const AUTO_DEVICE_ABOVE: u64 = 1 << 24;
 
 impl Engine {

@@ -20,6 +20,9 @@ use crate::problem::Problem;
 use crate::rows::RowSet;
 
 const SOURCE: &str = include_str!("../../../cuda/emulation_f32.cu");
+/// Floats of one split's state (m, l, o) in the kernel's scratch buffer (its
+/// `EMU_STATE_FLOATS`, checked when it loads).
+pub const STATE_FLOATS: usize = 2 + crate::shapes::HEAD_DIM;
 const ENTRY: &str = "sdpa_emulation_f32";
 
 /// Compiles the emulation kernel (no headers needed); run beside the variants' builds. The
@@ -32,8 +35,8 @@ pub fn compile(arch: &str) -> Result<nvrtc::Compiled, String> {
 
 /// Device bytes of one head of `s` keys with `rows` checked rows and `kv_split` splits: K and
 /// V codes, and per checked row its Q codes, its f16 output and its splits' states.
-pub fn head_bytes(s: usize, d: usize, rows: usize, kv_split: usize, state_floats: usize) -> u64 {
-    let per_row = d + 2 * d + kv_split * state_floats * 4;
+pub fn head_bytes(s: usize, d: usize, rows: usize, kv_split: usize) -> u64 {
+    let per_row = d + 2 * d + kv_split * STATE_FLOATS * 4;
     (2 * s * d + rows * per_row) as u64
 }
 
@@ -45,8 +48,6 @@ pub struct DeviceEmulation {
     rows: usize,
     threads: u32,
     smem_bytes: u32,
-    /// Floats of one split's state (m, l, o) in the scratch buffer.
-    state_floats: usize,
 }
 
 impl DeviceEmulation {
@@ -78,6 +79,13 @@ impl DeviceEmulation {
             constant("EMU_SMEM_BYTES")?,
             constant("EMU_STATE_FLOATS")? as usize,
         );
+        if rows != threads as usize || state_floats != STATE_FLOATS {
+            return Err(format!(
+                "the emulation kernel publishes {rows} rows per CTA on {threads} threads and \
+                 split states of {state_floats} floats; the launcher needs one thread per row \
+                 and states of {STATE_FLOATS}"
+            ));
+        }
         let module = ctx
             .load_module(Ptx::from_binary(compiled.cubin))
             .map_err(failed)?;
@@ -94,7 +102,6 @@ impl DeviceEmulation {
             rows,
             threads,
             smem_bytes,
-            state_floats,
         })
     }
 
@@ -123,7 +130,7 @@ impl DeviceEmulation {
         let table = stream.clone_htod(&table)?;
         let bytes = |bh: usize| {
             let n = rows.offset(bh + 1) - rows.offset(bh);
-            head_bytes(s, d, n, kv_split, self.state_floats)
+            head_bytes(s, d, n, kv_split)
         };
         for heads in groups::head_groups(rows.heads(), group_bytes, bytes) {
             let span = rows.offset(heads.start)..rows.offset(heads.end);
@@ -177,9 +184,10 @@ impl Group<'_> {
         let v_c = stream.clone_htod(&p.v.codes[span])?;
         let qk_s = stream.clone_htod(&qk_scale)?;
         let v_s = stream.clone_htod(&p.v.scales[heads])?;
-        let mut states = stream.alloc_zeros::<f32>(n * self.kv_split * k.state_floats)?;
+        let mut states = stream.alloc_zeros::<f32>(n * self.kv_split * STATE_FLOATS)?;
         let mut dev_out = stream.alloc_zeros::<u16>(n * d)?;
-        let (s_arg, split_arg) = (s as i32, self.kv_split as i32);
+        let s_arg = i32::try_from(s).expect("S fits the kernel's int (shapes are checked)");
+        let split_arg = self.kv_split as i32;
         for chunk in blocks.chunks(3 * blocks_per_launch) {
             let table_of_blocks = stream.clone_htod(chunk)?;
             let cfg = LaunchConfig {
@@ -214,7 +222,7 @@ mod tests {
     fn a_head_takes_its_codes_and_per_row_q_output_and_split_states() {
         // S = 100: K and V codes; 10 rows, each 64 Q codes, 64 f16 outputs, 2 states of 66 f32.
         assert_eq!(
-            head_bytes(100, 64, 10, 2, 66),
+            head_bytes(100, 64, 10, 2),
             2 * 100 * 64 + 10 * (64 + 128 + 2 * 66 * 4)
         );
     }

@@ -56,10 +56,11 @@ pub fn row_blocks(rows: &RowSet, heads: Range<usize>, per_block: usize) -> Vec<i
     for bh in heads.clone() {
         let (first, n) = (rows.offset(bh) - base, rows.rows(bh).len());
         for start in (0..n).step_by(per_block) {
+            let int = |x: usize| i32::try_from(x).expect("a head group's rows fit an int");
             blocks.extend([
-                (bh - heads.start) as i32,
-                (first + start) as i32,
-                per_block.min(n - start) as i32,
+                int(bh - heads.start),
+                int(first + start),
+                int(per_block.min(n - start)),
             ]);
         }
     }

@@ -165,7 +165,7 @@ pub fn build_variant(
     if constants.head_dim as usize != HEAD_DIM || constants.block_n as usize != KV_TILE {
         return Err(refuse(format!(
             "the kernel publishes HEAD_DIM={} BLOCK_N={}, but the runner and its CPU emulation use \
-             HEAD_DIM={HEAD_DIM} KV_TILE={KV_TILE}; keep src/emulation.rs in step with the kernel",
+             HEAD_DIM={HEAD_DIM} KV_TILE={KV_TILE}; keep src/emulation/mod.rs and cuda/emulation_f32.cu in step with the kernel",
             constants.head_dim, constants.block_n
         )));
     }
