@@ -12,52 +12,21 @@ use sdpa_runner::backend::Backend;
 use sdpa_runner::backend::cuda::CudaBackend;
 use sdpa_runner::backend::cuda::emulation as cuda_emulation;
 use sdpa_runner::backend::cuda::groups;
-use sdpa_runner::backend::cuda::kernel::KernelSource;
 use sdpa_runner::backend::cuda::reference::BLOCKS_PER_LAUNCH;
 use sdpa_runner::backend::cuda::variant::VariantSpec;
 use sdpa_runner::emulation;
-use sdpa_runner::gates::{GateFile, Gates};
 use sdpa_runner::problem::{HostDefect, Problem};
 use sdpa_runner::reference::Engine;
 use sdpa_runner::rows::{CheckRows, RowSet};
 use sdpa_runner::runner::{self, Check};
-use sdpa_runner::shapes::{Dist, Shape, ShapeCatalog};
+use sdpa_runner::shapes::Dist;
 
 fn backend_of(specs: &[VariantSpec]) -> CudaBackend {
-    let root = common::project_root();
-    let source = KernelSource::load(
-        &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
-        &root.join("cuda"),
-    )
-    .unwrap();
-    CudaBackend::new(source, specs).unwrap()
+    common::gpu_backend(specs)
 }
 
 fn backend() -> CudaBackend {
     backend_of(&[VariantSpec::new(false, &[])])
-}
-
-fn gates() -> Gates {
-    GateFile::load(&common::project_root().join("gates/default.json"))
-        .unwrap()
-        .gates
-}
-
-fn catalog() -> ShapeCatalog {
-    ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap()
-}
-
-fn shape(b: usize, h: usize, s: usize, qk_std: f64, dist: Dist) -> Shape {
-    Shape {
-        name: format!("{b}x{h}x{s} {} qk_std {qk_std}", dist.name()),
-        b,
-        h,
-        s,
-        d: 64,
-        qk_std,
-        purpose: String::new(),
-        dist,
-    }
 }
 
 fn on_device(b: &mut CudaBackend, p: &Problem, split: usize, rows: &RowSet) -> Vec<f16> {
@@ -98,11 +67,11 @@ fn assert_same_bits(device: &[f16], host: &[f16], rows: &RowSet, what: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_device_emulation_gives_the_hosts_bits_on_every_shape_distribution_and_split() {
-    let mut shapes = catalog().select("all").unwrap();
+    let mut shapes = common::catalog().select("all").unwrap();
     for (i, dist) in Dist::ALL.into_iter().enumerate() {
         let qk_std = [1.0, 20.0, 0.05][i % 3];
         for s in [1, 17, 31, 32, 33, 63, 64, 65, 129, 200, 1000] {
-            shapes.push(shape(2, 3, s, qk_std, dist));
+            shapes.push(common::shape(2, 3, s, qk_std, dist));
         }
     }
     let mut b = backend();
@@ -138,7 +107,10 @@ fn inputs_of_the_planted_host_defects_give_the_same_bits_nan_outputs_included() 
         HostDefect::PerTensorScale,
         HostDefect::ZeroV,
     ] {
-        for sh in catalog().select("small,partial77,mission,wide").unwrap() {
+        for sh in common::catalog()
+            .select("small,partial77,mission,wide")
+            .unwrap()
+        {
             let p = Problem::with_host_defect(&sh, 0, defect);
             let rows = RowSet::all(&sh);
             let host = emulation::clean(&p, 2, &rows);
@@ -153,7 +125,7 @@ fn inputs_of_the_planted_host_defects_give_the_same_bits_nan_outputs_included() 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_emulation() {
-    let sh = shape(2, 3, 3000, 1.0, Dist::Normal);
+    let sh = common::shape(2, 3, 3000, 1.0, Dist::Normal);
     let p = Problem::new(&sh, 7);
     let rows = RowSet::sampled(&sh, 7, &[64, 128]);
     assert!(!rows.is_all());
@@ -183,7 +155,7 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_emulation() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_long_context_gives_the_same_bits_on_its_sampled_rows() {
-    let sh = catalog().select("ctx16k").unwrap().remove(0);
+    let sh = common::catalog().select("ctx16k").unwrap().remove(0);
     let p = Problem::new(&sh, 0);
     let rows = RowSet::choose(CheckRows::Auto, &sh, 0, &[64, 128]);
     assert!(!rows.is_all());
@@ -218,17 +190,17 @@ fn without_engine<T: serde::Serialize>(records: &[T]) -> Vec<serde_json::Value> 
 fn checks_with_the_device_emulation_give_the_records_of_checks_with_the_hosts() {
     // A correct kernel on every default shape, and two planted bugs on three: every record,
     // every figure and gate included, is the same whichever computed the emulation.
-    let gates = gates();
+    let gates = common::default_gates();
     let clean = VariantSpec::new(false, &[]);
     let mutants: Vec<VariantSpec> = ["MUTANT_K_SCALE_TWICE", "MUTANT_SKIP_LAST_KV_TILE"]
         .into_iter()
         .map(|m| clean.with_candidate_defines(&[(m.into(), String::new())]))
         .collect();
     for (mut b, shapes, planted) in [
-        (backend(), catalog().select("all").unwrap(), false),
+        (backend(), common::catalog().select("all").unwrap(), false),
         (
             backend_of(&mutants),
-            catalog().select("small,partial77,mission").unwrap(),
+            common::catalog().select("small,partial77,mission").unwrap(),
             true,
         ),
     ] {

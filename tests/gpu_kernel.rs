@@ -7,7 +7,7 @@ use sdpa_runner::backend::Backend;
 use sdpa_runner::backend::cuda::CudaBackend;
 use sdpa_runner::backend::cuda::kernel::KernelSource;
 use sdpa_runner::backend::cuda::variant::VariantSpec;
-use sdpa_runner::gates::{GateFile, Gates};
+use sdpa_runner::gates::Gates;
 use sdpa_runner::problem::Problem;
 use sdpa_runner::reference::Engine;
 use sdpa_runner::rows::CheckRows;
@@ -29,9 +29,7 @@ fn backend() -> CudaBackend {
 }
 
 fn gates() -> Gates {
-    GateFile::load(&common::project_root().join("gates/default.json"))
-        .unwrap()
-        .gates
+    common::default_gates()
 }
 
 /// `rows`, with the references and the emulation on the GPU (the run's default there for
@@ -45,7 +43,7 @@ fn on_device(rows: CheckRows) -> Check {
 }
 
 fn catalog() -> ShapeCatalog {
-    ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap()
+    common::catalog()
 }
 
 #[test]

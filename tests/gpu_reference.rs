@@ -10,15 +10,13 @@ mod common;
 use sdpa_runner::backend::Backend;
 use sdpa_runner::backend::cuda::CudaBackend;
 use sdpa_runner::backend::cuda::groups;
-use sdpa_runner::backend::cuda::kernel::KernelSource;
 use sdpa_runner::backend::cuda::reference::{self, BLOCKS_PER_LAUNCH};
 use sdpa_runner::backend::cuda::variant::VariantSpec;
-use sdpa_runner::gates::{GateFile, Gates};
 use sdpa_runner::problem::Problem;
 use sdpa_runner::reference::{Engine, References, RowSums};
 use sdpa_runner::rows::{CheckRows, RowSet};
 use sdpa_runner::runner::{self, Check};
-use sdpa_runner::shapes::{Dist, Shape, ShapeCatalog};
+use sdpa_runner::shapes::Dist;
 
 /// The largest disagreement the engines may show, as a fraction of the kernel bound (the
 /// gate's allowance): f64 roundoff of sums of up to 10^5 terms is below 1e-10 of it.
@@ -29,32 +27,7 @@ fn backend() -> CudaBackend {
 }
 
 fn backend_of(specs: &[VariantSpec]) -> CudaBackend {
-    let root = common::project_root();
-    let source = KernelSource::load(
-        &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
-        &root.join("cuda"),
-    )
-    .unwrap();
-    CudaBackend::new(source, specs).unwrap()
-}
-
-fn gates() -> Gates {
-    GateFile::load(&common::project_root().join("gates/default.json"))
-        .unwrap()
-        .gates
-}
-
-fn shape(b: usize, h: usize, s: usize, qk_std: f64, dist: Dist) -> Shape {
-    Shape {
-        name: format!("{b}x{h}x{s} {} qk_std {qk_std}", dist.name()),
-        b,
-        h,
-        s,
-        d: 64,
-        qk_std,
-        purpose: String::new(),
-        dist,
-    }
+    common::gpu_backend(specs)
 }
 
 /// The largest |device − host| of the four vectors, each over the host's kernel bound (the
@@ -132,12 +105,12 @@ fn assert_same_bits(a: &RowSums, b: &RowSums, what: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_device_references_equal_the_hosts_on_every_shape_kind_and_distribution() {
-    let catalog = ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap();
+    let catalog = common::catalog();
     let mut shapes = catalog.select("all").unwrap();
     for (i, dist) in Dist::ALL.into_iter().enumerate() {
         let qk_std = [1.0, 20.0][i % 2];
         for s in [1, 17, 31, 32, 33, 63, 65, 129, 1000] {
-            shapes.push(shape(1, 3, s, qk_std, dist));
+            shapes.push(common::shape(1, 3, s, qk_std, dist));
         }
     }
     let mut b = backend();
@@ -166,7 +139,7 @@ fn the_device_references_equal_the_hosts_on_every_shape_kind_and_distribution() 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_references() {
-    let sh = shape(2, 3, 3000, 1.0, Dist::Normal);
+    let sh = common::shape(2, 3, 3000, 1.0, Dist::Normal);
     let p = Problem::new(&sh, 7);
     let rows = RowSet::sampled(&sh, 7, &[64, 128]);
     assert!(!rows.is_all());
@@ -210,7 +183,7 @@ fn the_device_sums_equal_the_hosts_sum_by_sum_with_the_same_subnormal_counts() {
         (20.0, Dist::Normal),
         (20.0, Dist::Outliers),
     ] {
-        let sh = shape(1, 3, 1000, qk_std, dist);
+        let sh = common::shape(1, 3, 1000, qk_std, dist);
         let p = Problem::new(&sh, 5);
         let rows = RowSet::all(&sh);
         let host = RowSums::on_host(&p, &rows);
@@ -236,9 +209,9 @@ fn the_device_sums_equal_the_hosts_sum_by_sum_with_the_same_subnormal_counts() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn planted_bugs_fail_the_same_gates_with_device_references_as_with_host_references() {
-    let catalog = ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap();
+    let catalog = common::catalog();
     let shapes = catalog.select("small,partial77,mission").unwrap();
-    let gates = gates();
+    let gates = common::default_gates();
     let clean = VariantSpec::new(false, &[]);
     let mutants: Vec<VariantSpec> = ["MUTANT_K_SCALE_TWICE", "MUTANT_SKIP_LAST_KV_TILE"]
         .into_iter()
@@ -284,9 +257,9 @@ fn planted_bugs_fail_the_same_gates_with_device_references_as_with_host_referenc
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_check_with_device_references_gives_the_verdicts_of_one_with_host_references() {
-    let catalog = ShapeCatalog::load(&common::project_root().join("shapes/default.json")).unwrap();
+    let catalog = common::catalog();
     let shapes = catalog.select("all").unwrap();
-    let gates = gates();
+    let gates = common::default_gates();
     let mut b = backend();
     let mut check = |references| {
         let check = Check {

@@ -96,3 +96,48 @@ pub fn refused_with_env(args: &[&str], env: &[(&str, &str)], code: i32, needles:
         run_dirs(&results)
     );
 }
+
+/// The cuda backend on GPU 0 with the project's kernel built as `specs`.
+pub fn gpu_backend(
+    specs: &[sdpa_runner::backend::cuda::variant::VariantSpec],
+) -> sdpa_runner::backend::cuda::CudaBackend {
+    let root = project_root();
+    let source = sdpa_runner::backend::cuda::kernel::KernelSource::load(
+        &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
+        &root.join("cuda"),
+    )
+    .unwrap();
+    sdpa_runner::backend::cuda::CudaBackend::new(source, specs).unwrap()
+}
+
+/// The project's gates (gates/default.json).
+pub fn default_gates() -> sdpa_runner::gates::Gates {
+    sdpa_runner::gates::GateFile::load(&project_root().join("gates/default.json"))
+        .unwrap()
+        .gates
+}
+
+/// The project's shapes (shapes/default.json).
+pub fn catalog() -> sdpa_runner::shapes::ShapeCatalog {
+    sdpa_runner::shapes::ShapeCatalog::load(&project_root().join("shapes/default.json")).unwrap()
+}
+
+/// A shape named by its dimensions, distribution and qk_std.
+pub fn shape(
+    b: usize,
+    h: usize,
+    s: usize,
+    qk_std: f64,
+    dist: sdpa_runner::shapes::Dist,
+) -> sdpa_runner::shapes::Shape {
+    sdpa_runner::shapes::Shape {
+        name: format!("{b}x{h}x{s} {} qk_std {qk_std}", dist.name()),
+        b,
+        h,
+        s,
+        d: 64,
+        qk_std,
+        purpose: String::new(),
+        dist,
+    }
+}

@@ -8,14 +8,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
 use cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::Ptx;
 use half::f16;
 
-use super::{groups, identity, nvrtc};
+use super::{groups, nvrtc};
 use crate::problem::Problem;
 use crate::rows::RowSet;
 
@@ -56,11 +54,11 @@ impl DeviceEmulation {
         ctx: &Arc<cudarc::driver::CudaContext>,
         compiled: nvrtc::Compiled,
     ) -> Result<Self, String> {
-        let failed = |e: DriverError| format!("loading the emulation kernel failed: {e}");
-        let constant = |name| {
-            identity::ptx_constant(&compiled.ptx, name)
-                .map_err(|e| format!("the emulation kernel: {e}"))
+        let kernel = groups::OwnKernel {
+            what: "emulation kernel",
+            compiled,
         };
+        let constant = |name| kernel.constant(name);
         let (head_dim, kv_tile) = (
             constant("EMU_HEAD_DIM")? as usize,
             constant("EMU_KV_TILE")? as usize,
@@ -86,16 +84,7 @@ impl DeviceEmulation {
                  and states of {STATE_FLOATS}"
             ));
         }
-        let module = ctx
-            .load_module(Ptx::from_binary(compiled.cubin))
-            .map_err(failed)?;
-        let function = module.load_function(ENTRY).map_err(failed)?;
-        function
-            .set_attribute(
-                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_bytes as i32,
-            )
-            .map_err(failed)?;
+        let (module, function) = kernel.load(ctx, ENTRY, smem_bytes)?;
         Ok(DeviceEmulation {
             function,
             _module: module,

@@ -1,11 +1,53 @@
-//! How the runner's own kernels (the f64 references, the emulation) take a problem's checked
-//! rows: heads in groups that fit a memory budget, the checked Q rows gathered, and a table
-//! of row blocks, one per CTA: `(head within the group, first row, rows)`, rows indexing the
-//! gathered Q rows (the compact layout of [`RowSet`]).
+//! What the runner's own kernels (the f64 references, the emulation) share: how they are
+//! loaded (their launch geometry read from the constants they publish), and how they take a
+//! problem's checked rows: heads in groups that fit a memory budget, the checked Q rows
+//! gathered, and a table of row blocks, one per CTA: `(head within the group, first row,
+//! rows)`, rows indexing the gathered Q rows (the compact layout of [`RowSet`]).
 
 use std::ops::Range;
+use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
+use cudarc::nvrtc::Ptx;
+
+use super::{identity, nvrtc};
 use crate::rows::RowSet;
+
+/// One of the runner's own kernels, compiled: `what` names it in messages.
+pub struct OwnKernel<'a> {
+    pub what: &'a str,
+    pub compiled: nvrtc::Compiled,
+}
+
+impl OwnKernel<'_> {
+    /// The `int` constant `name` the kernel publishes.
+    pub fn constant(&self, name: &str) -> Result<u32, String> {
+        identity::ptx_constant(&self.compiled.ptx, name)
+            .map_err(|e| format!("the {}: {e}", self.what))
+    }
+
+    /// Loads its module and `entry`, allowing it `smem_bytes` of dynamic shared memory.
+    pub fn load(
+        self,
+        ctx: &Arc<CudaContext>,
+        entry: &str,
+        smem_bytes: u32,
+    ) -> Result<(Arc<CudaModule>, CudaFunction), String> {
+        let failed = |e: DriverError| format!("loading the {} failed: {e}", self.what);
+        let module = ctx
+            .load_module(Ptx::from_binary(self.compiled.cubin))
+            .map_err(failed)?;
+        let function = module.load_function(entry).map_err(failed)?;
+        function
+            .set_attribute(
+                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_bytes as i32,
+            )
+            .map_err(failed)?;
+        Ok((module, function))
+    }
+}
 
 /// Heads `0..heads` in consecutive groups of at most `group_bytes` each, `bytes(bh)` being
 /// what head `bh` needs; a head that needs more is a group of its own.

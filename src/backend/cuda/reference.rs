@@ -10,14 +10,12 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::Ptx;
 
-use super::{groups, identity, nvrtc};
+use super::{groups, nvrtc};
 use crate::problem::Problem;
 use crate::reference::{RowSums, RowTotals};
 use crate::rows::RowSet;
@@ -68,12 +66,11 @@ impl DeviceReference {
         ctx: &Arc<cudarc::driver::CudaContext>,
         compiled: nvrtc::Compiled,
     ) -> Result<Self, String> {
-        let failed = |e: DriverError| format!("loading the f64 reference kernel failed: {e}");
-        let constant = |name| {
-            identity::ptx_constant(&compiled.ptx, name)
-                .map_err(|e| format!("the f64 reference kernel: {e}"))
+        let kernel = groups::OwnKernel {
+            what: "f64 reference kernel",
+            compiled,
         };
-        let head_dim = constant("REF_HEAD_DIM")? as usize;
+        let head_dim = kernel.constant("REF_HEAD_DIM")? as usize;
         if head_dim != crate::shapes::HEAD_DIM {
             return Err(format!(
                 "the f64 reference kernel is built for D = {head_dim}, the runner's is {}",
@@ -81,20 +78,11 @@ impl DeviceReference {
             ));
         }
         let (rows, threads, smem_bytes) = (
-            constant("REF_ROWS")? as usize,
-            constant("REF_THREADS")?,
-            constant("REF_SMEM_BYTES")?,
+            kernel.constant("REF_ROWS")? as usize,
+            kernel.constant("REF_THREADS")?,
+            kernel.constant("REF_SMEM_BYTES")?,
         );
-        let module = ctx
-            .load_module(Ptx::from_binary(compiled.cubin))
-            .map_err(failed)?;
-        let function = module.load_function(ENTRY).map_err(failed)?;
-        function
-            .set_attribute(
-                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_bytes as i32,
-            )
-            .map_err(failed)?;
+        let (module, function) = kernel.load(ctx, ENTRY, smem_bytes)?;
         Ok(DeviceReference {
             function,
             _module: module,
