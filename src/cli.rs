@@ -10,7 +10,7 @@ use crate::backend::cuda::variant::{CpAsyncChoice, parse_define};
 use crate::devices::DeviceChoice;
 use crate::emulation::Defect;
 use crate::problem::HostDefect;
-use crate::reference::Engine as ReferenceEngine;
+use crate::reference::Engine as YardstickEngine;
 use crate::rows::CheckRows;
 use crate::schema::StressMode;
 use crate::timing::L2Mode;
@@ -175,7 +175,7 @@ pub struct SetupArgs {
         default_value = "auto",
         value_name = "auto|host|device"
     )]
-    pub references: ReferenceEngine,
+    pub references: YardstickEngine,
     /// Where the emulation (the relative gate's yardstick) is computed, by the same rule: auto
     /// on the host up to 2^24 checked (row, key) pairs and on the GPU above; both give the
     /// same bits (docs/DESIGN.md "The emulation on the GPU")
@@ -185,7 +185,7 @@ pub struct SetupArgs {
         default_value = "auto",
         value_name = "auto|host|device"
     )]
-    pub emulation: ReferenceEngine,
+    pub emulation: YardstickEngine,
     /// GPUs to run on, one worker each: all, or CUDA ordinals such as 0,1. Problems are shared
     /// costliest first (B·H·S²); a (shape, seed) runs whole on one GPU, its timings and A/B
     /// pairs too, and every record names its GPU. The GPUs must be of one model; a GPU listed
@@ -211,7 +211,7 @@ impl SetupArgs {
             (self.references, "--references", "the references"),
             (self.emulation, "--emulation", "the emulation"),
         ] {
-            if engine == ReferenceEngine::Device && self.backend == BackendKind::Cpu {
+            if engine == YardstickEngine::Device && self.backend == BackendKind::Cpu {
                 return Err(format!(
                     "{flag} device computes {what} on the GPU; it needs --backend cuda (use \
                      {flag} host or auto with --backend cpu)"

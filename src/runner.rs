@@ -47,10 +47,10 @@ impl Yardsticks {
 
     /// With the references and the emulation each where `check` says
     /// ([`Engine::wants_device`]); what stays on the host is computed (on another thread)
-    /// while the device computes the rest. `device` on a backend without a device is refused (exit 2) before
-    /// any work; where the device cannot compute one ([`OnDevice::Unavailable`]: out of
-    /// memory, the runner's kernel did not build) `auto` computes it on the host (and records
-    /// `host`), `device` stops (exit 3).
+    /// while the device computes the rest. `device` on a backend without a device is refused
+    /// (exit 2) before any work; where the device cannot compute one
+    /// ([`OnDevice::Unavailable`]: out of memory, the runner's kernel did not build) `auto`
+    /// computes it on the host (and records `host`), `device` stops (exit 3).
     pub fn with_backend(
         backend: &mut dyn Backend,
         check: &Check,
@@ -72,9 +72,6 @@ impl Yardsticks {
         let device = backend.has_device();
         let refs_on_device = device && check.references.wants_device(&rows, p.shape.s);
         let emulation_on_device = device && check.emulation.wants_device(&rows, p.shape.s);
-        if !refs_on_device && !emulation_on_device {
-            return Ok(Self::compute(p, kv_split, rows));
-        }
         // The host computes what stays on the host while the device computes the rest; after
         // a fault of the reference kernel the context is unusable, so nothing more is launched.
         let (sums, emulated, (host_refs, host_emulation)) = std::thread::scope(|scope| {

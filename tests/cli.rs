@@ -272,11 +272,18 @@ fn malformed_seeds_exit_2() {
 }
 
 #[test]
-fn device_references_on_the_cpu_backend_exit_2_naming_the_fix() {
+fn device_references_or_emulation_on_the_cpu_backend_exit_2_naming_the_fix() {
     for command in [&[][..], &["stress"], &["fuzz", "--count", "1"]] {
-        let mut args = command.to_vec();
-        args.extend(["--backend", "cpu", "--references", "device"]);
-        refused(&args, 2, &["--references device", "--backend cuda"]);
+        for flag in ["--references", "--emulation"] {
+            let mut args = command.to_vec();
+            args.extend(["--backend", "cpu", flag, "device"]);
+            let fix = format!("{flag} host or auto");
+            refused(
+                &args,
+                2,
+                &[&format!("{flag} device"), "--backend cuda", &fix],
+            );
+        }
     }
 }
 

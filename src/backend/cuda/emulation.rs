@@ -42,9 +42,8 @@ pub fn head_bytes(s: usize, d: usize, rows: usize, kv_split: usize) -> u64 {
 pub struct DeviceEmulation {
     function: CudaFunction,
     _module: Arc<CudaModule>,
-    /// Query rows per CTA.
+    /// Query rows per CTA, one thread each.
     rows: usize,
-    threads: u32,
     smem_bytes: u32,
 }
 
@@ -89,7 +88,6 @@ impl DeviceEmulation {
             function,
             _module: module,
             rows,
-            threads,
             smem_bytes,
         })
     }
@@ -181,7 +179,7 @@ impl Group<'_> {
             let table_of_blocks = stream.clone_htod(chunk)?;
             let cfg = LaunchConfig {
                 grid_dim: ((chunk.len() / 3) as u32, 1, 1),
-                block_dim: (k.threads, 1, 1),
+                block_dim: (k.rows as u32, 1, 1),
                 shared_mem_bytes: k.smem_bytes,
             };
             let mut args = stream.launch_builder(&k.function);

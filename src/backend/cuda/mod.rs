@@ -296,8 +296,7 @@ impl CudaBackend {
         blocks_per_launch: usize,
     ) -> Result<DeviceSums, BackendError> {
         let gpu = &*self.gpu;
-        let kernel = gpu.reference.as_ref().map_err(String::clone);
-        let result = kernel.map(|k| {
+        let result = gpu.reference.as_ref().map_err(String::clone).map(|k| {
             let budget = group_bytes.min(free_share(&gpu.ctx));
             k.sums(&gpu.stream, p, rows, budget, blocks_per_launch)
         });
@@ -314,8 +313,7 @@ impl CudaBackend {
         blocks_per_launch: usize,
     ) -> Result<OnDevice<Vec<f16>>, BackendError> {
         let gpu = &*self.gpu;
-        let kernel = gpu.emulation.as_ref().map_err(String::clone);
-        let result = kernel.map(|k| {
+        let result = gpu.emulation.as_ref().map_err(String::clone).map(|k| {
             let budget = group_bytes.min(free_share(&gpu.ctx));
             k.run(&gpu.stream, p, kv_split, rows, budget, blocks_per_launch)
         });
