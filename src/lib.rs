@@ -43,5 +43,6 @@ pub mod shapes;
 pub(crate) mod shard;
 pub(crate) mod stats;
 pub(crate) mod timing;
+pub mod trace;
 pub(crate) mod usage;
 pub(crate) mod verdict;

@@ -46,8 +46,8 @@ impl Yardsticks {
     }
 
     /// With the references and the emulation each where `check` says
-    /// ([`Engine::wants_device`]); what stays on the host is computed (on another thread)
-    /// while the device computes the rest. `device` on a backend without a device is refused
+    /// ([`Engine::wants_device`]); what stays on the host is computed (a task of the current
+    /// rayon pool) while the device computes the rest. `device` on a backend without a device is refused
     /// (exit 2) before any work; where the device cannot compute one
     /// ([`OnDevice::Unavailable`]: out of memory, the runner's kernel did not build) `auto`
     /// computes it on the host (and records `host`), `device` stops (exit 3).
@@ -74,19 +74,23 @@ impl Yardsticks {
         let emulation_on_device = device && check.emulation.wants_device(&rows, p.shape.s);
         // The host computes what stays on the host while the device computes the rest; after
         // a fault of the reference kernel the context is unusable, so nothing more is launched.
-        let (sums, emulated, (host_refs, host_emulation)) = std::thread::scope(|scope| {
-            let host = scope.spawn(|| {
+        // The host's share is a task of this thread's rayon pool (the worker's own, with
+        // several workers: src/shard.rs); the device's share stays on this thread, which holds
+        // the GPU's context.
+        let mut host = None;
+        let (sums, emulated) = rayon::in_place_scope(|scope| {
+            scope.spawn(|_| {
                 let refs = (!refs_on_device).then(|| References::compute(p, kv_split, &rows));
                 let emulation =
                     (!emulation_on_device).then(|| emulation::clean(p, kv_split, &rows));
-                (refs, emulation)
+                host = Some((refs, emulation));
             });
             let sums = refs_on_device.then(|| backend.reference_sums(p, &rows));
             let emulated = (emulation_on_device && !matches!(sums, Some(Err(_))))
                 .then(|| backend.emulation_on_device(p, kv_split, &rows));
-            let host = host.join().expect("the host's yardstick thread panicked");
-            (sums, emulated, host)
+            (sums, emulated)
         });
+        let (host_refs, host_emulation) = host.expect("the scope ran the host's task");
         let refs = match (sums.transpose()?, host_refs) {
             (Some(sums), _) => settle(
                 sums.map(|sums| References::from_sums(p, kv_split, &rows, sums)),
@@ -391,22 +395,30 @@ fn run_problem(
     plan: &TimingPlan,
     emit: &dyn Fn(Event),
 ) -> Result<(Vec<CorrectnessRecord>, Vec<Measurement>), BackendError> {
+    let gpu = backend.gpu().map_or(0, |g| g.index);
+    let mark =
+        |what: &str| crate::trace::mark(|| format!("gpu {gpu}: {}/{seed} {what}", shape.name));
+    mark("begins");
     let tiles = query_tiles(backend);
     let p = Problem::with_host_defect(shape, seed, work.host_defect);
+    mark("inputs");
     let rows = RowSet::choose(work.check.rows, shape, seed, &tiles);
     emit(Event::Rows(shape.clone(), seed, rows.clone()));
     // One yardstick per KV split: variants of a base kernel may sum in another order.
     let mut yardsticks: Vec<(usize, Yardsticks)> = Vec::new();
     backend.load(&p)?;
+    mark("loaded");
     let variants = backend.variants().to_vec();
     let mut records = Vec::with_capacity(variants.len());
     for (i, variant) in variants.iter().enumerate() {
         // Launch first: a fault ends the run before the O(S²) host work.
         let output = backend.launch_poisoned(i)?;
+        mark("launched");
         let split = backend.kv_split_of(i);
         if !yardsticks.iter().any(|(s, _)| *s == split) {
             let y = Yardsticks::with_backend(backend, &work.check, &p, split, rows.clone())?;
             yardsticks.push((split, y));
+            mark("yardsticks");
         }
         let y = &yardsticks
             .iter()
@@ -415,6 +427,7 @@ fn run_problem(
             .1;
         let mut record = judge_output(backend.name(), variant, &p, y, &output, gates);
         record.gpu = backend.gpu();
+        mark("judged");
         emit(Event::Record(Box::new(record.clone())));
         records.push(record);
     }

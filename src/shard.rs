@@ -11,6 +11,9 @@
 //!   running items have finished.
 //! - Workers report progress through `emit`; the caller's thread receives each report, with
 //!   the index of the worker that sent it, while the work runs.
+//! - With several workers, each runs its items inside a rayon pool of its own, an equal share
+//!   of the host's threads: one worker's long host work (a problem's references on every core)
+//!   never queues another's short tasks in a shared pool. Alone, a worker uses the global pool.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,30 +58,45 @@ where
     let done: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
     let first_error: Mutex<Option<E>> = Mutex::new(None);
     let (reports, received) = mpsc::channel::<(usize, P)>();
+    let share = (rayon::current_num_threads() / workers.len()).max(2);
     std::thread::scope(|scope| {
         for (index, worker) in workers.iter_mut().enumerate() {
             let reports = reports.clone();
             let (queue, stop, done, first_error, work) =
                 (&queue, &stop, &done, &first_error, &work);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(share)
+                .thread_name(move |i| format!("worker-{index}-host-{i}"))
+                .build();
             scope.spawn(move || {
                 let _stop_on_panic = StopOnPanic(stop);
-                let emit = |p: P| {
-                    // The receiver lives until every worker has ended.
-                    let _ = reports.send((index, p));
-                };
-                while !stop.load(Ordering::SeqCst) {
-                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-                    let Some(item) = next else { break };
-                    match work(worker, &items[item], &emit) {
-                        Ok(r) => done.lock().unwrap_or_else(|e| e.into_inner())[item] = Some(r),
-                        Err(e) => {
-                            stop.store(true, Ordering::SeqCst);
-                            first_error
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .get_or_insert(e);
+                let mut body = move || {
+                    let emit = |p: P| {
+                        // The receiver lives until every worker has ended.
+                        let _ = reports.send((index, p));
+                    };
+                    let mut taken = 0usize;
+                    while !stop.load(Ordering::SeqCst) {
+                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        let Some(item) = next else { break };
+                        taken += 1;
+                        match work(worker, &items[item], &emit) {
+                            Ok(r) => done.lock().unwrap_or_else(|e| e.into_inner())[item] = Some(r),
+                            Err(e) => {
+                                stop.store(true, Ordering::SeqCst);
+                                first_error
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .get_or_insert(e);
+                            }
                         }
                     }
+                    crate::trace::mark(|| format!("worker {index}: idle after {taken} items"));
+                };
+                // A pool that cannot be made (no threads left) leaves the global one.
+                match pool {
+                    Ok(pool) => pool.install(body),
+                    Err(_) => body(),
                 }
             });
         }
@@ -149,6 +167,44 @@ mod tests {
             reports, workers,
             "each report names the worker that sent it"
         );
+    }
+
+    #[test]
+    fn each_of_several_workers_runs_its_items_in_a_rayon_pool_of_its_own() {
+        let items: Vec<u64> = (0..8).collect();
+        let costs = vec![1u128; items.len()];
+        // Each worker records the pool thread names its items and their parallel tasks saw.
+        // Each worker's first item waits for the other's, so both take items.
+        let both = std::sync::Barrier::new(2);
+        let mut workers: Vec<Vec<String>> = vec![Vec::new(); 2];
+        run(
+            &mut workers,
+            &items,
+            &costs,
+            |seen: &mut Vec<String>, _, _| {
+                use rayon::prelude::*;
+                if seen.is_empty() {
+                    both.wait();
+                }
+                let names: Vec<String> = (0..64)
+                    .into_par_iter()
+                    .map(|_| std::thread::current().name().unwrap_or("").to_string())
+                    .collect();
+                seen.extend(names);
+                seen.push(std::thread::current().name().unwrap_or("").to_string());
+                Ok::<_, ()>(())
+            },
+            |_, _: ()| {},
+        )
+        .unwrap();
+        for (index, seen) in workers.iter().enumerate() {
+            let own = format!("worker-{index}-host-");
+            assert!(!seen.is_empty());
+            assert!(
+                seen.iter().all(|name| name.starts_with(&own)),
+                "worker {index} ran on threads {seen:?}"
+            );
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub enum BackendKind {
 }
 
 /// Failures of the backend layer; each maps to one exit code.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
     /// No usable GPU, driver, NVRTC or headers (exit 3).
     #[error("{0}")]

@@ -57,6 +57,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         backends[0].variants().join(", ")
     );
     let t0 = Instant::now();
+    crate::trace::mark(|| "work begins".into());
     let gates = &project.gates.gates;
     let mut checked = 0;
     let records = runner::shared(
@@ -84,6 +85,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
             }
         },
     )?;
+    crate::trace::mark(|| "work done".into());
     let failures = records.iter().filter(|r| !r.pass).count();
     let file = FuzzFile {
         schema_version: SCHEMA_VERSION,
@@ -111,6 +113,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         worst(|r| r.end_to_end_err_over_bound)
     );
     crate::outln!("results: {}", path.display());
+    crate::trace::mark(|| "published".into());
     Ok(Outcome::from_pass(file.all_pass))
 }
 

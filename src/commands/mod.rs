@@ -119,18 +119,20 @@ pub fn open_backend(
     defect: Defect,
     project: &Project,
 ) -> Result<Box<dyn Backend>, AppError> {
-    open_backend_on(0, kind, kernel, base, defect, project)
+    let mut one = open_backends_on(&[0], kind, kernel, base, defect, project)?;
+    Ok(one.pop().expect("one backend per GPU"))
 }
 
-/// [`open_backend`] on the GPU of CUDA ordinal `gpu` (ignored by the cpu backend).
-fn open_backend_on(
-    gpu: usize,
+/// [`open_backend`] once per GPU of CUDA ordinals `gpus` (the cpu backend, which ignores
+/// them, is opened once): the GPUs open together and share one build per GPU model.
+fn open_backends_on(
+    gpus: &[usize],
     kind: BackendKind,
     kernel: &KernelArgs,
     base: Option<&KernelLocation>,
     defect: Defect,
     project: &Project,
-) -> Result<Box<dyn Backend>, AppError> {
+) -> Result<Vec<Box<dyn Backend>>, AppError> {
     Ok(match kind {
         BackendKind::Cpu => {
             if !kernel.candidate_defines.is_empty() || !kernel.defines.is_empty() {
@@ -149,7 +151,7 @@ fn open_backend_on(
             }
             // The emulation has one variant, but a bad or conflicting choice is still refused.
             variant_specs(kernel)?;
-            Box::new(CpuBackend::new(defect))
+            vec![Box::new(CpuBackend::new(defect))]
         }
         BackendKind::Cuda => {
             let specs = variant_specs(kernel)?;
@@ -167,12 +169,16 @@ fn open_backend_on(
                 let base = KernelSource::locate(location, project.root.path(), &cuda_dir)?;
                 sources.push((base, specs.iter().map(VariantSpec::of_base).collect()));
             }
-            Box::new(CudaBackend::on_gpu(gpu, sources).map_err(|e| match e {
+            let opened = CudaBackend::on_gpus(gpus, sources).map_err(|e| match e {
                 BackendError::Environment(why) => {
                     BackendError::Environment(format!("{why}\n{CPU_BACKEND_ADVICE}"))
                 }
                 other => other,
-            })?)
+            })?;
+            opened
+                .into_iter()
+                .map(|b| Box::new(b) as Box<dyn Backend>)
+                .collect()
         }
     })
 }
@@ -210,8 +216,9 @@ pub fn worker_count(gpus: &Option<Vec<GpuId>>) -> usize {
 }
 
 /// The workers of a command, one backend each: one per GPU of `gpus` ([`plan_workers`]),
-/// each compiled and loaded on its own GPU, in parallel, and every GPU must build the same
-/// code; without GPUs, the one backend [`open_backend`] opens.
+/// opened together, each loading its GPU model's one build, and every GPU must report the
+/// same variants (PTX and driver resources); without GPUs, the one backend [`open_backend`]
+/// opens.
 pub fn open_workers(
     gpus: Option<Vec<GpuId>>,
     kind: BackendKind,
@@ -220,23 +227,13 @@ pub fn open_workers(
     defect: Defect,
     project: &Project,
 ) -> Result<Vec<Box<dyn Backend>>, AppError> {
-    let Some(chosen) = gpus else {
-        return Ok(vec![open_backend(kind, kernel, base, defect, project)?]);
+    crate::trace::mark(|| "opening the workers".into());
+    let ordinals: Vec<usize> = match &gpus {
+        Some(chosen) => chosen.iter().map(|g| g.ordinal).collect(),
+        None => vec![0],
     };
-    let opened: Vec<Result<Box<dyn Backend>, AppError>> = std::thread::scope(|scope| {
-        let jobs: Vec<_> = chosen
-            .iter()
-            .map(|gpu| {
-                scope.spawn(move || {
-                    open_backend_on(gpu.ordinal, kind, kernel, base, defect, project)
-                })
-            })
-            .collect();
-        jobs.into_iter()
-            .map(|job| job.join().expect("opening a GPU panicked"))
-            .collect()
-    });
-    let workers = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let workers = open_backends_on(&ordinals, kind, kernel, base, defect, project)?;
+    crate::trace::mark(|| "workers open".into());
     let first = workers[0].variant_meta();
     for w in &workers[1..] {
         if w.variant_meta() != first {

@@ -28,7 +28,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let mut job = Job::prepare(args)?;
     let run_dir = RunDir::create(&job.results_root)?;
     job.print_header();
+    crate::trace::mark(|| "work begins".into());
     let measured = job.measure(args, &started_at)?;
+    crate::trace::mark(|| "work done".into());
     let policy = RunPolicy {
         require_speedup: args.require_speedup,
         gate: args.gate,
@@ -56,6 +58,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
             .map(|r| (r.markdown.as_str(), run_name.as_str())),
     );
     print_outcome(&analysis, &job, &warnings, &path);
+    crate::trace::mark(|| "published".into());
     Ok(analysis.decision.outcome())
 }
 

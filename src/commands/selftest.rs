@@ -6,6 +6,7 @@
 //! all of them, and its PTX must be identical with the mutant blocks stripped from the source.
 
 use clap::ValueEnum;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -416,7 +417,16 @@ fn finish(cmd: &mut Command, results: &Path) -> Result<ChildRun, AppError> {
 /// A finished child: its exit code, output and run directory; exit 3 becomes an error.
 fn collect(out: std::process::Output, results: &Path) -> Result<ChildRun, AppError> {
     let run = ChildRun {
-        code: out.status.code().unwrap_or(-1),
+        // A child ended by a signal reads as shells report it: 128 + the signal's number.
+        code: out
+            .status
+            .code()
+            .or_else(|| {
+                out.status
+                    .signal()
+                    .map(|s| crate::interrupt::exit_code_for(s) as i32)
+            })
+            .unwrap_or(-1),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         dir: std::fs::read_dir(results)

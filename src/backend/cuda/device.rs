@@ -55,14 +55,23 @@ pub fn list() -> Result<Vec<GpuId>, BackendError> {
         .collect()
 }
 
+/// NVRTC's `--gpu-architecture` for the GPU of CUDA ordinal `ordinal` (as
+/// [`DeviceInfo::arch`]), asked of the driver without opening a context, so that compiling
+/// need not wait for one.
+pub fn arch(ordinal: usize) -> Result<String, BackendError> {
+    use cudarc::driver::result::device;
+    exists(ordinal)?;
+    let queried = |e| no_gpu(&format!("cannot query GPU {ordinal}: {e}"));
+    let dev = device::get(ordinal as i32).map_err(queried)?;
+    let attr = |a: Attr| unsafe { device::get_attribute(dev, a) }.map_err(queried);
+    let major = attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    Ok(format!("sm_{major}{minor}"))
+}
+
 /// Opens the GPU of CUDA ordinal `ordinal`, or explains why it is not usable.
 pub fn open(ordinal: usize) -> Result<(Arc<CudaContext>, DeviceInfo, GpuId), BackendError> {
-    let count = device_count()?;
-    if ordinal >= count {
-        return Err(BackendError::Config(format!(
-            "there is no GPU {ordinal}: the CUDA driver sees {count}"
-        )));
-    }
+    exists(ordinal)?;
     let ctx = CudaContext::new(ordinal)
         .map_err(|e| no_gpu(&format!("cannot open GPU {ordinal}: {e}")))?;
     let queried =
@@ -70,6 +79,17 @@ pub fn open(ordinal: usize) -> Result<(Arc<CudaContext>, DeviceInfo, GpuId), Bac
     let info = describe(&ctx).map_err(queried)?;
     let id = gpu_id(&ctx).map_err(queried)?;
     Ok((ctx, info, id))
+}
+
+/// Whether the driver sees a GPU of ordinal `ordinal` (a config error, exit 2, if not).
+fn exists(ordinal: usize) -> Result<(), BackendError> {
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(BackendError::Config(format!(
+            "there is no GPU {ordinal}: the CUDA driver sees {count}"
+        )));
+    }
+    Ok(())
 }
 
 fn device_count() -> Result<usize, BackendError> {

@@ -128,6 +128,7 @@ pub fn require_nvrtc() -> Result<String, BackendError> {
 }
 
 /// A compiled variant whose identity has been checked.
+#[derive(Clone)]
 pub struct BuiltVariant {
     pub spec: VariantSpec,
     pub compiled: Compiled,

@@ -1,7 +1,9 @@
 //! The `cuda` backend: compiles the kernel's variants with NVRTC for the device's
 //! architecture, proves each is the variant it claims, loads it, and launches it.
 
+mod build;
 pub mod device;
+pub use build::finish_background;
 pub mod emulation;
 pub mod groups;
 pub mod headers;
@@ -53,11 +55,12 @@ struct Gpu {
     variants: Vec<LoadedVariant>,
     problem: Option<DeviceProblem>,
     timer: timer::Timer,
-    /// The f64 references' kernel (cuda/reference_f64.cu), or why it did not build or load:
-    /// that only matters when device references are asked for.
-    reference: Result<reference::DeviceReference, String>,
+    /// The f64 references' kernel (cuda/reference_f64.cu), built in the background and loaded
+    /// on first use, or why it did not build or load: that only matters when device
+    /// references are asked for.
+    reference: Lazy<reference::DeviceReference>,
     /// The emulation's kernel (cuda/emulation_f32.cu), likewise.
-    emulation: Result<emulation::DeviceEmulation, String>,
+    emulation: Lazy<emulation::DeviceEmulation>,
     /// Two non-blocking streams for concurrent launches (created on first use).
     pair: Option<[Arc<CudaStream>; 2]>,
 }
@@ -99,83 +102,84 @@ impl CudaBackend {
         ordinal: usize,
         sources: Vec<(KernelSource, Vec<VariantSpec>)>,
     ) -> Result<Self, BackendError> {
-        let (ctx, device, id) = device::open(ordinal)?;
-        // One stream only, synchronized explicitly: cudarc's per-buffer event records would
-        // otherwise sit inside every timed region.
-        unsafe { ctx.disable_event_tracking() };
+        let mut one = Self::on_gpus(&[ordinal], sources)?;
+        Ok(one.pop().expect("one backend per GPU"))
+    }
+
+    /// One backend per GPU of `ordinals` (an ordinal may repeat: two workers on one GPU).
+    /// The GPUs' contexts open while NVRTC compiles, once per architecture ([`build`]), and
+    /// every GPU then loads that architecture's CUBINs. The first failure is returned.
+    pub fn on_gpus(
+        ordinals: &[usize],
+        sources: Vec<(KernelSource, Vec<VariantSpec>)>,
+    ) -> Result<Vec<Self>, BackendError> {
+        let archs = ordinals
+            .iter()
+            .map(|&o| device::arch(o))
+            .collect::<Result<Vec<_>, _>>()?;
         let nvrtc_version = kernel::require_nvrtc()?;
         let include_dir =
             headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
-        let stream = ctx.default_stream();
-        // NVRTC compiles each variant, the timer's kernels and the runner's f64 reference and
-        // emulation kernels, each on its own thread (each is a separate program); the modules
-        // are loaded in order afterwards.
-        let arch = device.arch();
-        let (timer_build, reference_build, emulation_build, built) = std::thread::scope(|scope| {
-            let timer_job = scope.spawn(|| timer::compile(&include_dir, &arch));
-            let reference_job = scope.spawn(|| reference::compile(&arch));
-            let emulation_job = scope.spawn(|| emulation::compile(&arch));
-            let jobs: Vec<_> = sources
+        let mut distinct = archs.clone();
+        distinct.sort();
+        distinct.dedup();
+        let (opened, builds) = std::thread::scope(|scope| {
+            let opening: Vec<_> = ordinals
                 .iter()
-                .flat_map(|(source, specs)| specs.iter().map(move |spec| (source, spec)))
-                .map(|(source, spec)| {
-                    let (include_dir, arch) = (&include_dir, &arch);
-                    scope.spawn(move || kernel::build_variant(source, include_dir, arch, spec))
+                .map(|&o| {
+                    scope.spawn(move || {
+                        let opened = device::open(o);
+                        crate::trace::mark(|| format!("gpu {o}: context open"));
+                        opened
+                    })
                 })
                 .collect();
-            let built: Vec<Result<BuiltVariant, BackendError>> =
-                jobs.into_iter().map(joined).collect();
-            (
-                joined(timer_job),
-                joined(reference_job),
-                joined(emulation_job),
-                built,
-            )
-        });
-        let timer =
-            timer::Timer::load(&ctx, timer_build?, device.max_sm_clock_mhz, device.sm_count)?;
-        let mut built: Vec<_> = built.into_iter().rev().collect();
-        let reference = reference_build.and_then(|c| reference::DeviceReference::load(&ctx, c));
-        let emulation = emulation_build.and_then(|c| emulation::DeviceEmulation::load(&ctx, c));
-        let mut variants = Vec::new();
-        let mut kv_splits = Vec::new();
-        let mut names = Vec::new();
-        for (_, specs) in &sources {
-            let first = variants.len();
-            for spec in specs {
-                let variant = built.pop().expect("one build per spec")?;
-                variants.push(load_variant(&ctx, variant)?);
-                names.push(spec.name.clone());
-            }
-            let constants: Vec<(&str, KernelConstants)> = variants[first..]
+            let building: Vec<_> = distinct
                 .iter()
-                .map(|v: &LoadedVariant| (v.identity.name.as_str(), v.identity.constants))
+                .map(|arch| {
+                    let (sources, include_dir) = (&sources, &include_dir);
+                    scope.spawn(move || {
+                        let built = build::compile(sources, include_dir, arch);
+                        crate::trace::mark(|| format!("{arch}: compiled"));
+                        built
+                    })
+                })
                 .collect();
-            let split =
-                identity::shared_kv_split(&constants).map_err(BackendError::Config)? as usize;
-            kv_splits.extend(std::iter::repeat_n(split, specs.len()));
-        }
-        Ok(CudaBackend {
-            names,
-            gpu: ManuallyDrop::new(Gpu {
-                ctx,
-                stream,
-                variants,
-                problem: None,
-                timer,
-                reference,
-                emulation,
-                pair: None,
-            }),
-            faulted: false,
-            device,
-            id,
-            nvrtc_version,
-            include_dir,
-            kernels: sources.into_iter().map(|(k, _)| k).collect(),
-            loaded: String::new(),
-            kv_splits,
-        })
+            let opened: Vec<_> = opening
+                .into_iter()
+                .map(|job| job.join().expect("opening a GPU panicked"))
+                .collect();
+            let builds: Vec<_> = building
+                .into_iter()
+                .map(|job| job.join().expect("an NVRTC compile thread panicked"))
+                .collect();
+            (opened, builds)
+        });
+        let opened = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let kernels: Vec<KernelSource> = sources.iter().map(|(k, _)| k.clone()).collect();
+        let specs: Vec<Vec<VariantSpec>> = sources.into_iter().map(|(_, s)| s).collect();
+        opened
+            .into_iter()
+            .zip(&archs)
+            .map(|((ctx, device, id), arch)| {
+                let build =
+                    builds[distinct.binary_search(arch).expect("built for every arch")].clone();
+                let gpu = Gpu::load(ctx, &device, build, &specs)?;
+                crate::trace::mark(|| format!("gpu {}: loaded", id.ordinal));
+                Ok(CudaBackend {
+                    names: specs.iter().flatten().map(|s| s.name.clone()).collect(),
+                    kv_splits: gpu.kv_splits,
+                    gpu: ManuallyDrop::new(gpu.gpu),
+                    faulted: false,
+                    device,
+                    id,
+                    nvrtc_version: nvrtc_version.clone(),
+                    include_dir: include_dir.clone(),
+                    kernels: kernels.clone(),
+                    loaded: String::new(),
+                })
+            })
+            .collect()
     }
 
     /// Maps a driver error during a run to exit 4, and marks the context as unusable.
@@ -185,6 +189,87 @@ impl CudaBackend {
             "variant {} on {} failed while {what}: {e}",
             self.names[variant], self.loaded
         ))
+    }
+}
+
+/// One of the runner's own kernels on one GPU: its shared build still compiling, or loaded
+/// into this GPU's context (or why it could not be built or loaded), from its first use on.
+enum Lazy<K> {
+    Compiling(Arc<build::Pending<Result<nvrtc::Compiled, String>>>),
+    Ready(Result<K, String>),
+}
+
+impl<K> Lazy<K> {
+    /// The kernel, waiting for its build and loading it with `load` on first use.
+    fn get(
+        &mut self,
+        load: impl FnOnce(nvrtc::Compiled) -> Result<K, String>,
+    ) -> Result<&K, &String> {
+        if let Lazy::Compiling(pending) = self {
+            let loaded = pending.wait().clone().and_then(load);
+            *self = Lazy::Ready(loaded);
+        }
+        match self {
+            Lazy::Ready(result) => result.as_ref(),
+            Lazy::Compiling(_) => unreachable!("made ready above"),
+        }
+    }
+}
+
+/// A [`Gpu`] just loaded, with the KV split of each of its variants.
+struct Loaded {
+    gpu: Gpu,
+    kv_splits: Vec<usize>,
+}
+
+impl Gpu {
+    /// Loads one architecture's build into `ctx`: the timer (whose failure is this GPU's),
+    /// the runner's own kernels (whose failure matters only when they are asked for), and
+    /// every variant of `specs`, one list per source, whose variants must share a KV split.
+    fn load(
+        ctx: Arc<CudaContext>,
+        device: &DeviceInfo,
+        build: build::ArchBuild,
+        specs: &[Vec<VariantSpec>],
+    ) -> Result<Loaded, BackendError> {
+        // One stream only, synchronized explicitly: cudarc's per-buffer event records would
+        // otherwise sit inside every timed region.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let timer =
+            timer::Timer::load(&ctx, build.timer?, device.max_sm_clock_mhz, device.sm_count)?;
+        let reference = Lazy::Compiling(build.reference);
+        let emulation = Lazy::Compiling(build.emulation);
+        let mut built = build.variants.into_iter();
+        let mut variants = Vec::new();
+        let mut kv_splits = Vec::new();
+        for specs in specs {
+            let first = variants.len();
+            for _ in specs {
+                let variant = built.next().expect("one build per spec")?;
+                variants.push(load_variant(&ctx, variant)?);
+            }
+            let constants: Vec<(&str, KernelConstants)> = variants[first..]
+                .iter()
+                .map(|v: &LoadedVariant| (v.identity.name.as_str(), v.identity.constants))
+                .collect();
+            let split =
+                identity::shared_kv_split(&constants).map_err(BackendError::Config)? as usize;
+            kv_splits.extend(std::iter::repeat_n(split, specs.len()));
+        }
+        Ok(Loaded {
+            gpu: Gpu {
+                ctx,
+                stream,
+                variants,
+                problem: None,
+                timer,
+                reference,
+                emulation,
+                pair: None,
+            },
+            kv_splits,
+        })
     }
 }
 
@@ -268,10 +353,6 @@ fn bind(ctx: &Arc<CudaContext>) -> Result<(), DriverError> {
     ctx.bind_to_thread().or_else(|_| ctx.bind_to_thread())
 }
 
-fn joined<T>(job: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    job.join().expect("an NVRTC compile thread panicked")
-}
-
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         if !self.faulted {
@@ -295,9 +376,13 @@ impl CudaBackend {
         group_bytes: u64,
         blocks_per_launch: usize,
     ) -> Result<DeviceSums, BackendError> {
-        let gpu = &*self.gpu;
-        let result = gpu.reference.as_ref().map_err(String::clone).map(|k| {
-            let budget = group_bytes.min(free_share(&gpu.ctx));
+        let gpu = &mut *self.gpu;
+        let ctx = &gpu.ctx;
+        let kernel = gpu
+            .reference
+            .get(|c| reference::DeviceReference::load(ctx, c));
+        let result = kernel.map_err(String::clone).map(|k| {
+            let budget = group_bytes.min(free_share(ctx));
             k.sums(&gpu.stream, p, rows, budget, blocks_per_launch)
         });
         self.own_kernel_outcome(YARDSTICK_REFERENCES, p, result)
@@ -312,9 +397,13 @@ impl CudaBackend {
         group_bytes: u64,
         blocks_per_launch: usize,
     ) -> Result<OnDevice<Vec<f16>>, BackendError> {
-        let gpu = &*self.gpu;
-        let result = gpu.emulation.as_ref().map_err(String::clone).map(|k| {
-            let budget = group_bytes.min(free_share(&gpu.ctx));
+        let gpu = &mut *self.gpu;
+        let ctx = &gpu.ctx;
+        let kernel = gpu
+            .emulation
+            .get(|c| emulation::DeviceEmulation::load(ctx, c));
+        let result = kernel.map_err(String::clone).map(|k| {
+            let budget = group_bytes.min(free_share(ctx));
             k.run(&gpu.stream, p, kv_split, rows, budget, blocks_per_launch)
         });
         self.own_kernel_outcome(YARDSTICK_EMULATION, p, result)

@@ -130,7 +130,9 @@ pub fn compile_with_headers(
     }
     // SAFETY: initialized by the successful call above.
     let program = Program(unsafe { prog.assume_init() });
+    let started = std::time::Instant::now();
     let compiled = unsafe { result::compile_program(program.0, options) };
+    crate::trace::mark(|| format!("nvrtc {name}: {:.3} s", started.elapsed().as_secs_f64()));
     let log = unsafe { result::get_program_log(program.0) }
         .map(|raw| c_chars_to_string(&raw))
         .unwrap_or_default();
