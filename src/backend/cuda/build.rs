@@ -81,7 +81,8 @@ impl<T: Send + Sync + 'static> Finish for Pending<T> {
 /// Waits for every background compile still running. main calls it before returning, so
 /// that no thread is inside NVRTC while the process's exit handlers (NVRTC's and the driver's
 /// among them) run. Observed once, not reproduced: a self-test child of a build without this
-/// wait died of a signal; 15 runs that exited while a compile was still running did not.
+/// wait died of a signal; 15 short runs of such a build, whose compile had not finished when
+/// the results were published, did not.
 /// Kernels that faulted leak their GPU state on purpose, so a compile's end cannot be tied to
 /// a drop.
 pub fn finish_background() {
