@@ -66,6 +66,7 @@ pub fn check_host_memory(
         crate::shapes::available_host_memory(),
         workers,
         seeds,
+        crate::shard::threads_per_worker(workers),
     )
 }
 

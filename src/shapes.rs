@@ -418,16 +418,17 @@ impl ShapeCatalog {
 /// Refuses, before any work, a shape whose host data would not fit in available memory.
 /// `checked_rows` gives the rows per head each shape's check holds to the references (at most).
 /// With several `workers` (`--devices`), each holds a problem at once: the `workers` largest
-/// problems must fit together, each shape counted once per seed (`seeds`).
+/// problems must fit together, each shape counted once per seed (`seeds`). Each worker
+/// computes with `threads` host threads (its per-thread scratch is counted that often).
 pub fn check_host_memory(
     shapes: &[Shape],
     checked_rows: impl Fn(&Shape) -> usize,
     available_bytes: Option<u64>,
     workers: usize,
     seeds: usize,
+    threads: usize,
 ) -> Result<(), ConfigError> {
     const GIB: f64 = (1u64 << 30) as f64;
-    let threads = rayon::current_num_threads();
     let too_large = |needed: Option<u64>| match (needed, available_bytes) {
         (None, _) => true,
         (Some(n), Some(avail)) => n > avail,
@@ -552,7 +553,7 @@ mod tests {
     fn a_shape_too_large_for_memory_is_refused_with_the_size_it_needs() {
         let shapes = catalog().select("64x64x65536x64").unwrap();
         let every_row = |s: &Shape| s.s;
-        let err = check_host_memory(&shapes, every_row, Some(8 << 30), 1, 1)
+        let err = check_host_memory(&shapes, every_row, Some(8 << 30), 1, 1, 16)
             .unwrap_err()
             .to_string();
         assert!(
@@ -565,7 +566,8 @@ mod tests {
                 every_row,
                 Some(8 << 30),
                 1,
-                1
+                1,
+                16
             )
             .is_ok()
         );
@@ -583,8 +585,8 @@ mod tests {
             gib(16384, 1)
         );
         assert!((gib(1024, 16) - gib(1024, 1) - 15.0 * 58.72e6 / (1u64 << 30) as f64).abs() < 0.01);
-        assert!(check_host_memory(&big, |_| 1024, Some(64 << 30), 1, 1).is_ok());
-        assert!(check_host_memory(&big, every_row, Some(64 << 30), 1, 1).is_err());
+        assert!(check_host_memory(&big, |_| 1024, Some(64 << 30), 1, 1, 16).is_ok());
+        assert!(check_host_memory(&big, every_row, Some(64 << 30), 1, 1, 16).is_err());
     }
 
     #[test]
@@ -592,13 +594,12 @@ mod tests {
         // 46.5 GiB for one problem of the 2^31 shape: one fits in 64 GiB, two do not.
         let big = catalog().select("128x16x16384x64").unwrap();
         let rows = |_: &Shape| 1024;
-        let fits = |workers, seeds| check_host_memory(&big, rows, Some(64 << 30), workers, seeds);
+        let fits =
+            |workers, seeds| check_host_memory(&big, rows, Some(64 << 30), workers, seeds, 16);
         assert!(fits(1, 2).is_ok());
         assert!(fits(2, 1).is_ok(), "one seed: only one worker holds it");
         let err = fits(2, 2).unwrap_err().to_string();
-        let one = big[0]
-            .host_bytes_needed(1024, rayon::current_num_threads())
-            .unwrap();
+        let one = big[0].host_bytes_needed(1024, 16).unwrap();
         let both = format!("{:.1} GiB", 2.0 * one as f64 / (1u64 << 30) as f64);
         assert!(
             err.contains("2 workers") && err.contains(&both),
@@ -606,7 +607,20 @@ mod tests {
         );
         let mut two = big.clone();
         two.extend(catalog().select("small").unwrap());
-        assert!(check_host_memory(&two, rows, Some(64 << 30), 2, 1).is_ok());
+        assert!(check_host_memory(&two, rows, Some(64 << 30), 2, 1, 16).is_ok());
+    }
+
+    #[test]
+    fn each_worker_counts_the_scratch_of_its_own_threads_only() {
+        // 1x1x65536x64, every row: 235 MB of scratch per thread and 0.24 GB of the rest per
+        // problem; two workers hold a problem each.
+        let long = catalog().select("1x1x65536x64").unwrap();
+        let rows = |s: &Shape| s.s;
+        let per_thread = 65536.0 * (5.0 * 64.0 * 8.0 + 1024.0);
+        let avail = (0.5e9 + 2.0 * 16.0 * per_thread) as u64;
+        let fits = |threads| check_host_memory(&long, rows, Some(avail), 2, 2, threads);
+        assert!(fits(16).is_ok(), "two workers of 16 threads fit");
+        assert!(fits(32).is_err(), "two workers of 32 threads do not");
     }
 
     #[test]

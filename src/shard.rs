@@ -19,6 +19,17 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
+/// The host threads each of `workers` workers computes with: the global pool's, alone; an
+/// equal share of them, at least 2, each in a pool of its own ([`run`]), when several.
+pub fn threads_per_worker(workers: usize) -> usize {
+    let all = rayon::current_num_threads();
+    if workers > 1 {
+        (all / workers).max(2)
+    } else {
+        all
+    }
+}
+
 /// The order in which items are taken: by falling `cost`, ties in the items' own order.
 pub fn queue_order(costs: &[u128]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..costs.len()).collect();
@@ -58,7 +69,7 @@ where
     let done: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
     let first_error: Mutex<Option<E>> = Mutex::new(None);
     let (reports, received) = mpsc::channel::<(usize, P)>();
-    let share = (rayon::current_num_threads() / workers.len()).max(2);
+    let share = threads_per_worker(workers.len());
     std::thread::scope(|scope| {
         for (index, worker) in workers.iter_mut().enumerate() {
             let reports = reports.clone();
@@ -135,6 +146,14 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
+
+    #[test]
+    fn a_lone_worker_has_every_thread_and_several_share_them_at_least_two_each() {
+        let all = rayon::current_num_threads();
+        assert_eq!(threads_per_worker(1), all);
+        assert_eq!(threads_per_worker(2), (all / 2).max(2));
+        assert_eq!(threads_per_worker(10 * all), 2);
+    }
 
     #[test]
     fn the_queue_takes_the_costliest_first_and_ties_in_their_own_order() {

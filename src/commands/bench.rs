@@ -18,7 +18,14 @@ pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let selected = project.catalog.select(&args.shapes)?;
     let every_row = |s: &shapes::Shape| s.s;
-    shapes::check_host_memory(&selected, every_row, shapes::available_host_memory(), 1, 1)?;
+    shapes::check_host_memory(
+        &selected,
+        every_row,
+        shapes::available_host_memory(),
+        1,
+        1,
+        rayon::current_num_threads(),
+    )?;
     let repeats = args.repeats as usize;
     crate::outln!(
         "f64 reference softmax(scale·QKᵀ)V, median of {repeats} runs after one warm-up, {} threads",
