@@ -47,8 +47,8 @@ impl Yardsticks {
 
     /// With the references and the emulation each where `check` says
     /// ([`Engine::wants_device`]); what stays on the host is computed (a task of the current
-    /// rayon pool) while the device computes the rest. `device` on a backend without a device is refused
-    /// (exit 2) before any work; where the device cannot compute one
+    /// rayon pool) while the device computes the rest. `device` on a backend without a device
+    /// is refused (exit 2) before any work; where the device cannot compute one
     /// ([`OnDevice::Unavailable`]: out of memory, the runner's kernel did not build) `auto`
     /// computes it on the host (and records `host`), `device` stops (exit 3).
     pub fn with_backend(

@@ -9,7 +9,7 @@ use crate::cli::BenchArgs;
 use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
 use crate::reference;
-use crate::shapes::{self, Shape};
+use crate::shapes::Shape;
 
 /// The goal of the foundation issue: at most half numpy's time on the same machine.
 const GOAL_RATIO: f64 = 0.5;
@@ -17,15 +17,8 @@ const GOAL_RATIO: f64 = 0.5;
 pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let selected = project.catalog.select(&args.shapes)?;
-    let every_row = |s: &shapes::Shape| s.s;
-    shapes::check_host_memory(
-        &selected,
-        every_row,
-        shapes::available_host_memory(),
-        1,
-        1,
-        rayon::current_num_threads(),
-    )?;
+    // Every row of every shape, on one worker with every thread.
+    crate::rows::check_host_memory(&selected, crate::rows::CheckRows::All, 1, 1)?;
     let repeats = args.repeats as usize;
     crate::outln!(
         "f64 reference softmax(scale·QKᵀ)V, median of {repeats} runs after one warm-up, {} threads",

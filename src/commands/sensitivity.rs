@@ -7,20 +7,12 @@ use crate::cli::SensitivityArgs;
 use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
 use crate::sensitivity::{Perturbation, smallest_caught};
-use crate::shapes;
 
 pub fn sensitivity(args: &SensitivityArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let selected = project.catalog.select(&args.shapes)?;
-    let every_row = |s: &shapes::Shape| s.s;
-    shapes::check_host_memory(
-        &selected,
-        every_row,
-        shapes::available_host_memory(),
-        1,
-        1,
-        rayon::current_num_threads(),
-    )?;
+    // Every row of every shape, on one worker with every thread.
+    crate::rows::check_host_memory(&selected, crate::rows::CheckRows::All, 1, 1)?;
     let gates = &project.gates.gates;
     crate::outln!(
         "smallest relative error caught (largest over seeds {:?}; sizes 10^(k/4) from 1e-6)",
