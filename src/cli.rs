@@ -166,7 +166,7 @@ pub struct SetupArgs {
         value_name = "auto|all|sampled"
     )]
     pub check_rows: CheckRows,
-    /// Where the f64 references are computed: auto on the host's cores up to 2^24 checked
+    /// Where the f64 references are computed: auto on the host's cores up to 2^22 checked
     /// (row, key) pairs and on the GPU above (with --backend cuda); both give the same figures
     /// (docs/DESIGN.md "References on the GPU")
     #[arg(
@@ -177,7 +177,7 @@ pub struct SetupArgs {
     )]
     pub references: YardstickEngine,
     /// Where the emulation (the relative gate's yardstick) is computed, by the same rule: auto
-    /// on the host up to 2^24 checked (row, key) pairs and on the GPU above; both give the
+    /// on the host up to 2^22 checked (row, key) pairs and on the GPU above; both give the
     /// same bits (docs/DESIGN.md "The emulation on the GPU")
     #[arg(
         long,

@@ -601,8 +601,8 @@ mod tests {
     #[test]
     fn references_fall_back_to_the_host_without_a_device_unless_the_device_is_demanded() {
         let mut backend = CpuBackend::new(Defect::None);
-        // 2 x 2 x 2100 rows of 2100 keys: above auto's 2^24 pairs, so auto asks the device.
-        let p = Problem::new(&shape(2100), 0);
+        // 2 x 2 x 1100 rows of 1100 keys: above auto's 2^22 pairs, so auto asks the device.
+        let p = Problem::new(&shape(1100), 0);
         let rows = || RowSet::all(&p.shape);
         assert!(Engine::Auto.wants_device(&rows(), p.shape.s));
         assert!(!backend.has_device());
@@ -780,7 +780,7 @@ mod tests {
         assert_eq!(y.refs.kernel, host.refs.kernel);
         assert_eq!(y.refs.end_to_end_bound, host.refs.end_to_end_bound);
         assert_eq!(y.emulation_out, host.emulation_out);
-        // Below 2^24 pairs auto keeps the host, and host never asks the device.
+        // Below 2^22 pairs auto keeps the host, and host never asks the device.
         for engine in [Auto, Host] {
             let y = Yardsticks::with_backend(&mut device, &on(engine, engine), &p, 2, rows.clone())
                 .unwrap();
@@ -801,8 +801,8 @@ mod tests {
             ("device", 1)
         );
         assert_eq!(y.emulation_out, emulation::clean(&small, 2, &all(&small)));
-        // Above 2^24 checked pairs auto asks the device for both.
-        let big = Problem::new(&shape(2100), 0);
+        // Above 2^22 checked pairs auto asks the device for both.
+        let big = Problem::new(&shape(1100), 0);
         let y = Yardsticks::with_backend(&mut device, &on(Auto, Auto), &big, 2, all(&big)).unwrap();
         assert_eq!((y.engine, y.emulation_engine), ("device", "device"));
         assert_eq!((device.requests, device.emulation_requests), (1, 2));
@@ -827,7 +827,7 @@ mod tests {
 
     #[test]
     fn a_device_out_of_memory_falls_back_to_the_host_under_auto_and_stops_device_with_exit_3() {
-        let p = Problem::new(&shape(2100), 0);
+        let p = Problem::new(&shape(1100), 0);
         let rows = || RowSet::all(&p.shape);
         let mut device = FakeDevice::new(true);
         let y = Yardsticks::with_backend(&mut device, &on(Auto, Auto), &p, 2, rows()).unwrap();

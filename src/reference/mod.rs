@@ -50,12 +50,16 @@ pub enum Engine {
     Device,
 }
 
-/// Checked (row, key) pairs above which `auto` computes a yardstick on the GPU: 2^24 pairs
-/// take the host about 0.07 s on 16 cores for the references (measured: 18298 rows x 16384
-/// keys in 1.16 s), so every default shape but `long` (1x8x2048, 2^25 pairs) and `large`
-/// keeps yardsticks that share nothing with the GPU, and `long`, `large` and the long contexts
-/// get theirs from the GPU.
-pub const AUTO_DEVICE_ABOVE: u64 = 1 << 24;
+/// Checked (row, key) pairs above which `auto` computes a yardstick on the GPU: 2^22, the
+/// smallest power of two above every default shape but `long` and `large` (`mission`,
+/// 1x8x512, has 2^21), so those keep yardsticks that share nothing with the GPU, while
+/// `long`, `large`, the long contexts and mid-sized problems get theirs from the GPU. The GPU
+/// is the faster engine there: on an H200 host of 32 cores a problem's yardsticks (with their
+/// host finishing) took 12.5 ms on the host and 8.5 ms on the GPU between 2^20 and 2^22
+/// pairs, 32 ms and 17 ms between 2^22 and 2^24 (fuzz's problems, one worker); and host
+/// yardsticks hold the host's cores, which the workers of several GPUs share (docs/DESIGN.md
+/// "What limits throughput").
+pub const AUTO_DEVICE_ABOVE: u64 = 1 << 22;
 
 impl Engine {
     /// Whether the references of `rows` (of a problem with `s` keys per head) are wanted on
@@ -583,20 +587,40 @@ mod tests {
     }
 
     #[test]
-    fn auto_computes_references_on_the_device_only_above_2_pow_24_row_key_pairs() {
-        // 4096 rows of 4096 keys: exactly 2^24 pairs stays on the host; one more row does not.
-        let at = shape(1, 1, 4096);
-        let over = shape(1, 1, 4097);
+    fn auto_computes_references_on_the_device_only_above_2_pow_22_row_key_pairs() {
+        // 2048 rows of 2048 keys: exactly 2^22 pairs stays on the host; one more row does not.
+        let at = shape(1, 1, 2048);
+        let over = shape(1, 1, 2049);
         let (rows_at, rows_over) = (RowSet::all(&at), RowSet::all(&over));
-        assert!(!Engine::Auto.wants_device(&rows_at, 4096));
-        assert!(Engine::Auto.wants_device(&rows_over, 4097));
+        assert!(!Engine::Auto.wants_device(&rows_at, 2048));
+        assert!(Engine::Auto.wants_device(&rows_over, 2049));
         // Sampled rows count, not the shape's.
-        let long = shape(1, 4, 8192);
+        let long = shape(1, 1, 8192);
         let sampled = RowSet::sampled(&long, 0, &[64]);
-        assert!(sampled.count() * 8192 < 1 << 24);
+        assert!(Engine::Auto.wants_device(&RowSet::all(&long), 8192));
+        assert!(sampled.count() * 8192 < 1 << 22);
         assert!(!Engine::Auto.wants_device(&sampled, 8192));
-        assert!(Engine::Device.wants_device(&rows_at, 4096));
-        assert!(!Engine::Host.wants_device(&rows_over, 4097));
+        assert!(Engine::Device.wants_device(&rows_at, 2048));
+        assert!(!Engine::Host.wants_device(&rows_over, 2049));
+    }
+
+    #[test]
+    fn auto_keeps_every_default_shape_on_the_host_but_long_and_large() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shapes/default.json");
+        let catalog = crate::shapes::ShapeCatalog::load(&path).unwrap();
+        let all = catalog.select("all").unwrap();
+        assert!(all.len() >= 9, "{} default shapes", all.len());
+        for sh in &all {
+            let on_device = Engine::Auto.wants_device(&RowSet::all(sh), sh.s);
+            let expected = matches!(sh.name.as_str(), "long" | "large");
+            assert_eq!(
+                on_device,
+                expected,
+                "{}: B·H·S² = {}",
+                sh.name,
+                sh.b * sh.h * sh.s * sh.s
+            );
+        }
     }
 
     #[test]
