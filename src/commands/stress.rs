@@ -58,6 +58,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     };
     let gates = &project.gates.gates;
     let name_gpu = backends.len() > 1;
+    crate::trace::mark(|| "work begins".into());
     let per_problem = runner::shared(
         &mut as_workers(&mut backends),
         &work.problems(),
@@ -73,6 +74,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
             }
         },
     )?;
+    crate::trace::mark(|| "work done".into());
     let results: Vec<StressRecord> = per_problem.into_iter().flatten().collect();
     let file = StressFile {
         schema_version: SCHEMA_VERSION,
