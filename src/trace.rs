@@ -21,6 +21,16 @@ fn origin() -> Option<&'static Instant> {
         .as_ref()
 }
 
+/// Runs `f` between the marks `work begins` and `work done`: the span a command spends on its
+/// problems, its start and its publishing left out (scripts/prove_devices.sh reads it as the
+/// command's work time).
+pub fn work<T>(f: impl FnOnce() -> T) -> T {
+    mark(|| "work begins".into());
+    let out = f();
+    mark(|| "work done".into());
+    out
+}
+
 /// Writes one timestamped line, when tracing is on; `what` is only formatted then.
 pub fn mark(what: impl FnOnce() -> String) {
     if let Some(origin) = origin() {

@@ -57,35 +57,35 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         backends[0].variants().join(", ")
     );
     let t0 = Instant::now();
-    crate::trace::mark(|| "work begins".into());
     let gates = &project.gates.gates;
     let mut checked = 0;
-    let records = runner::shared(
-        &mut as_workers(&mut backends),
-        &problems,
-        |(shape, _)| runner::predicted_cost(shape),
-        |backend, (shape, seed), emit| {
-            let record = check_problem(backend, shape, *seed, args, check, gates)?;
-            emit(record.clone());
-            Ok(record)
-        },
-        |_, record: FuzzRecord| {
-            if !record.pass {
-                crate::outln!(
-                    "FAIL [{}] seed={}: {}\n    reproduce: {}",
-                    record.shape,
-                    record.seed,
-                    record.failures.join("; "),
-                    record.reproduce.as_deref().unwrap_or_default()
-                );
-            }
-            checked += 1;
-            if checked % 500 == 0 {
-                crate::outln!("  {checked} / {} checked", problems.len());
-            }
-        },
-    )?;
-    crate::trace::mark(|| "work done".into());
+    let records = crate::trace::work(|| {
+        runner::shared(
+            &mut as_workers(&mut backends),
+            &problems,
+            |(shape, _)| runner::predicted_cost(shape),
+            |backend, (shape, seed), emit| {
+                let record = check_problem(backend, shape, *seed, args, check, gates)?;
+                emit(record.clone());
+                Ok(record)
+            },
+            |_, record: FuzzRecord| {
+                if !record.pass {
+                    crate::outln!(
+                        "FAIL [{}] seed={}: {}\n    reproduce: {}",
+                        record.shape,
+                        record.seed,
+                        record.failures.join("; "),
+                        record.reproduce.as_deref().unwrap_or_default()
+                    );
+                }
+                checked += 1;
+                if checked % 500 == 0 {
+                    crate::outln!("  {checked} / {} checked", problems.len());
+                }
+            },
+        )
+    })?;
     let failures = records.iter().filter(|r| !r.pass).count();
     let file = FuzzFile {
         schema_version: SCHEMA_VERSION,

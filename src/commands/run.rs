@@ -28,9 +28,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let mut job = Job::prepare(args)?;
     let run_dir = RunDir::create(&job.results_root)?;
     job.print_header();
-    crate::trace::mark(|| "work begins".into());
-    let measured = job.measure(args, &started_at)?;
-    crate::trace::mark(|| "work done".into());
+    let measured = crate::trace::work(|| job.measure(args, &started_at))?;
     let policy = RunPolicy {
         require_speedup: args.require_speedup,
         gate: args.gate,

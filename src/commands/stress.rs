@@ -58,23 +58,23 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     };
     let gates = &project.gates.gates;
     let name_gpu = backends.len() > 1;
-    crate::trace::mark(|| "work begins".into());
-    let per_problem = runner::shared(
-        &mut as_workers(&mut backends),
-        &work.problems(),
-        |(shape, _)| runner::predicted_cost(shape),
-        |backend, &(shape, seed), emit| {
-            stress_problem(backend, shape, seed, args, check, gates, emit)
-        },
-        |_, r: StressRecord| {
-            let gpu = crate::console::on_gpu(r.gpu.as_ref(), name_gpu);
-            crate::outln!("{}{gpu}", repeat::line(&r, &widths));
-            for failure in r.failed_gates.iter().take(3) {
-                crate::outln!("    {failure}");
-            }
-        },
-    )?;
-    crate::trace::mark(|| "work done".into());
+    let per_problem = crate::trace::work(|| {
+        runner::shared(
+            &mut as_workers(&mut backends),
+            &work.problems(),
+            |(shape, _)| runner::predicted_cost(shape),
+            |backend, &(shape, seed), emit| {
+                stress_problem(backend, shape, seed, args, check, gates, emit)
+            },
+            |_, r: StressRecord| {
+                let gpu = crate::console::on_gpu(r.gpu.as_ref(), name_gpu);
+                crate::outln!("{}{gpu}", repeat::line(&r, &widths));
+                for failure in r.failed_gates.iter().take(3) {
+                    crate::outln!("    {failure}");
+                }
+            },
+        )
+    })?;
     let results: Vec<StressRecord> = per_problem.into_iter().flatten().collect();
     let file = StressFile {
         schema_version: SCHEMA_VERSION,
