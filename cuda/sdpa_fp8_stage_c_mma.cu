@@ -1,8 +1,16 @@
 // sdpa_fp8_stage_c_mma.cu — Stage-C FP8 scaled-dot-product attention on the tensor cores.
 //
-// O = softmax(softmax_scale · Q Kᵀ) V for Q, K, V of shape [B, H, S, D] (row-major, D = 64),
-// given as FP8 E4M3 codes with one f32 scale per (batch, head) per tensor. O is f16 [B, H, S, D].
-// Any S >= 1 works: keys past S are masked, rows past S are neither read nor written.
+// O = softmax(softmax_scale · Q Kᵀ + mask) V for Q of shape [B, H, S_q, D] and K, V of shape
+// [B, H_kv, S_k, D] (row-major), given as FP8 E4M3 codes with one f32 scale per (batch, head)
+// per tensor (K and V per K/V head). O is f16 [B, H, S_q, D]. D is 64 or 128: one
+// instantiation each, entries sdpa_fp8_stage_c_mma_d64 and sdpa_fp8_stage_c_mma_d128.
+// GQA/MQA: query head h reads K/V head h / (H / H_kv). Any S_q, S_k >= 1 work: keys past S_k
+// are masked, rows past S_q are neither read nor written.
+// Causal (causal != 0) is bottom-right aligned: query i sees keys j <= i + S_k - S_q. A warp
+// runs only the KV tiles its rows see a key of (tiles wholly above the diagonal are skipped,
+// not masked; a CTA loads no step past its last row's keys); the tiles the diagonal crosses
+// are masked per element. A row that sees no key (S_q > S_k) is written as zeros. Causal
+// CTAs are scheduled heaviest first (query tiles in reverse).
 //
 // Switches (build-time defines only; the runner passes them to NVRTC and records them):
 //   USE_CP_ASYNC=0  each step's K/V codes are loaded synchronously (16-byte loads, stored to
@@ -20,12 +28,15 @@
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
 //                   N clock cycles at the end, a fixed planted slowdown that proves the
 //                   runner's SLOWER verdict. Unset, it compiles to nothing.
+//   SDPA_D=64|128   the entry this module holds (the runner builds one module per D; unset,
+//                   both): compiling only what a run needs keeps NVRTC's time per module.
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
 //
-// Launch: grid (ceil(S / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES of dynamic shared
-// memory. The host reads the SDPA_* constants below from the module instead of repeating them.
+// Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES_D<D> of dynamic
+// shared memory. The host reads the SDPA_* constants below from the module instead of
+// repeating them.
 //
 // Warps: a CTA owns BLOCK_M = 16·R query rows of one (b, h) and has R·K warps. Warp w owns the
 // 16 rows [16·(w % R), +16) and KV split w / R: split k takes KV tiles k, k + K, k + 2K, ...
@@ -61,19 +72,30 @@
 // src/emulation/mod.rs mirrors every step above in the same precisions and order (and
 // cuda/emulation_f32.cu mirrors it, bit for bit); keep them in step.
 //
-// Shared memory (dynamic): code tiles of one step, K then V, each [STEP_KEYS][64] u8 with rows
-// of 64 bytes and no padding; the 16-byte chunk c of row r lives at chunk c ^ ((r >> 1) & 3),
-// so the 8 rows one ldmatrix matrix reads hit 8 different bank groups (conflict-free). Then
+// Shared memory (dynamic): code tiles of one step, K then V, each [STEP_KEYS][D] u8 with rows
+// of D bytes and no padding; the 16-byte chunk c of row r lives at chunk c ^ swz(r), with
+// swz(r) = (r >> 1) & 3 at D = 64 (two rows per 128-byte line) and r & 7 at D = 128, so the 8
+// rows one ldmatrix matrix reads hit 8 different bank groups (conflict-free). At D = 128 a key
+// block's K fragments take two ldmatrix (chunks 0-3, 4-7: offset XOR 64) and P·V four chunk
+// pairs (offset XOR 32·c2, c2 < 4). Then
 // each warp's Q fragments (decoded once, read back per tile, so they hold no registers across
 // the P·V half of the loop: at 128 registers that is what keeps the kernel free of spills).
-//   offset                 region                                    bytes (R = K = 2)
-//   s·STAGE_BYTES          stage s: K codes [STEP_KEYS][64]            8192
-//   + STEP_CODE_BYTES               V codes [STEP_KEYS][64]            8192
-//   OFF_Q = STAGES·STAGE_BYTES  Q fragments [warp][k-step][lane] uint4  NUM_WARPS·2048 = 8192
+//   offset                 region                              bytes (R = K = 2)  D=64   D=128
+//   s·STAGE_BYTES          stage s: K codes [STEP_KEYS][D]                         8192   16384
+//   + STEP_CODE_BYTES               V codes [STEP_KEYS][D]                         8192   16384
+//   OFF_Q = STAGES·STAGE_BYTES  Q fragments [warp][k-step][lane] uint4  NUM_WARPS·D·32 8192 16384
 //   stages: 1 (USE_CP_ASYNC=0), CP_STAGES (USE_CP_ASYNC=1)
-//   total (R = K = 2): 24576 bytes (USE_CP_ASYNC=0), 40960 bytes (USE_CP_ASYNC=1, 2 stages).
+//   total (R = K = 2): D=64: 24576 (cp0), 40960 (cp1, 2 stages);
+//                      D=128: 49152 (cp0), 81920 (cp1, 2 stages).
 //   After the last step the splits' (m, l, O) are parked from offset 0 for the merge
-//   (PARK_BYTES: 9216 for R = K = 2; SMEM_BYTES grows to fit it for larger grids).
+//   (PARK_BYTES: 9216 at D = 64, 17408 at D = 128 for R = K = 2; SMEM_BYTES grows to fit it
+//   for larger grids).
+//
+// Resources per D (the resource gates, gates/default.json): D = 64 keeps 32 O accumulators and
+// 32 scores per lane and is held to 128 registers (4 CTAs of 128 threads per SM); D = 128 holds
+// 64 O accumulators, so it is allowed 255 registers (__launch_bounds__ minimum 2 CTAs per SM,
+// which its 80 KB of shared memory for cp1 allows anyway). D = 256 would need 128 accumulators
+// per lane beside the scores: past 255 registers with this warp grid, so it is refused.
 
 #include <cuda_fp16.h>
 #include <cuda_pipeline_primitives.h>
@@ -98,42 +120,67 @@
 #ifndef CP_STAGES
 #define CP_STAGES 2
 #endif
+// The entry this module holds: 64 or 128 (the runner compiles one module per D, each in its
+// own NVRTC program, so a run builds only the D its problems need), 0 for both.
+#ifndef SDPA_D
+#define SDPA_D 0
+#endif
+#if SDPA_D != 0 && SDPA_D != 64 && SDPA_D != 128
+#error "SDPA_D must be 64, 128 or 0 (both)"
+#endif
 
 typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
 #define NEG_INF (-__int_as_float(0x7f800000))
+// The running maximum of a row that has seen no key yet: -FLT_MAX rather than -inf, so that a
+// tile the mask hides wholly from a row gives alpha = exp2(0) = 1 and P = exp2(-inf) = 0 (the
+// state keeps its bits) and the first visible tile alpha = exp2(-FLT_MAX - m) = 0, exactly as
+// -inf would, with no branch and no NaN from -inf - -inf.
+#define M_NONE (-3.40282347e38f)
 
-#define HEAD_DIM 64
 #define BLOCK_N 64 // keys per tile (one warp's share of a step)
 constexpr int NUM_WARPS = ROW_WARPS * KV_SPLIT;
 constexpr int THREADS = 32 * NUM_WARPS;
 constexpr int BLOCK_M = 16 * ROW_WARPS;
 constexpr int STEP_KEYS = BLOCK_N * KV_SPLIT;
-constexpr int STEP_CODE_BYTES = STEP_KEYS * HEAD_DIM;   // codes of one step of K (or V)
-constexpr int CHUNKS_PER_THREAD = STEP_CODE_BYTES / 16 / THREADS;
 constexpr int STAGES = USE_CP_ASYNC ? CP_STAGES : 1;
-constexpr int STAGE_BYTES = 2 * STEP_CODE_BYTES;       // K codes, then V codes
-constexpr int OFF_Q = STAGES * STAGE_BYTES;           // each warp's Q fragments
-constexpr int Q_FRAG_BYTES = HEAD_DIM / 16 * 4 * 4 * 32; // per warp: 16 registers x 32 lanes
-// A parked split: per lane 32 O values, then m[2], l[2]; stored lane-major (conflict-free).
-constexpr int PARK_FLOATS = 36 * 32;
-constexpr int PARK_BYTES = (KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4;
-// After the loop nothing in shared memory is live (Q fragments included), so the parking may
-// use all of it; large grids (4 x 2 and up) need more than one stage.
-constexpr int SMEM_BYTES = OFF_Q + NUM_WARPS * Q_FRAG_BYTES > PARK_BYTES
-                               ? OFF_Q + NUM_WARPS * Q_FRAG_BYTES
-                               : PARK_BYTES;
+
+// Everything that depends on the head dimension D: the tiles' sizes, the shared-memory layout
+// (the header's table) and the swizzle.
+template <int D>
+struct Geo {
+    static constexpr int HEAD_DIM = D;
+    static constexpr int CHUNKS_PER_ROW = D / 16;
+    static constexpr int STEP_CODE_BYTES = STEP_KEYS * D;   // codes of one step of K (or V)
+    static constexpr int CHUNKS_PER_THREAD = STEP_CODE_BYTES / 16 / THREADS;
+    static constexpr int STAGE_BYTES = 2 * STEP_CODE_BYTES;  // K codes, then V codes
+    static constexpr int OFF_Q = STAGES * STAGE_BYTES;       // each warp's Q fragments
+    static constexpr int Q_FRAG_BYTES = D / 16 * 4 * 4 * 32; // per warp: D/4 registers x 32 lanes
+    // A parked split: per lane D/2 O values, then m[2], l[2]; stored lane-major (conflict-free).
+    static constexpr int PARK_FLOATS = (D / 2 + 4) * 32;
+    static constexpr int PARK_BYTES = (KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4;
+    // After the loop nothing in shared memory is live (Q fragments included), so the parking
+    // may use all of it; large grids (4 x 2 and up) need more than one stage.
+    static constexpr int SMEM_BYTES = OFF_Q + NUM_WARPS * Q_FRAG_BYTES > PARK_BYTES
+                                          ? OFF_Q + NUM_WARPS * Q_FRAG_BYTES
+                                          : PARK_BYTES;
+    static_assert(STEP_CODE_BYTES % (16 * THREADS) == 0, "each thread moves whole 16-byte chunks");
+    // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled code tile.
+    static __device__ __forceinline__ int swizzled(int row, int chunk) {
+        const int swz = D == 64 ? (row >> 1) & 3 : row & 7;
+        return row * D + ((chunk ^ swz) << 4);
+    }
+};
 
 static_assert(ROW_WARPS >= 1 && KV_SPLIT >= 1 && NUM_WARPS <= 16, "1..16 warps");
 static_assert(CP_STAGES >= 2 && CP_STAGES <= 8, "2..8 cp.async stages");
-static_assert(STEP_CODE_BYTES % (16 * THREADS) == 0, "each thread moves whole 16-byte chunks");
 
 // Read by the host after loading the module: launch geometry and identity of this build.
-extern "C" __constant__ int SDPA_HEAD_DIM = HEAD_DIM;
 extern "C" __constant__ int SDPA_BLOCK_M = BLOCK_M;
 extern "C" __constant__ int SDPA_BLOCK_N = BLOCK_N;
 extern "C" __constant__ int SDPA_KV_SPLIT = KV_SPLIT;
 extern "C" __constant__ int SDPA_THREADS = THREADS;
-extern "C" __constant__ int SDPA_SMEM_BYTES = SMEM_BYTES;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = Geo<64>::SMEM_BYTES;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = Geo<128>::SMEM_BYTES;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = USE_CP_ASYNC;
 
 // ---- tensor-core and shared-memory primitives (PTX ISA fragment layouts) -----------------
@@ -162,11 +209,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned add
                  : "memory");
 }
 
-// Byte offset of 16-byte chunk `chunk` (0..3) of row `row` in a swizzled code tile.
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-    return row * HEAD_DIM + ((chunk ^ ((row >> 1) & 3)) << 4);
-}
-
 // exp2 of a score for P, which is rounded to f16 at once: ex2.approx.ftz gives 0 for results
 // below 2^-126 where exp2f returns a value of at most 2^-126, and both round to the same f16 +0
 // (every value at or below 2^-25 does), so P's bits are exp2f's, without exp2f's range check.
@@ -193,60 +235,162 @@ __device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
 struct Chunk {
     int row, chunk;
 };
+template <int D>
 __device__ __forceinline__ Chunk chunk_of(int i) {
     const int c = threadIdx.x + i * THREADS;
-    return {c >> 2, c & 3};
+    return {c / Geo<D>::CHUNKS_PER_ROW, c % Geo<D>::CHUNKS_PER_ROW};
 }
 
 #if USE_CP_ASYNC
 // Starts the copy of one step of K and V codes into a stage; rows >= valid are zero-filled by
 // the copy (no bytes read), so a short last step never leaves an earlier step's codes behind.
+template <int D>
 __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
                                                 const u8* __restrict__ v_bh, int kv0, int valid,
                                                 u8* stage) {
+    using G = Geo<D>;
 #pragma unroll
-    for (int i = 0; i < CHUNKS_PER_THREAD; ++i) {
-        const Chunk ch = chunk_of(i);
+    for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) {
+        const Chunk ch = chunk_of<D>(i);
         const bool live = ch.row < valid;
-        const size_t src = live ? (size_t)(kv0 + ch.row) * HEAD_DIM + ch.chunk * 16 : 0;
-        const int dst = swizzled(ch.row, ch.chunk);
+        const size_t src = live ? (size_t)(kv0 + ch.row) * D + ch.chunk * 16 : 0;
+        const int dst = G::swizzled(ch.row, ch.chunk);
         __pipeline_memcpy_async(stage + dst, k_bh + src, 16, live ? 0 : 16);
-        __pipeline_memcpy_async(stage + STEP_CODE_BYTES + dst, v_bh + src, 16, live ? 0 : 16);
+        __pipeline_memcpy_async(stage + G::STEP_CODE_BYTES + dst, v_bh + src, 16, live ? 0 : 16);
     }
 }
 #else
 // Loads one step of K and V codes from global memory into a stage (rows >= valid are zero).
+template <int D>
 __device__ __forceinline__ void load_step(const u8* __restrict__ k_bh, const u8* __restrict__ v_bh,
                                           int kv0, int valid, u8* stage) {
-    uint4 kc[CHUNKS_PER_THREAD], vc[CHUNKS_PER_THREAD];
+    using G = Geo<D>;
+    uint4 kc[G::CHUNKS_PER_THREAD], vc[G::CHUNKS_PER_THREAD];
 #pragma unroll
-    for (int i = 0; i < CHUNKS_PER_THREAD; ++i) { // all loads first: one memory latency, not N
-        const Chunk ch = chunk_of(i);
+    for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) { // all loads first: one memory latency, not N
+        const Chunk ch = chunk_of<D>(i);
         kc[i] = vc[i] = make_uint4(0, 0, 0, 0);
         if (ch.row < valid) {
-            const size_t src = (size_t)(kv0 + ch.row) * HEAD_DIM + ch.chunk * 16;
+            const size_t src = (size_t)(kv0 + ch.row) * D + ch.chunk * 16;
             kc[i] = *reinterpret_cast<const uint4*>(k_bh + src);
             vc[i] = *reinterpret_cast<const uint4*>(v_bh + src);
         }
     }
 #pragma unroll
-    for (int i = 0; i < CHUNKS_PER_THREAD; ++i) {
-        const Chunk ch = chunk_of(i);
-        const int dst = swizzled(ch.row, ch.chunk);
+    for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) {
+        const Chunk ch = chunk_of<D>(i);
+        const int dst = G::swizzled(ch.row, ch.chunk);
         *reinterpret_cast<uint4*>(stage + dst) = kc[i];
-        *reinterpret_cast<uint4*>(stage + STEP_CODE_BYTES + dst) = vc[i];
+        *reinterpret_cast<uint4*>(stage + G::STEP_CODE_BYTES + dst) = vc[i];
     }
 }
 #endif
 
+// Keys rows [0, rows_end) of a causal problem see: row rows_end - 1 sees keys
+// j <= rows_end - 1 + diag, diag = S_k - S_q; clamped to [0, S_k].
+__device__ __forceinline__ int keys_seen(int rows_end, int diag, int Sk) {
+    return max(0, min(Sk, rows_end + diag));
+}
+
+// Keys row `row` sees (those below the returned index): all S_k, or under the causal mask up
+// to its diagonal.
+__device__ __forceinline__ int row_keys(int row, int causal, int diag, int Sk) {
+#ifdef MUTANT_NO_PARTIAL_MASK
+    Sk = (Sk + BLOCK_N - 1) / BLOCK_N * BLOCK_N; // keys past S_k never masked
+#endif
+#ifdef MUTANT_CAUSAL_DIAG_OFF_BY_ONE
+    return causal ? keys_seen(row, diag, Sk) : Sk; // the diagonal key masked
+#else
+    return causal ? keys_seen(row + 1, diag, Sk) : Sk;
+#endif
+}
+
+// ---- where a CTA and a warp are: read again where used, not held across the loop ----------
+// At 128 registers (D = 64) nothing beyond the original S may stay live across the KV loop,
+// so these are re-read from %ctaid / %tid (volatile: never hoisted) and recomputed from the
+// kernel's parameters, which live in the constant bank, wherever they are needed.
+
+__device__ __forceinline__ int ctaid_x() {
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ int ctaid_y() {
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ int tid_x() {
+    int r;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
+    return r;
+}
+
+// The first query row of this CTA: causal CTAs run heaviest first (the last query tiles
+// see the most keys), so their tiles are taken in reverse.
+__device__ __forceinline__ int cta_row0(int causal) {
+    const int tile = causal ? (int)gridDim.x - 1 - ctaid_x() : ctaid_x();
+    return tile * BLOCK_M;
+}
+// The first of this warp's 16 rows.
+__device__ __forceinline__ int warp_row0(int causal) {
+    return cta_row0(causal) + ((tid_x() >> 5) % ROW_WARPS) * 16;
+}
+// Row i sees keys j <= i + diag.
+__device__ __forceinline__ int diagonal(int Sq, int Sk) {
+#ifdef MUTANT_CAUSAL_TOP_LEFT
+    return 0; // top-left alignment
+#else
+    return Sk - Sq;
+#endif
+}
+// The K/V head (batch included) that query head `bh` (batch included) reads.
+__device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
+    const int b = bh / H, h = bh % H;
+#ifdef MUTANT_GQA_MODULO
+    return b * Hkv + h % Hkv; // the wrong head map
+#else
+    return b * Hkv + h / (H / Hkv);
+#endif
+}
+// Offset of this CTA's K/V head in K and V (elements).
+template <int D>
+__device__ __forceinline__ size_t kv_offset(int H, int Hkv, int Sk) {
+    const int bkv = kv_head(ctaid_y(), H, Hkv);
+#ifdef MUTANT_I32_HEAD_OFFSET
+    return (size_t)(int)((unsigned)bkv * (unsigned)Sk * D); // wraps past 2^31
+#else
+    return (size_t)bkv * Sk * D;
+#endif
+}
+
+// Keys this CTA loads: up to its last row's last visible key.
+__device__ __forceinline__ int cta_keys(int causal, int Sq, int Sk) {
+    return causal ? keys_seen(min(cta_row0(causal) + BLOCK_M, Sq), diagonal(Sq, Sk), Sk) : Sk;
+}
+// Keys this warp runs: up to its last row's last visible key.
+__device__ __forceinline__ int warp_keys(int causal, int Sq, int Sk) {
+    int keys = causal ? keys_seen(min(warp_row0(causal) + 16, Sq), diagonal(Sq, Sk), Sk) : Sk;
+#ifdef MUTANT_CAUSAL_SKIP_EARLY
+    if (causal) keys = max(0, keys - BLOCK_N); // the diagonal's last tile skipped
+#endif
+#ifdef MUTANT_SKIP_LAST_KV_TILE
+    keys = min(keys, (Sk - 1) / BLOCK_N * BLOCK_N); // every tile but the last
+#endif
+    return keys;
+}
+
 // ---- the kernel --------------------------------------------------------------------------
 
-// At most 128 registers (the resource gate): 4 CTAs of 128 threads fit in 64K registers.
-extern "C" __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 128))
-sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
-                      const u8* __restrict__ v, const float* __restrict__ q_scale,
-                      const float* __restrict__ k_scale, const float* __restrict__ v_scale,
-                      __half* __restrict__ out, int B, int H, int S, float softmax_scale) {
+template <int D>
+__device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __restrict__ k,
+                                          const u8* __restrict__ v,
+                                          const float* __restrict__ q_scale,
+                                          const float* __restrict__ k_scale,
+                                          const float* __restrict__ v_scale,
+                                          __half* __restrict__ out, int B, int H, int Hkv,
+                                          int Sq, int Sk, int causal, float softmax_scale) {
+    using G = Geo<D>;
     extern __shared__ __align__(128) u8 smem[];
 
     const int warp = threadIdx.x >> 5;
@@ -256,49 +400,45 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     const int split = warp / ROW_WARPS;
     const int bh = blockIdx.y;
     if (bh >= B * H) return;
-    const int q0 = blockIdx.x * BLOCK_M + (warp % ROW_WARPS) * 16; // this warp's first row
+    const int bkv = kv_head(bh, H, Hkv);
+    const int q0 = warp_row0(causal); // this warp's first row
 
 #ifdef MUTANT_I32_HEAD_OFFSET
-    const int head_off = (int)((unsigned)bh * (unsigned)S * HEAD_DIM); // wraps past 2^31
+    const int q_off = (int)((unsigned)bh * (unsigned)Sq * D); // wraps past 2^31
 #else
-    const size_t head_off = (size_t)bh * S * HEAD_DIM;
+    const size_t q_off = (size_t)bh * Sq * D;
 #endif
-    const u8* q_bh = q + head_off;
-    const u8* k_bh = k + head_off;
-    const u8* v_bh = v + head_off;
+    const u8* q_bh = q + q_off;
+    // K and V of this CTA's K/V head: k + kv_offset<D>(H, Hkv, Sk), formed where used.
 #ifdef MUTANT_K_SCALE_TWICE
-    const float qk_scale = (q_scale[bh] * k_scale[bh] * k_scale[bh]) * (softmax_scale * 1.4426950408889634f);
+    const float qk_scale = (q_scale[bh] * k_scale[bkv] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
 #else
-    const float qk_scale = (q_scale[bh] * k_scale[bh]) * (softmax_scale * 1.4426950408889634f);
+    const float qk_scale = (q_scale[bh] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
 #endif
 
     // Per lane: rows g (index 0) and g + 8 (index 1) of the warp's 16.
-    float o[HEAD_DIM / 8][4];
+    float o[D / 8][4];
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m_run[2] = {NEG_INF, NEG_INF};
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {M_NONE, M_NONE};
     float l_run[2] = {0.0f, 0.0f}; // this lane's share of the row sums
 
-    // Steps run while j * STEP_KEYS < S; tiles while t * BLOCK_N < keys_run (S itself is a
-    // kernel argument, so these bounds cost no register across the loop).
-#ifdef MUTANT_SKIP_LAST_KV_TILE
-    const int keys_run = (S - 1) / BLOCK_N * BLOCK_N; // every tile but the last
-#else
-    const int keys_run = S;
-#endif
     const unsigned smem_addr = (unsigned)__cvta_generic_to_shared(smem);
     const int tile_row0 = split * BLOCK_N; // this warp's tile within a step
     // The swizzle of a row depends on its index mod 8 only, so a lane's ldmatrix offsets are
-    // fixed: K (matrix kk = lane / 8: key lane % 8, chunk kk) and V (matrix i = lane / 8: key
-    // lane % 8 + 8·(i & 1), chunk 2·c2 + i / 2, where c2 = 1 flips chunk bit 1: XOR 32).
-    const int k_lane = swizzled(lane & 7, lane >> 3);
-    const int v_lane = swizzled((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+    // fixed: K (matrix kk = lane / 8: key lane % 8, chunk kk of the chunk group; group cg at
+    // XOR 64·cg) and V (matrix i = lane / 8: key lane % 8 + 8·(i & 1), chunk 2·c2 + i / 2, where
+    // c2 flips chunk bits 1 and up: XOR 32·c2).
+    const int k_lane = G::swizzled(lane & 7, lane >> 3);
+    const int v_lane = G::swizzled((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #if USE_CP_ASYNC
     // Prologue: the first CP_STAGES - 1 steps in flight, one commit group each (maybe empty),
     // before Q's loads, so Q's latency and theirs overlap.
 #pragma unroll
     for (int st = 0; st < CP_STAGES - 1; ++st) {
-        if (st * STEP_KEYS < S) copy_step_async(k_bh, v_bh, st * STEP_KEYS, min(STEP_KEYS, S - st * STEP_KEYS), smem + st * STAGE_BYTES);
+        const int keys_cta = cta_keys(causal, Sq, Sk);
+        if (st * STEP_KEYS < keys_cta)
+            copy_step_async<D>(k + kv_offset<D>(H, Hkv, Sk), v + kv_offset<D>(H, Hkv, Sk), st * STEP_KEYS, min(STEP_KEYS, keys_cta - st * STEP_KEYS), smem + st * G::STAGE_BYTES);
         __pipeline_commit();
     }
 #endif
@@ -306,27 +446,29 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     // Q: this warp's 16 rows as A fragments, decoded from global memory. k-step kk,
     // lane q: one 4-byte load of dims 16kk + 4q .. +3 per row (MMA k-indices 2q, 2q+1, 2q+8,
     // 2q+9: the header's order), the low pair to a0 (a1), the high pair to a2 (a3).
-    unsigned qa[HEAD_DIM / 16][4];
+    {
+        unsigned qa[D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int row = q0 + g + i * 8;
-            unsigned codes = 0;
-            if (row < S) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * HEAD_DIM + kk * 16 + 4 * qd);
-            qa[kk][i] = decode2_e4m3(codes);
-            qa[kk][i + 2] = decode2_e4m3_hi(codes);
+            for (int i = 0; i < 2; ++i) {
+                const int row = q0 + g + i * 8;
+                unsigned codes = 0;
+                if (row < Sq) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * D + kk * 16 + 4 * qd);
+                qa[kk][i] = decode2_e4m3(codes);
+                qa[kk][i + 2] = decode2_e4m3_hi(codes);
+            }
         }
-    }
-    // Parked in shared memory and read back per tile (16 B per lane and k-step, lane-major:
-    // conflict-free), so they hold no registers across the P·V half of the loop.
-    uint4* q_park = reinterpret_cast<uint4*>(smem + OFF_Q) + warp * (HEAD_DIM / 16) * 32 + lane;
+        // Parked in shared memory and read back per tile (16 B per lane and k-step,
+        // lane-major: conflict-free), so they hold no registers across the P·V half.
+        uint4* q_park = reinterpret_cast<uint4*>(smem + G::OFF_Q) + warp * (D / 16) * 32 + lane;
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        q_park[kk * 32] = make_uint4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+        for (int kk = 0; kk < D / 16; ++kk)
+            q_park[kk * 32] = make_uint4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+    }
+    const uint4* q_park = reinterpret_cast<const uint4*>(smem + G::OFF_Q) + warp * (D / 16) * 32 + lane;
 
-
-    for (int j = 0; j * STEP_KEYS < S; ++j) {
+    for (int j = 0; j * STEP_KEYS < cta_keys(causal, Sq, Sk); ++j) {
         // 1. This step's K and V codes, landed in its stage.
 #if USE_CP_ASYNC
         // Groups committed so far: CP_STAGES - 1 + j; all but the newest CP_STAGES - 2 have
@@ -341,9 +483,10 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
             // Into the stage step j - 1 used: every warp is past it (the barrier above), so
             // one barrier per step suffices.
             const int ahead = j + CP_STAGES - 1;
-            if (ahead * STEP_KEYS < S)
-                copy_step_async(k_bh, v_bh, ahead * STEP_KEYS, min(STEP_KEYS, S - ahead * STEP_KEYS),
-                                smem + (ahead % CP_STAGES) * STAGE_BYTES);
+            const int keys_cta = cta_keys(causal, Sq, Sk);
+            if (ahead * STEP_KEYS < keys_cta)
+                copy_step_async<D>(k + kv_offset<D>(H, Hkv, Sk), v + kv_offset<D>(H, Hkv, Sk), ahead * STEP_KEYS, min(STEP_KEYS, keys_cta - ahead * STEP_KEYS),
+                                   smem + (ahead % CP_STAGES) * G::STAGE_BYTES);
             __pipeline_commit(); // one group per iteration keeps the count uniform
         }
 #ifdef MUTANT_WRONG_STAGE
@@ -352,55 +495,66 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
         const int cur = j % CP_STAGES;
 #endif
 #else
-        load_step(k_bh, v_bh, j * STEP_KEYS, min(STEP_KEYS, S - j * STEP_KEYS), smem);
+        load_step<D>(k + kv_offset<D>(H, Hkv, Sk), v + kv_offset<D>(H, Hkv, Sk), j * STEP_KEYS, min(STEP_KEYS, cta_keys(causal, Sq, Sk) - j * STEP_KEYS), smem);
         const int cur = 0;
 #ifndef MUTANT_NO_DEQUANT_BARRIER
         __syncthreads(); // every thread's codes of this step are in shared memory
 #endif
 #endif
-        const unsigned sK_addr = smem_addr + cur * STAGE_BYTES;
-        const unsigned sV_addr = sK_addr + STEP_CODE_BYTES;
+        const unsigned sK_addr = smem_addr + cur * G::STAGE_BYTES;
+        const unsigned sV_addr = sK_addr + G::STEP_CODE_BYTES;
 
         const int t = j * KV_SPLIT + split; // this warp's tile
-        if (t * BLOCK_N < keys_run) {
-            const int valid = min(BLOCK_N, S - t * BLOCK_N);
-
-            // 2. S = Q Kᵀ: 8 key blocks x 4 k-steps. One ldmatrix per key block: matrix kk is
-            //    its 8 keys x chunk kk, so a lane gets dims 16kk + 4q .. +3 of key g: b0, b1.
+        const int kv0 = t * BLOCK_N;
+        if (kv0 < warp_keys(causal, Sq, Sk)) {
+            // 2. S = Q Kᵀ: 8 key blocks x D/16 k-steps. One ldmatrix per key block and chunk
+            //    group of 4: matrix kk is its 8 keys x chunk 4cg + kk, so a lane gets dims
+            //    16(4cg + kk) + 4q .. +3 of key g: b0, b1.
             float s[BLOCK_N / 8][4];
 #pragma unroll
             for (int nb = 0; nb < BLOCK_N / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-            unsigned qa[HEAD_DIM / 16][4];
+            unsigned qa[D / 16][4];
 #pragma unroll
-            for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+            for (int kk = 0; kk < D / 16; ++kk) {
                 const uint4 f = q_park[kk * 32];
                 qa[kk][0] = f.x, qa[kk][1] = f.y, qa[kk][2] = f.z, qa[kk][3] = f.w;
             }
 #pragma unroll
             for (int nb = 0; nb < BLOCK_N / 8; ++nb) {
-                unsigned kc[4];
-                ldmatrix_x4(kc, sK_addr + (tile_row0 + nb * 8) * HEAD_DIM + k_lane);
 #pragma unroll
-                for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-                    mma16816(s[nb], qa[kk], decode2_e4m3(kc[kk]), decode2_e4m3_hi(kc[kk]));
+                for (int cg = 0; cg < D / 64; ++cg) {
+                    unsigned kc[4];
+#ifdef MUTANT_D128_HALF_STRIDE
+                    const int group_off = 0; // every chunk group read from the first half
+#else
+                    const int group_off = cg * 64;
+#endif
+                    ldmatrix_x4(kc, sK_addr + (tile_row0 + nb * 8) * D + (k_lane ^ group_off));
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk)
+                        mma16816(s[nb], qa[4 * cg + kk], decode2_e4m3(kc[kk]), decode2_e4m3_hi(kc[kk]));
+                }
             }
 
-            // 3. Online softmax (base 2). Keys past S score -inf, so their P is exactly 0.
-#ifdef MUTANT_NO_PARTIAL_MASK
-            const int unmasked = BLOCK_N;
-#else
-            const int unmasked = valid;
-#endif
+            // 3. Online softmax (base 2). Keys past S_k, or past what a row sees under the
+            //    causal mask, score -inf, so their P is exactly 0.
 #pragma unroll
             for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nb][e] = __fmul_rn(s[nb][e], qk_scale);
-            if (unmasked < BLOCK_N) { // only a last, partial tile pays for the mask
+            // Only a tile that some row of the warp does not see whole pays for the mask: the
+            // last tile (partial) or one the diagonal crosses (the warp's first row, q0, sees
+            // least). Row r sees keys below row_keys(r).
+            const int diag = diagonal(Sq, Sk);
+            const int w0 = warp_row0(causal);
+            if (kv0 + BLOCK_N > row_keys(w0, causal, diag, Sk)) {
+                const int lim[2] = {row_keys(w0 + g, causal, diag, Sk),
+                                    row_keys(w0 + g + 8, causal, diag, Sk)};
 #pragma unroll
                 for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        if (nb * 8 + 2 * qd + (e & 1) >= unmasked) s[nb][e] = NEG_INF;
+                        if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim[e >> 1]) s[nb][e] = NEG_INF;
             }
             float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
@@ -412,7 +566,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
             for (int i = 0; i < 2; ++i) {
                 tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
                 tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-                const float m_new = fmaxf(m_run[i], tile_max[i]);
+                const float m_new = fmaxf(m_run[i], tile_max[i]); // M_NONE while no key is seen
 #ifdef MUTANT_NO_RESCALE
                 alpha[i] = 1.0f;
 #else
@@ -427,7 +581,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
             //    lane gets keys 2q, 2q+1 (+8) x dims 2g, 2g+1; prmt sorts them per dim into
             //    b0, b1 of the chunk's even-dim MMA (o[2c]) and odd-dim MMA (o[2c + 1]).
 #pragma unroll
-            for (int n = 0; n < HEAD_DIM / 8; ++n) {
+            for (int n = 0; n < D / 8; ++n) {
                 o[n][0] = __fmul_rn(o[n][0], alpha[0]);
                 o[n][1] = __fmul_rn(o[n][1], alpha[0]);
                 o[n][2] = __fmul_rn(o[n][2], alpha[1]);
@@ -438,26 +592,26 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
                 unsigned pa[4];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int nb = 2 * kk + h;
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int nb = 2 * kk + hh;
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
                         const __half p0 = __float2half_rn(exp2_for_p(s[nb][2 * i] - m_run[i]));
                         const __half p1 = __float2half_rn(exp2_for_p(s[nb][2 * i + 1] - m_run[i]));
                         part[i] += __half2float(p0);
                         part[i] += __half2float(p1);
-                        pa[h * 2 + i] = pack_half2(p0, p1);
+                        pa[hh * 2 + i] = pack_half2(p0, p1);
                     }
                 }
 #pragma unroll
-                for (int c2 = 0; c2 < HEAD_DIM / 32; ++c2) {
+                for (int c2 = 0; c2 < D / 32; ++c2) {
                     unsigned vc[4];
-                    ldmatrix_x4_trans(vc, sV_addr + (tile_row0 + kk * 16) * HEAD_DIM + (v_lane ^ (c2 * 32)));
+                    ldmatrix_x4_trans(vc, sV_addr + (tile_row0 + kk * 16) * D + (v_lane ^ (c2 * 32)));
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int c = 2 * c2 + h;
-                        const unsigned even = prmt(vc[2 * h], vc[2 * h + 1], 0x6420);
-                        const unsigned odd = prmt(vc[2 * h], vc[2 * h + 1], 0x7531);
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int c = 2 * c2 + hh;
+                        const unsigned even = prmt(vc[2 * hh], vc[2 * hh + 1], 0x6420);
+                        const unsigned odd = prmt(vc[2 * hh], vc[2 * hh + 1], 0x7531);
                         mma16816(o[2 * c], pa, decode2_e4m3(even), decode2_e4m3_hi(even));
                         mma16816(o[2 * c + 1], pa, decode2_e4m3(odd), decode2_e4m3_hi(odd));
                     }
@@ -472,8 +626,8 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     }
 #if USE_CP_ASYNC
     __pipeline_wait_prior(0); // only empty groups remain; none may land in the parking area
-    __syncthreads();          // every warp is done with the last stage before parking
 #endif
+    __syncthreads();          // every warp is done with the last stage (and Q) before parking
 
     // Row sums over the quad: (l_0 + l_1) + (l_2 + l_3), the same on every lane.
 #pragma unroll
@@ -486,26 +640,29 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
 #if KV_SPLIT > 1
     float* park = reinterpret_cast<float*>(smem);
     const int rw = warp % ROW_WARPS;
+    constexpr int PM = D / 2; // parked O values per lane; m at PM, l at PM + 2
     if (split > 0) {
-        float* mine = park + ((split - 1) * ROW_WARPS + rw) * PARK_FLOATS + lane;
+        float* mine = park + ((split - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + lane;
 #pragma unroll
-        for (int n = 0; n < HEAD_DIM / 8; ++n)
+        for (int n = 0; n < D / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32] = o[n][e];
-        mine[32 * 32] = m_run[0];
-        mine[33 * 32] = m_run[1];
-        mine[34 * 32] = l_run[0];
-        mine[35 * 32] = l_run[1];
+        mine[PM * 32] = m_run[0];
+        mine[(PM + 1) * 32] = m_run[1];
+        mine[(PM + 2) * 32] = l_run[0];
+        mine[(PM + 3) * 32] = l_run[1];
     }
     __syncthreads();
     if (split > 0) return;
     float m_all[2] = {m_run[0], m_run[1]};
 #pragma unroll
     for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
-        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * PARK_FLOATS + lane;
-        m_all[0] = fmaxf(m_all[0], theirs[32 * 32]);
-        m_all[1] = fmaxf(m_all[1], theirs[33 * 32]);
+        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + lane;
+        m_all[0] = fmaxf(m_all[0], theirs[PM * 32]);
+        m_all[1] = fmaxf(m_all[1], theirs[(PM + 1) * 32]);
     }
+    // A split that saw no key has m = M_NONE: its weight exp2(M_NONE - M) is 0 (1 when no
+    // split saw one: then every l and O is 0 and the row is written as zeros below).
     float f[2]; // split 0's weight exp2(m_0 - M)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -513,39 +670,45 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
         l_run[i] = __fmul_rn(l_run[i], f[i]);
     }
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n)
+    for (int n = 0; n < D / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[n][e] = __fmul_rn(o[n][e], f[e >> 1]);
 #pragma unroll
     for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
-        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * PARK_FLOATS + lane;
+        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + lane;
         float a[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            a[i] = exp2f(theirs[(32 + i) * 32] - m_all[i]);
-            l_run[i] = __fmaf_rn(theirs[(34 + i) * 32], a[i], l_run[i]);
+            a[i] = exp2f(theirs[(PM + i) * 32] - m_all[i]);
+            l_run[i] = __fmaf_rn(theirs[(PM + 2 + i) * 32], a[i], l_run[i]);
         }
 #pragma unroll
-        for (int n = 0; n < HEAD_DIM / 8; ++n)
+        for (int n = 0; n < D / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[n][e] = __fmaf_rn(theirs[(n * 4 + e) * 32], a[e >> 1], o[n][e]);
     }
 #endif
 
-    // Normalize and store: per row (g, g + 8) and 16-dim chunk c a lane holds dims
+    // Normalize and store (the head and rows read again: nothing held across the loop).
+    const int bh_out = ctaid_y();
+    const float v_sc = v_scale[kv_head(bh_out, H, Hkv)];
+    __half* out_bh = out + (size_t)bh_out * Sq * D;
+    const int q0_out = warp_row0(causal);
+    // Per row (g, g + 8) and 16-dim chunk c a lane holds dims
     // 16c + 4q .. +3 as (o[2c][.], o[2c+1][.], o[2c][. + 1], o[2c+1][. + 1]): one 8-byte store.
+    // A row that saw no key has l = 0 and is written as zeros.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #ifdef MUTANT_STORE_ROW_OFF_BY_ONE
-        const int row = q0 + g + i * 8 + 1;
+        const int row = q0_out + g + i * 8 + 1;
 #else
-        const int row = q0 + g + i * 8;
+        const int row = q0_out + g + i * 8;
 #endif
-        if (row < S) {
-            const float scale = v_scale[bh] / l_run[i];
-            uint2* dst = reinterpret_cast<uint2*>(out + head_off + (size_t)row * HEAD_DIM + 4 * qd);
+        if (row < Sq) {
+            const float scale = l_run[i] == 0.0f ? 0.0f : v_sc / l_run[i];
+            uint2* dst = reinterpret_cast<uint2*>(out_bh + (size_t)row * D + 4 * qd);
 #pragma unroll
-            for (int c = 0; c < HEAD_DIM / 16; ++c) {
+            for (int c = 0; c < D / 16; ++c) {
                 const __half d0 = __float2half_rn(__fmul_rn(o[2 * c][2 * i], scale));
                 const __half d1 = __float2half_rn(__fmul_rn(o[2 * c + 1][2 * i], scale));
                 const __half d2 = __float2half_rn(__fmul_rn(o[2 * c][2 * i + 1], scale));
@@ -556,7 +719,7 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     }
 #ifdef MUTANT_K_READ_PAST_END
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        (void)*(volatile const u8*)(k_bh + (size_t)S * HEAD_DIM); // past the last head's K
+        (void)*(volatile const u8*)(k + kv_offset<D>(H, Hkv, Sk) + (size_t)Sk * D); // past the last head's K
     }
 #endif
 #if SDPA_DELAY_CYCLES > 0
@@ -567,3 +730,26 @@ sdpa_fp8_stage_c_mma(const u8* __restrict__ q, const u8* __restrict__ k,
     }
 #endif
 }
+
+// The entries, one per D. D = 64 is held to 128 registers (4 CTAs of 128 threads in 64K
+// registers), D = 128 to 255 (2 CTAs): the header's "Resources per D".
+#define SDPA_ARGS                                                                            \
+    const u8 *__restrict__ q, const u8 *__restrict__ k, const u8 *__restrict__ v,           \
+        const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
+        const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
+        int Sq, int Sk, int causal, float softmax_scale
+#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, causal, softmax_scale
+
+#if SDPA_D == 0 || SDPA_D == 64
+extern "C" __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 128))
+sdpa_fp8_stage_c_mma_d64(SDPA_ARGS) {
+    sdpa_body<64>(SDPA_PASS);
+}
+#endif
+
+#if SDPA_D == 0 || SDPA_D == 128
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+sdpa_fp8_stage_c_mma_d128(SDPA_ARGS) {
+    sdpa_body<128>(SDPA_PASS);
+}
+#endif

@@ -20,6 +20,12 @@ enqueues a call 10x slower than the runner (~30-50 us with the backend selection
 hold is sized from the measured enqueue time of the previous block (twice it, at least the
 runner's), and a block whose enqueue outlasted its hold is measured again.
 --l2 flush zeroes a buffer twice the L2 size before each sample, outside the events.
+
+Problems are the runner's: shapes, `by_name` shapes and sets of the shapes file, or inline
+BxHxSxD[:sk=N][:hkv=N][:causal]. GQA/MQA runs with enable_gqa (K and V of H_kv heads); a
+causal problem with S_q = S_k passes is_causal, one with S_q != S_k the bottom-right mask
+torch.nn.attention.bias.causal_lower_right (query i sees keys j <= i + S_k - S_q), as the
+runner's kernel. TFLOP/s count 4·D FLOPs per unmasked (query, key) pair, as the runner does.
 """
 
 import argparse
@@ -36,6 +42,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -65,14 +72,53 @@ def parse_args():
     return a, root
 
 
+def inline_shape(text):
+    """BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F] as the runner reads it, or None."""
+    dims, *options = text.split(":")
+    parts = dims.lower().split("x")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        return None
+    b, h, s, d = map(int, parts)
+    shape = {"name": text, "B": b, "H": h, "S": s, "D": d}
+    for o in options:
+        key, _, value = o.partition("=")
+        if key == "causal" and not value:
+            shape["causal"] = True
+        elif key in ("sk", "hkv"):
+            shape["Sk" if key == "sk" else "Hkv"] = int(value)
+        elif key == "qk":
+            shape["qk_std"] = float(value)
+        else:
+            sys.exit(f"error: `{o}` in {text} is not an option this script reads")
+    return shape
+
+
 def load_shapes(path, names):
-    shapes = {s["name"]: s for s in json.load(open(path))["shapes"]}
-    if names == "all":
-        return list(shapes.values())
-    missing = [n for n in names.split(",") if n not in shapes]
-    if missing:
-        sys.exit(f"error: unknown shape(s) {missing} in {path}; known: {sorted(shapes)}")
-    return [shapes[n] for n in names.split(",")]
+    data = json.load(open(path))
+    in_all = data["shapes"]
+    shapes = {s["name"]: s for s in in_all + data.get("by_name", [])}
+    sets = data.get("sets", {})
+    out = []
+    for name in names.split(","):
+        if name == "all":
+            out += in_all
+        elif name in sets:
+            out += [shapes[n] for n in sets[name]]
+        elif name in shapes:
+            out.append(shapes[name])
+        elif inline_shape(name):
+            out.append(inline_shape(name))
+        else:
+            sys.exit(f"error: unknown shape {name} in {path}; known: {sorted(shapes)}, sets {sorted(sets)}")
+    return out
+
+
+def unmasked_pairs(B, H, S, Sk, causal):
+    """(query, key) pairs a causal (bottom-right) or full mask leaves, over all heads."""
+    if not causal:
+        return B * H * S * Sk
+    per_head = sum(min(Sk, max(0, r + Sk - S + 1)) for r in range(S))
+    return B * H * per_head
 
 
 def clocks():
@@ -156,20 +202,32 @@ def main():
     measurements, available, refused = [], [], {}
     for shape in shapes:
         B, H, S, D = shape["B"], shape["H"], shape["S"], shape["D"]
+        Hkv, Sk, causal = shape.get("Hkv", H), shape.get("Sk", S), shape.get("causal", False)
         std = shape.get("qk_std", 1.0)
+        flop = 4 * D * unmasked_pairs(B, H, S, Sk, causal)
+        kwargs = {"enable_gqa": Hkv != H}
+        if causal and S == Sk:
+            kwargs["is_causal"] = True
+        elif causal:
+            kwargs["attn_mask"] = causal_lower_right(S, Sk)
         for seed in seeds:
             g = torch.Generator(device="cuda").manual_seed(seed)
             q = (torch.randn(B, H, S, D, generator=g, device="cuda") * std).half()
-            k = (torch.randn(B, H, S, D, generator=g, device="cuda") * std).half()
-            v = torch.randn(B, H, S, D, generator=g, device="cuda").half()
-            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+            k = (torch.randn(B, Hkv, Sk, D, generator=g, device="cuda") * std).half()
+            v = torch.randn(B, Hkv, Sk, D, generator=g, device="cuda").half()
+            # The f32 reference materializes the scores: only where they fit a few GiB.
+            small = B * H * S * Sk <= 1 << 29
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs) if small else None
             usable = {}  # name -> SDPBackend, for the backends that ran and were right
             for name in wanted:
                 if name in refused:
                     continue
                 try:
                     with sdpa_kernel([BACKENDS[name]]):
-                        err = (F.scaled_dot_product_attention(q, k, v).float() - ref).abs().max().item()
+                        out = F.scaled_dot_product_attention(q, k, v, **kwargs).float()
+                        # Rows that see no key: torch may write NaN there (the runner writes 0).
+                        err = 0.0 if ref is None else (out - ref).nan_to_num().abs().max().item()
+                        del out
                 except RuntimeError as e:
                     refused[name] = str(e).splitlines()[0]
                     print(f"[{shape['name']}] torch-{name}: not available here: {refused[name]}")
@@ -181,7 +239,7 @@ def main():
                 if name not in available:
                     available.append(name)
             names = list(usable)
-            call = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+            call = lambda: F.scaled_dot_product_attention(q, k, v, **kwargs)  # noqa: E731
             for name in names:
                 with sdpa_kernel([usable[name]]):
                     for _ in range(args.warmup):
@@ -196,13 +254,16 @@ def main():
             for name in names:
                 samples = [x for rr in rounds[name] for x in rr]
                 measurements.append({
-                    "shape": shape["name"], "B": B, "H": H, "S": S, "D": D, "seed": seed,
+                    "shape": shape["name"], "B": B, "H": H, "S": S, "D": D,
+                    "Hkv": Hkv, "Sk": Sk, "causal": causal, "seed": seed,
                     "input_checksum": f"torch fp16 randn (generator seed {seed}, qk_std {std})",
                     "variant": f"torch-{name}", "summary": summary(samples),
                     "round_medians_us": [statistics.median(rr) for rr in rounds[name]],
                     "samples_us": samples})
                 s = measurements[-1]["summary"]
-                print(f"[{shape['name']:<9}] seed={seed} torch-{name:<9} p50={s['p50']:.2f}us p90={s['p90']:.2f}us")
+                tflops = flop / (s["p50"] * 1e-6) / 1e12
+                print(f"[{shape['name']:<9}] seed={seed} torch-{name:<9} p50={s['p50']:.2f}us "
+                      f"p90={s['p90']:.2f}us {tflops:.0f} TFLOP/s")
     after = clocks()
 
     perf = {

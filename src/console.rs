@@ -154,10 +154,11 @@ pub fn summary(records: &[CorrectnessRecord]) -> String {
     line
 }
 
-/// The timing table: one line per (shape, seed, variant), microseconds.
+/// The timing table: one line per (shape, seed, variant), microseconds, and the rate at the
+/// median over unmasked pairs ([`Measurement::tflops`]).
 pub fn timing_table(measurements: &[Measurement], w: &Widths) -> String {
     let mut out = format!(
-        "{:<ws$}  seed  {:<wv$}  {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}\n",
+        "{:<ws$}  seed  {:<wv$}  {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}\n",
         "shape",
         "variant",
         "p50",
@@ -166,13 +167,14 @@ pub fn timing_table(measurements: &[Measurement], w: &Widths) -> String {
         "std",
         "min",
         "max",
+        "TFLOP/s",
         ws = w.shape + 2,
         wv = w.variant
     );
     for m in measurements {
         let s = &m.summary;
         out.push_str(&format!(
-            "{:<ws$}  {:>4}  {:<wv$}  {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>9.2} {:>9.2}\n",
+            "{:<ws$}  {:>4}  {:<wv$}  {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>9.2} {:>9.2} {:>7.1}\n",
             format!("[{}]", m.shape),
             m.seed,
             m.variant,
@@ -182,6 +184,7 @@ pub fn timing_table(measurements: &[Measurement], w: &Widths) -> String {
             s.std,
             s.min,
             s.max,
+            m.tflops(),
             ws = w.shape + 2,
             wv = w.variant
         ));

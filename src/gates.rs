@@ -16,7 +16,11 @@ pub const GATES_VERSION: u32 = 2;
 pub struct Gates {
     pub version: u32,
     pub correctness: CorrectnessGates,
+    /// The D = 64 entry's limits.
     pub resources: ResourceGates,
+    /// The D = 128 entry's limits: twice the O accumulators and code tiles
+    /// (cuda/sdpa_fp8_stage_c_mma.cu, "Resources per D").
+    pub resources_d128: ResourceGates,
     pub performance: PerformanceGates,
 }
 
@@ -239,7 +243,7 @@ impl Gates {
                 format!("{} must lie strictly between 0.5 and 1", p.confidence),
             ));
         }
-        if self.resources.min_blocks_per_sm == 0 {
+        if self.resources.min_blocks_per_sm == 0 || self.resources_d128.min_blocks_per_sm == 0 {
             return Err((
                 "resources.min_blocks_per_sm".into(),
                 "must be at least 1".into(),
@@ -259,6 +263,7 @@ mod tests {
         "end_to_end": { "max_err_over_bound": 0.5 },
         "relative":   { "factor": 2.0, "eps_ulps": 1.0 } },
       "resources":   { "max_regs_per_thread": 128, "max_smem_bytes": 65536, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
+      "resources_d128": { "max_regs_per_thread": 255, "max_smem_bytes": 98304, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
       "performance": { "min_speedup_pct": 10.0, "max_regression_pct": 3.0, "confidence": 0.95,
                        "noise_floor_pct": 1.0, "unpaired_noise_floor_pct": 1.0, "target_shapes": ["mission"] } }"#;
 

@@ -16,7 +16,7 @@ use crate::shapes::{Dist, Shape};
 /// v2: one stream per (b, h) slice (v1 drew the whole tensors from one stream).
 const INPUT_SCHEME: &str = "sdpa-runner inputs v2";
 
-/// Q, K, V in `[B, H, S, D]` row-major f32.
+/// Q in `[B, H_q, S_q, D]`, K and V in `[B, H_kv, S_k, D]`, row-major f32.
 #[derive(Debug, Clone)]
 pub struct Inputs {
     pub q: Vec<f32>,
@@ -27,18 +27,25 @@ pub struct Inputs {
 }
 
 /// Draws the inputs of one (shape, seed). The shape's name does not enter the seed, so an
-/// inline `1x8x512x64` gets the same data as `mission`.
+/// inline `1x8x512x64` gets the same data as `mission`, and the mask neither: a causal
+/// problem reads the same inputs as its unmasked twin.
+///
+/// Each K/V group (one K/V head and the H_q / H_kv query heads that read it) draws from its
+/// own stream: its query heads' Q in order, then K, then V, then the distribution's changes.
+/// With H_kv = H_q and S_k = S_q that is the v2 scheme's stream of one (b, h) slice, so plain
+/// problems keep their inputs and checksums.
 pub fn generate(shape: &Shape, seed: u64) -> Inputs {
     let n = shape.elements().expect("shape was validated");
-    let head_len = shape.s * shape.d;
+    let nkv = shape.kv_elements().expect("shape was validated");
+    let (q_len, kv_len, g) = (shape.s * shape.d, shape.sk * shape.d, shape.group());
     let problem_seed = problem_seed(shape, seed);
-    let (mut q, mut k, mut v) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-    q.par_chunks_mut(head_len)
-        .zip(k.par_chunks_mut(head_len))
-        .zip(v.par_chunks_mut(head_len))
+    let (mut q, mut k, mut v) = (vec![0f32; n], vec![0f32; nkv], vec![0f32; nkv]);
+    q.par_chunks_mut(q_len * g)
+        .zip(k.par_chunks_mut(kv_len))
+        .zip(v.par_chunks_mut(kv_len))
         .enumerate()
-        .for_each(|(bh, ((q, k), v))| {
-            let mut rng = ChaCha8Rng::from_seed(head_seed(&problem_seed, bh));
+        .for_each(|(group, ((q, k), v))| {
+            let mut rng = ChaCha8Rng::from_seed(head_seed(&problem_seed, group));
             let qk_std = shape.qk_std as f32;
             for (t, scale) in [(&mut *q, qk_std), (&mut *k, qk_std), (&mut *v, 1.0)] {
                 for x in t.iter_mut() {
@@ -46,27 +53,29 @@ pub fn generate(shape: &Shape, seed: u64) -> Inputs {
                     *x = z * scale;
                 }
             }
-            shape_head(shape, &mut rng, q, k, v);
+            shape_group(shape, &mut rng, q, k, v);
         });
-    let checksum = checksum(&[&q, &k, &v], head_len);
+    let checksum = checksum(&[(&q, q_len), (&k, kv_len), (&v, kv_len)]);
     Inputs { q, k, v, checksum }
 }
 
-/// Applies the shape's [`Dist`] to the normal draws of one (b, h) slice.
-fn shape_head(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
-    let (s, d) = (shape.s, shape.d);
-    let head_len = s * d;
+/// Applies the shape's [`Dist`] to the normal draws of one K/V group: `q` holds its query
+/// heads one after the other.
+fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
+    let (sk, d) = (shape.sk, shape.d);
+    let q_len = shape.s * d;
     match shape.dist {
         Dist::Normal => {}
         Dist::Outliers => {
-            for t in [&mut *q, &mut *k, &mut *v] {
+            for t in q.chunks_mut(q_len).chain([&mut *k, &mut *v]) {
+                let len = t.len();
                 for _ in 0..8 {
-                    t[rng.random_range(0..head_len)] *= 30.0;
+                    t[rng.random_range(0..len)] *= 30.0;
                 }
             }
         }
         Dist::ConstantRows => {
-            for j in (4..s).step_by(4) {
+            for j in (4..sk).step_by(4) {
                 k.copy_within(0..d, j * d);
                 let c = v[j * d];
                 v[j * d..(j + 1) * d].fill(c);
@@ -84,14 +93,14 @@ fn shape_head(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32],
             for row in q.chunks_mut(d) {
                 row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
             }
-            let j = rng.random_range(0..s);
+            let j = rng.random_range(0..sk);
             k[j * d..(j + 1) * d]
                 .iter_mut()
                 .zip(&u)
                 .for_each(|(x, ui)| *x = 3.0 * ui);
         }
         Dist::HeadScale => {
-            for t in [&mut *q, &mut *k, &mut *v] {
+            for t in q.chunks_mut(q_len).chain([&mut *k, &mut *v]) {
                 let f = 30f32.powf(rng.random_range(-1.0f32..=1.0));
                 t.iter_mut().for_each(|x| *x *= f);
             }
@@ -107,6 +116,15 @@ fn problem_seed(shape: &Shape, seed: u64) -> [u8; 32] {
     for dim in [shape.b, shape.h, shape.s, shape.d] {
         h.update((dim as u64).to_le_bytes());
     }
+    // Only where they differ from plain attention, so plain problems keep their streams.
+    if shape.hkv != shape.h {
+        h.update(b"hkv");
+        h.update((shape.hkv as u64).to_le_bytes());
+    }
+    if shape.sk != shape.s {
+        h.update(b"sk");
+        h.update((shape.sk as u64).to_le_bytes());
+    }
     h.update(shape.qk_std.to_bits().to_le_bytes());
     h.update(seed.to_le_bytes());
     if !shape.dist.is_normal() {
@@ -115,7 +133,7 @@ fn problem_seed(shape: &Shape, seed: u64) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// The seed of slice `bh`'s stream.
+/// The seed of K/V group `bh`'s stream (of slice `bh` when there is one query head per group).
 fn head_seed(problem: &[u8; 32], bh: usize) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(problem);
@@ -123,12 +141,12 @@ fn head_seed(problem: &[u8; 32], bh: usize) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// Hex sha256 over the sha256 of each `head_len` slice of each tensor in turn (slice hashes
-/// over the little-endian bytes), computed in parallel.
-pub fn checksum(tensors: &[&[f32]], head_len: usize) -> String {
+/// Hex sha256 over the sha256 of each head slice of each tensor in turn (slice hashes over
+/// the little-endian bytes), computed in parallel; each tensor comes with its slice length.
+pub fn checksum(tensors: &[(&[f32], usize)]) -> String {
     let digests: Vec<[u8; 32]> = tensors
         .iter()
-        .flat_map(|t| t.chunks(head_len.max(1)))
+        .flat_map(|(t, head_len)| t.chunks((*head_len).max(1)))
         .collect::<Vec<_>>()
         .into_par_iter()
         .map(|slice| {
@@ -158,16 +176,7 @@ mod tests {
     use super::*;
 
     fn shape(s: usize) -> Shape {
-        Shape {
-            name: "t".into(),
-            b: 1,
-            h: 2,
-            s,
-            d: 64,
-            qk_std: 1.0,
-            purpose: String::new(),
-            dist: Default::default(),
-        }
+        Shape::new("t", 1, 2, s, 64)
     }
 
     #[test]
@@ -235,6 +244,7 @@ mod tests {
         let sh = Shape {
             b: 2,
             h: 3,
+            hkv: 3,
             ..shape(100)
         };
         let parallel = generate(&sh, 9);
@@ -251,7 +261,11 @@ mod tests {
         let mut v = parallel.v.clone();
         v[5 * head_len + 7] += 1.0;
         assert_ne!(
-            checksum(&[&parallel.q, &parallel.k, &v], head_len),
+            checksum(&[
+                (&parallel.q, head_len),
+                (&parallel.k, head_len),
+                (&v, head_len)
+            ]),
             parallel.checksum
         );
     }

@@ -209,6 +209,9 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            hkv: 2,
+            sk: 1,
+            causal: false,
         }
     }
 
@@ -219,6 +222,8 @@ mod tests {
         let sh = Shape {
             h: 3,
             s: 700,
+            hkv: 3,
+            sk: 700,
             ..shape()
         };
         let n = 3 * 700 * 64;

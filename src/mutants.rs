@@ -16,6 +16,9 @@ pub struct Mutant {
     pub opt_in: bool,
 }
 
+/// The default self-test problems of the configurations' bugs (GQA, S_q != S_k, causal, D 128).
+pub const CONFIG_SHAPES: &str = "cfg-chunk,cfg-decode,cfg-tall";
+
 pub const MUTANTS: &[Mutant] = &[
     Mutant {
         define: "MUTANT_SKIP_CP_WAIT",
@@ -80,6 +83,45 @@ pub const MUTANTS: &[Mutant] = &[
         // Not `small`: its 2048-byte K ends where the next allocation begins, so the stray
         // byte lands in valid memory and memcheck cannot see it; partial77's 9856 bytes do not.
         shapes: "partial77",
+        opt_in: false,
+    },
+    // The configurations' bugs, each on the same default self-test problems (shapes/default.json:
+    // cfg-chunk, chunked prefill of 77 queries against 300 keys, GQA 2:1, D 128, causal;
+    // cfg-decode, 3 queries against 300 keys, GQA 4:1, D 64; cfg-tall, 200 causal queries
+    // against 70 keys, the first 130 of which see none), not on a problem chosen per bug.
+    Mutant {
+        define: "MUTANT_CAUSAL_DIAG_OFF_BY_ONE",
+        breaks: "the causal mask shifted by one: each row's diagonal key masked",
+        cp_async_only: false,
+        shapes: CONFIG_SHAPES,
+        opt_in: false,
+    },
+    Mutant {
+        define: "MUTANT_CAUSAL_TOP_LEFT",
+        breaks: "the causal mask aligned top-left instead of bottom-right",
+        cp_async_only: false,
+        shapes: CONFIG_SHAPES,
+        opt_in: false,
+    },
+    Mutant {
+        define: "MUTANT_CAUSAL_SKIP_EARLY",
+        breaks: "the causal tile skip one KV tile too early",
+        cp_async_only: false,
+        shapes: CONFIG_SHAPES,
+        opt_in: false,
+    },
+    Mutant {
+        define: "MUTANT_GQA_MODULO",
+        breaks: "query head h reads K/V head h % H_kv, not h / (H / H_kv)",
+        cp_async_only: false,
+        shapes: CONFIG_SHAPES,
+        opt_in: false,
+    },
+    Mutant {
+        define: "MUTANT_D128_HALF_STRIDE",
+        breaks: "the second half of D = 128 read with the first half's offset",
+        cp_async_only: false,
+        shapes: CONFIG_SHAPES,
         opt_in: false,
     },
     Mutant {

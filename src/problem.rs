@@ -51,13 +51,14 @@ impl Problem {
             seed
         };
         let mut inputs = inputs::generate(shape, draw_seed);
+        let (q_len, kv_len) = (shape.s * shape.d, shape.sk * shape.d);
         if defect == HostDefect::ZeroV {
             inputs.v.fill(0.0);
             inputs.checksum =
-                inputs::checksum(&[&inputs.q, &inputs.k, &inputs.v], shape.s * shape.d);
+                inputs::checksum(&[(&inputs.q, q_len), (&inputs.k, kv_len), (&inputs.v, kv_len)]);
         }
-        let head_len = shape.s * shape.d;
-        let quantize = |x: &[f32]| match defect {
+        // One scale per (batch, head) slice: Q per query head, K and V per K/V head.
+        let quantize = |x: &[f32], head_len: usize| match defect {
             HostDefect::SeedQuantizer => {
                 let mut t = Fp8Tensor::quantize(x, head_len);
                 for (codes, slice) in t.codes.chunks_mut(head_len).zip(x.chunks(head_len)) {
@@ -100,9 +101,9 @@ impl Problem {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             shape: shape.clone(),
             seed,
-            q: quantize(&inputs.q),
-            k: quantize(&inputs.k),
-            v: quantize(&inputs.v),
+            q: quantize(&inputs.q, q_len),
+            k: quantize(&inputs.k, kv_len),
+            v: quantize(&inputs.v, kv_len),
             softmax_scale: shape.softmax_scale(),
             inputs,
         }

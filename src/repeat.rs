@@ -123,6 +123,9 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            hkv: 2,
+            sk: 40,
+            causal: false,
         };
         let p = Problem::new(&shape, 0);
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");

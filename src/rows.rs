@@ -45,7 +45,12 @@ pub const RANDOM_ROWS: usize = 64;
 /// the variants' tile sizes are known: any tile of 16 rows or more).
 pub fn max_rows_per_head(rule: CheckRows, shape: &Shape) -> usize {
     if samples(rule, shape) {
-        shape.s.min(shape.s / 8 + 2 * 128 + RANDOM_ROWS)
+        let diagonal = if shape.causal {
+            2 * shape.sk / 64 + 8
+        } else {
+            0
+        };
+        shape.s.min(shape.s / 8 + 2 * 128 + RANDOM_ROWS + diagonal)
     } else {
         shape.s
     }
@@ -72,7 +77,7 @@ pub fn check_host_memory(
 
 /// Whether `rule` samples the rows of `shape` (rather than checking them all).
 fn samples(rule: CheckRows, shape: &Shape) -> bool {
-    let scores = shape.heads() as u128 * shape.s as u128 * shape.s as u128;
+    let scores = shape.heads() as u128 * shape.s as u128 * shape.sk as u128;
     match rule {
         CheckRows::All => false,
         CheckRows::Auto => scores > AUTO_FULL_MAX_SCORES,
@@ -127,7 +132,7 @@ impl RowSet {
         tiles.dedup();
         assert!(!tiles.is_empty(), "a query tile size is needed");
         let per_head: Vec<Vec<usize>> = (0..shape.heads())
-            .map(|bh| head_rows(s, seed, bh, &tiles))
+            .map(|bh| head_rows(shape, seed, bh, &tiles))
             .collect();
         if per_head.iter().all(|rows| rows.len() == s) {
             return Self::all(shape);
@@ -145,10 +150,16 @@ impl RowSet {
         }
         offsets.push(total);
         let sizes: Vec<String> = tiles.iter().map(|t| t.to_string()).collect();
+        let diagonal = if shape.causal {
+            ", the rows where the causal diagonal crosses a 64-key tile edge (seeing 64m and \
+             64m + 1 keys), the first rows that see 1 and 2 keys and the last that sees none"
+        } else {
+            ""
+        };
         let rule = format!(
             "sampled: per head every row of the first and last {t}-row query tile, both sides \
-             of every {t}-row tile boundary, {RANDOM_ROWS} random rows of seed {seed}; every \
-             element for unwritten and nonfinite",
+             of every {t}-row tile boundary{diagonal}, {RANDOM_ROWS} random rows of seed \
+             {seed}; every element for unwritten and nonfinite",
             t = sizes.join("/")
         );
         RowSet {
@@ -227,8 +238,24 @@ impl RowSet {
 }
 
 /// The sampled rows of head `bh`, sorted and distinct.
-fn head_rows(s: usize, seed: u64, bh: usize, tiles: &[usize]) -> Vec<usize> {
+fn head_rows(shape: &Shape, seed: u64, bh: usize, tiles: &[usize]) -> Vec<usize> {
+    let s = shape.s;
     let mut rows = Vec::new();
+    if shape.causal {
+        // Row r sees r + 1 + S_k - S_q keys: the rows that see exactly k keys for k = 0 (the
+        // last row that sees none), 1, 2 and every 64m, 64m + 1 (the diagonal at a KV tile's
+        // edge: the last row whose diagonal tile is full, the first that starts a new one).
+        let diag = shape.sk as i64 - s as i64;
+        let counts = [0, 1, 2]
+            .into_iter()
+            .chain((64..=shape.sk + 1).step_by(64).flat_map(|k| [k, k + 1]));
+        rows.extend(
+            counts
+                .map(|k| k as i64 - diag - 1)
+                .filter(|&r| (0..s as i64).contains(&r))
+                .map(|r| r as usize),
+        );
+    }
     for &t in tiles {
         rows.extend(0..t.min(s)); // the first tile
         rows.extend((s - 1) / t * t..s); // the last tile
@@ -286,6 +313,29 @@ mod tests {
             RowSet::sampled(&sh, 8, &[32]).fingerprint(),
             set.fingerprint()
         );
+    }
+
+    #[test]
+    fn causal_sampled_rows_hold_the_diagonals_tile_edges_and_the_first_rows_that_see_keys() {
+        let sh = Shape::parse_inline("1x1x1000x64:sk=1100:causal")
+            .unwrap()
+            .unwrap();
+        let set = RowSet::sampled(&sh, 3, &[32]);
+        let rows = set.rows(0);
+        // Row r sees r + 101 keys: 128 keys at row 27, 129 at 28, 1024 at 923, 1025 at 924.
+        for r in [27, 28, 923, 924] {
+            assert!(rows.contains(&r), "row {r}");
+        }
+        assert!(set.rule().contains("causal diagonal"));
+        // S_q > S_k: rows 0..=199 see nothing; 199 is the last, 200 and 201 see 1 and 2 keys.
+        let tall = Shape::parse_inline("1x1x5000x64:sk=4800:causal")
+            .unwrap()
+            .unwrap();
+        let rows = RowSet::sampled(&tall, 3, &[32]).rows(0).into_owned();
+        for r in [199, 200, 201, 263, 264] {
+            assert!(rows.contains(&r), "row {r}");
+        }
+        assert!(rows.len() <= max_rows_per_head(CheckRows::Sampled, &tall));
     }
 
     #[test]

@@ -70,8 +70,8 @@ impl Yardsticks {
             }
         }
         let device = backend.has_device();
-        let refs_on_device = device && check.references.wants_device(&rows, p.shape.s);
-        let emulation_on_device = device && check.emulation.wants_device(&rows, p.shape.s);
+        let refs_on_device = device && check.references.wants_device(&rows, &p.shape);
+        let emulation_on_device = device && check.emulation.wants_device(&rows, &p.shape);
         // The host computes what stays on the host while the device computes the rest; after
         // a fault of the reference kernel the context is unusable, so nothing more is launched.
         // The host's share is a task of this thread's rayon pool (the worker's own, with
@@ -217,7 +217,15 @@ pub fn judge_output(
         &gates.correctness,
     );
     let Shape {
-        name, b, h, s, d, ..
+        name,
+        b,
+        h,
+        s,
+        d,
+        hkv,
+        sk,
+        causal,
+        ..
     } = p.shape.clone();
     CorrectnessRecord {
         shape: name,
@@ -225,6 +233,9 @@ pub fn judge_output(
         h,
         s,
         d,
+        hkv: Some(hkv),
+        sk: Some(sk),
+        causal,
         seed: p.seed,
         variant: variant.to_string(),
         backend: backend.to_string(),
@@ -477,6 +488,9 @@ fn measurement(p: &Problem, variant: &str, t: timing::VariantTiming) -> Measurem
         h: p.shape.h,
         s: p.shape.s,
         d: p.shape.d,
+        hkv: Some(p.shape.hkv),
+        sk: Some(p.shape.sk),
+        causal: p.shape.causal,
         seed: p.seed,
         input_checksum: p.inputs.checksum.clone(),
         variant: variant.to_string(),
@@ -544,6 +558,9 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            hkv: 2,
+            sk: s,
+            causal: false,
         }
     }
 
@@ -604,7 +621,7 @@ mod tests {
         // 2 x 2 x 1100 rows of 1100 keys: above auto's 2^22 pairs, so auto asks the device.
         let p = Problem::new(&shape(1100), 0);
         let rows = || RowSet::all(&p.shape);
-        assert!(Engine::Auto.wants_device(&rows(), p.shape.s));
+        assert!(Engine::Auto.wants_device(&rows(), &p.shape));
         assert!(!backend.has_device());
         let y = Yardsticks::with_backend(&mut backend, &on(Auto, Auto), &p, 2, rows()).unwrap();
         assert_eq!((y.engine, y.emulation_engine), ("host", "host"));

@@ -130,6 +130,15 @@ pub struct CorrectnessRecord {
     pub s: usize,
     #[serde(rename = "D")]
     pub d: usize,
+    /// K/V heads (absent in files of older runners: H).
+    #[serde(rename = "Hkv", default, skip_serializing_if = "Option::is_none")]
+    pub hkv: Option<usize>,
+    /// Keys per head (absent in files of older runners: S).
+    #[serde(rename = "Sk", default, skip_serializing_if = "Option::is_none")]
+    pub sk: Option<usize>,
+    /// Bottom-right causal mask.
+    #[serde(default)]
+    pub causal: bool,
     pub seed: u64,
     pub variant: String,
     pub backend: String,
@@ -259,6 +268,51 @@ pub struct KernelRef {
     pub sha256: String,
 }
 
+/// The problem description of a record, `BxHxSxD[:sk=N][:hkv=N][:causal]`
+/// ([`crate::shapes::Shape::dims`]): what compare, merge and the PR gate key rows by beside
+/// the shape's name.
+pub fn problem_dims(
+    b: usize,
+    h: usize,
+    s: usize,
+    d: usize,
+    hkv: Option<usize>,
+    sk: Option<usize>,
+    causal: bool,
+) -> String {
+    let mut shape = crate::shapes::Shape::new("", b, h, s, d);
+    shape.hkv = hkv.unwrap_or(h);
+    shape.sk = sk.unwrap_or(s);
+    shape.causal = causal;
+    shape.dims()
+}
+
+impl Measurement {
+    /// The problem this row measured ([`problem_dims`]).
+    pub fn dims(&self) -> String {
+        problem_dims(
+            self.b,
+            self.h,
+            self.s,
+            self.d,
+            self.hkv,
+            self.sk,
+            self.causal,
+        )
+    }
+
+    /// TFLOP/s at its median: 4·D FLOPs per unmasked (query, key) pair
+    /// ([`crate::shapes::Shape::unmasked_pairs`]), so causal rates compare with peers'.
+    pub fn tflops(&self) -> f64 {
+        let mut shape = crate::shapes::Shape::new("", self.b, self.h, self.s, self.d);
+        shape.hkv = self.hkv.unwrap_or(self.h);
+        shape.sk = self.sk.unwrap_or(self.s);
+        shape.causal = self.causal;
+        let flop = 4.0 * self.d as f64 * shape.unmasked_pairs() as f64;
+        flop / (self.summary.p50 * 1e-6) / 1e12
+    }
+}
+
 /// The timings of one (shape, seed, variant).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Measurement {
@@ -271,6 +325,15 @@ pub struct Measurement {
     pub s: usize,
     #[serde(rename = "D")]
     pub d: usize,
+    /// K/V heads (absent in files of older runners: H).
+    #[serde(rename = "Hkv", default, skip_serializing_if = "Option::is_none")]
+    pub hkv: Option<usize>,
+    /// Keys per head (absent in files of older runners: S).
+    #[serde(rename = "Sk", default, skip_serializing_if = "Option::is_none")]
+    pub sk: Option<usize>,
+    /// Bottom-right causal mask.
+    #[serde(default)]
+    pub causal: bool,
     pub seed: u64,
     pub input_checksum: String,
     pub variant: String,
@@ -564,6 +627,9 @@ pub(crate) mod fixtures {
             h: 8,
             s: 512,
             d: 64,
+            hkv: None,
+            sk: None,
+            causal: false,
             seed: 0,
             variant: variant.into(),
             backend: "cpu".into(),

@@ -1,5 +1,11 @@
-//! Named problem shapes: the shapes file, inline `BxHxSxD` shapes, and the checks that refuse
-//! what the kernel cannot run (S = 0, D other than 64) before any work starts.
+//! Problem descriptions: the shapes file, inline `BxHxSxD[:options]` shapes, and the checks
+//! that refuse what the kernel cannot run (S = 0, an unsupported D, H_q not a multiple of
+//! H_kv) before any work starts.
+//!
+//! A problem is B, H_q, H_kv, S_q, S_k, D and causal (docs/DESIGN.md "Problems"): Q and O are
+//! `[B, H_q, S_q, D]`, K and V `[B, H_kv, S_k, D]`; query head h reads K/V head
+//! h / (H_q / H_kv). Causal masks are bottom-right aligned: query i sees keys
+//! j <= i + S_k - S_q, so a query row may see no key at all (S_q > S_k); such a row is zero.
 
 use std::path::{Path, PathBuf};
 
@@ -14,32 +20,98 @@ use crate::usage::ConfigError;
 pub const QK_STD_MIN: f64 = 1e-3;
 pub const QK_STD_MAX: f64 = 100.0;
 
-/// The only head dimension the Stage-C kernel supports (its HEAD_DIM).
-pub const HEAD_DIM: usize = 64;
+/// The head dimensions the Stage-C kernel is compiled for (one instantiation each,
+/// cuda/sdpa_fp8_stage_c_mma.cu), the emulation and the references follow.
+pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// One attention problem size, `[B, H, S, D]`, plus how its inputs are drawn.
+/// One attention problem: `[B, H_q, S_q, D]` queries against `[B, H_kv, S_k, D]` keys and
+/// values, optionally causal, plus how its inputs are drawn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "RawShape", into = "RawShape")]
 pub struct Shape {
     pub name: String,
-    #[serde(rename = "B")]
     pub b: usize,
-    #[serde(rename = "H")]
+    /// H_q: query (and output) heads.
     pub h: usize,
-    #[serde(rename = "S")]
+    /// S_q: query rows per head.
     pub s: usize,
-    #[serde(rename = "D")]
     pub d: usize,
+    /// H_kv: K/V heads; divides H_q (GQA; 1 is MQA, H_q plain multi-head attention).
+    pub hkv: usize,
+    /// S_k: keys per head.
+    pub sk: usize,
+    /// Bottom-right aligned causal mask.
+    pub causal: bool,
     /// Standard deviation of Q and K (V is always standard normal). Above 1 it widens the
     /// score range, so the online-softmax rescale across KV tiles carries real weight.
-    #[serde(default = "unit_std", skip_serializing_if = "is_unit_std")]
     pub qk_std: f64,
     /// What the shape is for, shown by `sdpa-runner shapes`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub purpose: String,
     /// How the inputs are drawn beyond the normal draws ([`Dist`]).
-    #[serde(default, skip_serializing_if = "Dist::is_normal")]
     pub dist: Dist,
+}
+
+/// A shape as the shapes file writes it: `Hkv` and `Sk` default to `H` and `S`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShape {
+    name: String,
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "S")]
+    s: usize,
+    #[serde(rename = "D")]
+    d: usize,
+    #[serde(rename = "Hkv", default, skip_serializing_if = "Option::is_none")]
+    hkv: Option<usize>,
+    #[serde(rename = "Sk", default, skip_serializing_if = "Option::is_none")]
+    sk: Option<usize>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    causal: bool,
+    #[serde(default = "unit_std", skip_serializing_if = "is_unit_std")]
+    qk_std: f64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    purpose: String,
+    #[serde(default, skip_serializing_if = "Dist::is_normal")]
+    dist: Dist,
+}
+
+impl From<RawShape> for Shape {
+    fn from(r: RawShape) -> Self {
+        Shape {
+            hkv: r.hkv.unwrap_or(r.h),
+            sk: r.sk.unwrap_or(r.s),
+            name: r.name,
+            b: r.b,
+            h: r.h,
+            s: r.s,
+            d: r.d,
+            causal: r.causal,
+            qk_std: r.qk_std,
+            purpose: r.purpose,
+            dist: r.dist,
+        }
+    }
+}
+
+impl From<Shape> for RawShape {
+    fn from(s: Shape) -> Self {
+        RawShape {
+            hkv: (s.hkv != s.h).then_some(s.hkv),
+            sk: (s.sk != s.s).then_some(s.sk),
+            name: s.name,
+            b: s.b,
+            h: s.h,
+            s: s.s,
+            d: s.d,
+            causal: s.causal,
+            qk_std: s.qk_std,
+            purpose: s.purpose,
+            dist: s.dist,
+        }
+    }
 }
 
 /// Input distributions: standard normal draws (Q, K times `qk_std`), then a change that
@@ -100,7 +172,24 @@ fn is_unit_std(x: &f64) -> bool {
 }
 
 impl Shape {
-    /// Elements in one of Q, K, V or O; `None` if the count overflows.
+    /// Plain multi-head attention: H_kv = H, S_k = S, no mask, normal draws of unit spread.
+    pub fn new(name: &str, b: usize, h: usize, s: usize, d: usize) -> Self {
+        Shape {
+            name: name.into(),
+            b,
+            h,
+            s,
+            d,
+            hkv: h,
+            sk: s,
+            causal: false,
+            qk_std: 1.0,
+            purpose: String::new(),
+            dist: Dist::Normal,
+        }
+    }
+
+    /// Elements in Q or O; `None` if the count overflows.
     pub fn elements(&self) -> Option<usize> {
         self.b
             .checked_mul(self.h)?
@@ -108,13 +197,82 @@ impl Shape {
             .checked_mul(self.d)
     }
 
-    /// Number of (batch, head) pairs: one FP8 scale each, one grid row each on the GPU.
+    /// Elements in K or V; `None` if the count overflows.
+    pub fn kv_elements(&self) -> Option<usize> {
+        self.b
+            .checked_mul(self.hkv)?
+            .checked_mul(self.sk)?
+            .checked_mul(self.d)
+    }
+
+    /// Number of (batch, query head) pairs: one Q scale each, one grid row each on the GPU.
     pub fn heads(&self) -> usize {
         self.b * self.h
     }
 
+    /// Number of (batch, K/V head) pairs: one K and one V scale each.
+    pub fn kv_heads(&self) -> usize {
+        self.b * self.hkv
+    }
+
+    /// Query heads per K/V head (H_q / H_kv).
+    pub fn group(&self) -> usize {
+        self.h / self.hkv
+    }
+
+    /// The (batch, K/V head) index that (batch, query head) index `bh` reads.
+    pub fn kv_head_of(&self, bh: usize) -> usize {
+        let (b, h) = (bh / self.h, bh % self.h);
+        b * self.hkv + h / self.group()
+    }
+
+    /// Keys query row `row` sees: all S_k, or under the bottom-right causal mask the keys
+    /// j <= row + S_k - S_q (none when that is negative).
+    pub fn visible_keys(&self, row: usize) -> usize {
+        if self.causal {
+            (row + self.sk + 1).saturating_sub(self.s).min(self.sk)
+        } else {
+            self.sk
+        }
+    }
+
+    /// Unmasked (query, key) pairs over all heads: what a FLOP count counts
+    /// (4·D FLOPs each), so causal rates compare with peers'.
+    pub fn unmasked_pairs(&self) -> u128 {
+        let (s, sk) = (self.s as i128, self.sk as i128);
+        let per_head = if self.causal {
+            // Row r sees max(0, r + c) keys, c = S_k - S_q + 1: an arithmetic series from the
+            // first row that sees a key up to the last row, which sees all S_k.
+            let c = sk - s + 1;
+            let first_row = (-c).max(0);
+            let n = s - first_row;
+            n * (first_row + c + sk) / 2
+        } else {
+            s * sk
+        };
+        per_head as u128 * self.heads() as u128
+    }
+
+    /// Whether this is the configuration every check held before GQA, masks and S_q != S_k:
+    /// H_kv = H, S_k = S, no mask.
+    pub fn is_plain(&self) -> bool {
+        self.hkv == self.h && self.sk == self.s && !self.causal
+    }
+
+    /// `BxHxSxD` and the options that differ from plain attention, as inline shapes write
+    /// them: e.g. `1x32x512x128:sk=4096:hkv=8:causal`.
     pub fn dims(&self) -> String {
-        format!("{}x{}x{}x{}", self.b, self.h, self.s, self.d)
+        let mut t = format!("{}x{}x{}x{}", self.b, self.h, self.s, self.d);
+        if self.sk != self.s {
+            t.push_str(&format!(":sk={}", self.sk));
+        }
+        if self.hkv != self.h {
+            t.push_str(&format!(":hkv={}", self.hkv));
+        }
+        if self.causal {
+            t.push_str(":causal");
+        }
+        t
     }
 
     /// The default softmax scale, 1/sqrt(D).
@@ -122,7 +280,8 @@ impl Shape {
         1.0 / (self.d as f32).sqrt()
     }
 
-    /// Checks what the kernel and the runner can handle; the message names the offending field.
+    /// Checks what the kernel and the runner can handle; the message names the offending field
+    /// and the rule it breaks.
     pub fn validate(&self) -> Result<(), String> {
         if self.name.is_empty()
             || !self
@@ -141,20 +300,36 @@ impl Shape {
                 return Err(format!("{key}=0: {key} must be at least 1"));
             }
         }
+        if self.hkv == 0 {
+            return Err("Hkv=0: there must be at least one K/V head (Hkv=1 is MQA)".into());
+        }
+        if !self.h.is_multiple_of(self.hkv) {
+            return Err(format!(
+                "Hkv={} does not divide H={}: each K/V head serves H/Hkv query heads, so H \
+                 must be a multiple of Hkv",
+                self.hkv, self.h
+            ));
+        }
         if self.s == 0 {
             return Err("S=0: the sequence length must be at least 1".into());
         }
-        if self.s > i32::MAX as usize {
-            return Err(format!(
-                "S={}: the kernel takes S as a 32-bit int; the most is {}",
-                self.s,
-                i32::MAX
-            ));
+        if self.sk == 0 {
+            return Err("Sk=0: there must be at least one key (S_k >= 1)".into());
         }
-        if self.d != HEAD_DIM {
+        for (key, value) in [("S", self.s), ("Sk", self.sk)] {
+            if value > i32::MAX as usize {
+                return Err(format!(
+                    "{key}={value}: the kernel takes it as a 32-bit int; the most is {}",
+                    i32::MAX
+                ));
+            }
+        }
+        if !HEAD_DIMS.contains(&self.d) {
             return Err(format!(
-                "D={}: the Stage-C kernel supports D={HEAD_DIM} only (its HEAD_DIM)",
-                self.d
+                "D={}: the Stage-C kernel is compiled for D = {} only (D = 256 would need \
+                 more registers per thread than its warp grid leaves: refused)",
+                self.d,
+                HEAD_DIMS.map(|d| d.to_string()).join(" and ")
             ));
         }
         if !(self.qk_std.is_finite() && (QK_STD_MIN..=QK_STD_MAX).contains(&self.qk_std)) {
@@ -164,32 +339,36 @@ impl Shape {
                 self.qk_std
             ));
         }
-        if self.elements().is_none() {
-            return Err("B*H*S*D overflows".into());
+        if self.elements().is_none() || self.kv_elements().is_none() {
+            return Err("B*H*S*D or B*Hkv*Sk*D overflows".into());
         }
         Ok(())
     }
 
     /// Host bytes one (shape, seed) needs at its peak when `checked_rows` rows per head are
-    /// held to the references by `threads` workers: per element the inputs (f32) and codes,
-    /// three f16 outputs (stress keeps a first output beside two concurrent ones); per checked
-    /// element the two references and their bounds (f64) and the emulation (f16) with a copy; per worker one head's f64 operands (K, V, |V| of
-    /// the codes, K, V of the inputs) and its two 64-row score blocks.
+    /// held to the references by `threads` workers: per Q/O element the inputs (f32) and
+    /// codes, three f16 outputs (stress keeps a first output beside two concurrent ones); per
+    /// K/V element two f32 inputs and two codes; per checked element the two references and
+    /// their bounds (f64) and the emulation (f16) with a copy; per worker one K/V head's f64
+    /// operands (K, V, |V| of the codes, K, V of the inputs) and its two 64-row score blocks.
     pub fn host_bytes_needed(&self, checked_rows: usize, threads: usize) -> Option<u64> {
-        const PER_ELEMENT: u64 = 3 * 4 + 3 + 3 * 2;
+        const PER_Q_ELEMENT: u64 = 4 + 1 + 3 * 2;
+        const PER_KV_ELEMENT: u64 = 2 * 4 + 2;
         const PER_CHECKED: u64 = 4 * 8 + 2 + 2;
         let n = self.elements()? as u64;
+        let nkv = self.kv_elements()? as u64;
         let checked = (self.heads() as u64)
             .checked_mul(checked_rows.min(self.s) as u64)?
             .checked_mul(self.d as u64)?;
-        let per_worker = (self.s as u64).checked_mul(5 * self.d as u64 * 8 + 2 * 64 * 8)?;
-        n.checked_mul(PER_ELEMENT)?
+        let per_worker = (self.sk as u64).checked_mul(5 * self.d as u64 * 8 + 2 * 64 * 8)?;
+        n.checked_mul(PER_Q_ELEMENT)?
+            .checked_add(nkv.checked_mul(PER_KV_ELEMENT)?)?
             .checked_add(checked.checked_mul(PER_CHECKED)?)?
             .checked_add(per_worker.checked_mul(threads as u64)?)
     }
 
-    /// The inline spelling of this shape, `BxHxSxD[:qk=F][:dist=NAME]`, which
-    /// [`Shape::parse_inline`] reads back to the same problem (a one-line reproduction).
+    /// The inline spelling of this shape, `BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME]`,
+    /// which [`Shape::parse_inline`] reads back to the same problem (a one-line reproduction).
     pub fn inline(&self) -> String {
         let mut t = self.dims();
         if self.qk_std != 1.0 {
@@ -201,8 +380,8 @@ impl Shape {
         t
     }
 
-    /// Parses an inline `BxHxSxD[:qk=F][:dist=NAME]` shape; `None` if `text` does not start
-    /// with `BxHxSxD`.
+    /// Parses an inline `BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME]` shape; `None` if
+    /// `text` does not start with `BxHxSxD`.
     pub fn parse_inline(text: &str) -> Option<Result<Shape, ConfigError>> {
         let mut options = text.split(':');
         let dims_text = options.next().unwrap_or_default();
@@ -214,36 +393,42 @@ impl Shape {
         {
             return None;
         }
-        let mut dims = [0usize; 4];
-        for (slot, part) in dims.iter_mut().zip(&parts) {
-            match part.parse() {
-                Ok(v) => *slot = v,
-                Err(_) => {
-                    return Some(Err(ConfigError::BadShape {
-                        name: text.into(),
-                        message: format!("`{part}` is too large"),
-                    }));
-                }
-            }
-        }
-        let mut shape = Shape {
-            name: text.to_ascii_lowercase(),
-            b: dims[0],
-            h: dims[1],
-            s: dims[2],
-            d: dims[3],
-            qk_std: 1.0,
-            purpose: String::new(),
-            dist: Default::default(),
-        };
         let bad = |message: String| {
             Some(Err(ConfigError::BadShape {
                 name: text.into(),
                 message,
             }))
         };
+        let mut dims = [0usize; 4];
+        for (slot, part) in dims.iter_mut().zip(&parts) {
+            match part.parse() {
+                Ok(v) => *slot = v,
+                Err(_) => return bad(format!("`{part}` is too large")),
+            }
+        }
+        let mut shape = Shape::new(
+            &text.to_ascii_lowercase(),
+            dims[0],
+            dims[1],
+            dims[2],
+            dims[3],
+        );
+        const GRAMMAR: &str = "BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME]";
         for option in options {
+            let count = |v: &str, key: &str| {
+                v.parse::<usize>()
+                    .map_err(|_| format!("{key}=`{v}` is not a non-negative integer"))
+            };
             match option.split_once('=') {
+                Some(("sk", v)) => match count(v, "sk") {
+                    Ok(n) => shape.sk = n,
+                    Err(m) => return bad(m),
+                },
+                Some(("hkv", v)) => match count(v, "hkv") {
+                    Ok(n) => shape.hkv = n,
+                    Err(m) => return bad(m),
+                },
+                None if option == "causal" => shape.causal = true,
                 Some(("qk", v)) => match v.parse::<f64>() {
                     Ok(x) => shape.qk_std = x,
                     Err(_) => return bad(format!("qk=`{v}` is not a number")),
@@ -258,11 +443,7 @@ impl Shape {
                         ));
                     }
                 },
-                _ => {
-                    return bad(format!(
-                        "`{option}` is not an option; write BxHxSxD[:qk=F][:dist=NAME]"
-                    ));
-                }
+                _ => return bad(format!("`{option}` is not an option; write {GRAMMAR}")),
             }
         }
         Some(
@@ -285,6 +466,9 @@ struct ShapeFile {
     /// Shapes run only when named: too heavy for `all` (long contexts, tens of GiB).
     #[serde(default)]
     by_name: Vec<Shape>,
+    /// Named sets of shapes (e.g. `llm`), selected by their name like a shape.
+    #[serde(default)]
+    sets: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// The shapes of one shapes file, validated.
@@ -295,6 +479,8 @@ pub struct ShapeCatalog {
     shapes: Vec<Shape>,
     /// How many of them `all` selects (the `shapes` list).
     in_all: usize,
+    /// Named sets: each a list of the file's shape names.
+    sets: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl ShapeCatalog {
@@ -352,10 +538,34 @@ impl ShapeCatalog {
                 ));
             }
         }
+        for (set, members) in &file.sets {
+            let key = format!("sets.{set}");
+            if members.is_empty() {
+                return Err(ConfigError::invalid_key(path, key, "the set is empty"));
+            }
+            if set == "all" || shapes.iter().any(|s| &s.name == set) {
+                return Err(ConfigError::invalid_key(
+                    path,
+                    key,
+                    format!("`{set}` is already a shape's name (or `all`); pick another"),
+                ));
+            }
+            if let Some(unknown) = members
+                .iter()
+                .find(|m| !shapes.iter().any(|s| &s.name == *m))
+            {
+                return Err(ConfigError::invalid_key(
+                    path,
+                    key,
+                    format!("`{unknown}` is not a shape of this file"),
+                ));
+            }
+        }
         Ok(ShapeCatalog {
             path: path.to_path_buf(),
             shapes,
             in_all,
+            sets: file.sets,
         })
     }
 
@@ -377,8 +587,8 @@ impl ShapeCatalog {
         self.shapes.iter().find(|s| s.name == name)
     }
 
-    /// Resolves `--shapes`: comma-separated names from this catalog or inline `BxHxSxD`
-    /// shapes; `all` selects every shape of the file's `shapes` list (not its `by_name` list).
+    /// Resolves `--shapes`: comma-separated names of shapes or sets from this catalog, or
+    /// inline `BxHxSxD[:options]` shapes; `all` selects every shape of the file's `shapes` list (not its `by_name` list).
     /// Duplicates are dropped.
     pub fn select(&self, spec: &str) -> Result<Vec<Shape>, ConfigError> {
         let mut selected: Vec<Shape> = Vec::new();
@@ -390,6 +600,11 @@ impl ShapeCatalog {
             }
             let found: Vec<Shape> = if item == "all" {
                 self.shapes[..self.in_all].to_vec()
+            } else if let Some(members) = self.sets.get(item) {
+                members
+                    .iter()
+                    .filter_map(|m| self.get(m).cloned())
+                    .collect()
             } else if let Some(shape) = self.get(item) {
                 vec![shape.clone()]
             } else if let Some(inline) = Shape::parse_inline(item) {
@@ -410,8 +625,18 @@ impl ShapeCatalog {
         Ok(selected)
     }
 
+    /// The file's shape names, then its set names.
     pub fn names(&self) -> Vec<&str> {
-        self.shapes.iter().map(|s| s.name.as_str()).collect()
+        self.shapes
+            .iter()
+            .map(|s| s.name.as_str())
+            .chain(self.sets.keys().map(String::as_str))
+            .collect()
+    }
+
+    /// The named sets and their shapes.
+    pub fn sets(&self) -> &std::collections::BTreeMap<String, Vec<String>> {
+        &self.sets
     }
 }
 
@@ -517,9 +742,117 @@ mod tests {
     }
 
     #[test]
-    fn head_dim_other_than_64_is_refused() {
-        let err = catalog().select("1x1x128x128").unwrap_err().to_string();
-        assert!(err.contains("D=128") && err.contains("64"), "{err}");
+    fn head_dims_other_than_64_and_128_are_refused_naming_the_supported_ones() {
+        assert_eq!(catalog().select("1x1x128x128").unwrap()[0].d, 128);
+        for d in [32, 96, 256] {
+            let err = catalog()
+                .select(&format!("1x1x128x{d}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("D={d}")) && err.contains("64 and 128"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn inline_options_describe_gqa_decode_chunked_prefill_and_causal_problems() {
+        let c = catalog();
+        let prefill = &c.select("1x32x4096x128:hkv=8:causal").unwrap()[0];
+        assert_eq!(
+            (prefill.h, prefill.hkv, prefill.s, prefill.sk),
+            (32, 8, 4096, 4096)
+        );
+        assert!(prefill.causal && prefill.group() == 4);
+        let decode = &c.select("16x32x1x128:sk=8192:hkv=8").unwrap()[0];
+        assert_eq!((decode.s, decode.sk, decode.causal), (1, 8192, false));
+        let chunk = &c.select("1x32x512x128:sk=4096:hkv=8:causal").unwrap()[0];
+        assert_eq!(chunk.inline(), "1x32x512x128:sk=4096:hkv=8:causal");
+        for s in [prefill, decode, chunk] {
+            assert_eq!(&Shape::parse_inline(&s.inline()).unwrap().unwrap(), s);
+        }
+        // Query head h reads K/V head h / (H / H_kv), batch by batch.
+        let g = Shape::parse_inline("2x8x4x64:hkv=2").unwrap().unwrap();
+        let map: Vec<usize> = (0..16).map(|bh| g.kv_head_of(bh)).collect();
+        assert_eq!(map, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+    }
+
+    #[test]
+    fn bad_descriptions_exit_naming_the_rule() {
+        let c = catalog();
+        let err = |spec: &str| c.select(spec).unwrap_err().to_string();
+        assert!(err("1x6x64x64:hkv=4").contains("multiple of Hkv"));
+        assert!(err("1x6x64x64:hkv=0").contains("Hkv=0"));
+        assert!(err("1x6x64x64:sk=0").contains("Sk=0"));
+        assert!(err("1x6x64x64:sk=-3").contains("non-negative integer"));
+        assert!(err("1x6x64x64:mask").contains("not an option"));
+        assert!(matches!(
+            c.select("1x6x64x64:hkv=4").unwrap_err(),
+            ConfigError::BadShape { .. }
+        ));
+    }
+
+    #[test]
+    fn the_bottom_right_causal_mask_counts_each_rows_keys() {
+        let sh = |t: &str| Shape::parse_inline(t).unwrap().unwrap();
+        // S_q = S_k: row i sees i + 1 keys.
+        let square = sh("1x1x5x64:causal");
+        assert_eq!(
+            (0..5).map(|r| square.visible_keys(r)).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        // S_q < S_k (chunked prefill): the last row sees every key.
+        let chunk = sh("1x1x3x64:sk=7:causal");
+        assert_eq!(
+            (0..3).map(|r| chunk.visible_keys(r)).collect::<Vec<_>>(),
+            [5, 6, 7]
+        );
+        // S_q > S_k: the first S_q - S_k rows see nothing.
+        let tall = sh("1x1x6x64:sk=3:causal");
+        assert_eq!(
+            (0..6).map(|r| tall.visible_keys(r)).collect::<Vec<_>>(),
+            [0, 0, 0, 1, 2, 3]
+        );
+        assert_eq!(sh("1x1x6x64:sk=3").visible_keys(0), 3);
+        // Unmasked pairs: the closed form is the sum over rows.
+        for s in [
+            square,
+            chunk,
+            tall,
+            sh("2x4x77x64:sk=300:hkv=2:causal"),
+            sh("1x1x300x64:sk=77:causal"),
+        ] {
+            let sum: u128 =
+                (0..s.s).map(|r| s.visible_keys(r) as u128).sum::<u128>() * s.heads() as u128;
+            assert_eq!(s.unmasked_pairs(), sum, "{}", s.dims());
+        }
+        assert_eq!(sh("2x3x10x64:sk=20").unmasked_pairs(), 2 * 3 * 10 * 20);
+    }
+
+    #[test]
+    fn the_shapes_file_reads_hkv_sk_causal_and_named_sets() {
+        let text = r#"{"version":1,"shapes":[{"name":"a","B":1,"H":4,"S":32,"D":64}],
+            "by_name":[{"name":"g","B":1,"H":4,"Hkv":2,"S":8,"Sk":64,"D":128,"causal":true}],
+            "sets":{"llm":["g","a"]}}"#;
+        let c = ShapeCatalog::parse(Path::new("t.json"), text).unwrap();
+        let set = c.select("llm").unwrap();
+        assert_eq!(
+            set.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["g", "a"]
+        );
+        assert_eq!((set[0].hkv, set[0].sk, set[0].causal), (2, 64, true));
+        assert_eq!((set[1].hkv, set[1].sk, set[1].causal), (4, 32, false));
+        let json = serde_json::to_string(&set[1]).unwrap();
+        assert!(
+            !json.contains("Hkv") && !json.contains("causal"),
+            "plain shapes write no defaults: {json}"
+        );
+        let bad = text.replace(r#"["g","a"]"#, r#"["g","zzz"]"#);
+        let err = ShapeCatalog::parse(Path::new("t.json"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sets.llm") && err.contains("zzz"), "{err}");
     }
 
     #[test]

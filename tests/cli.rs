@@ -343,12 +343,51 @@ fn zero_sequence_length_exits_2() {
 }
 
 #[test]
-fn head_dim_other_than_64_exits_2() {
+fn head_dim_other_than_64_or_128_exits_2() {
     refused(
-        &["--backend", "cpu", "--shapes", "1x1x64x128"],
+        &["--backend", "cpu", "--shapes", "1x1x64x256"],
         2,
-        &["D=128", "64"],
+        &["D=256", "64 and 128"],
     );
+}
+
+#[test]
+fn gqa_decode_and_causal_problems_run_the_whole_pipeline_on_the_cpu_backend() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(
+        runner()
+            .args(["--backend", "cpu", "--seeds", "0", "--iters", "0", "--shapes"])
+            .arg("1x4x77x128:hkv=2:causal,2x8x1x64:sk=300:hkv=1,1x2x113x64:sk=203:causal,1x2x70x64:sk=20:causal")
+            .arg("--results-dir")
+            .arg(results.path()),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let file = read_json(&run_dirs(results.path())[0].join("correctness.json"));
+    let rows = file["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    let first = &rows[0];
+    assert_eq!(
+        (
+            first["H"].as_u64(),
+            first["Hkv"].as_u64(),
+            first["D"].as_u64()
+        ),
+        (Some(4), Some(2), Some(128))
+    );
+    assert_eq!(first["causal"], true);
+    assert_eq!(rows[1]["Sk"].as_u64(), Some(300));
+    assert!(rows.iter().all(|r| r["pass"] == true));
+}
+
+#[test]
+fn bad_problem_descriptions_exit_2_naming_the_rule() {
+    for (spec, words) in [
+        ("1x6x64x64:hkv=4", &["multiple of Hkv"][..]),
+        ("1x4x64x64:sk=0", &["Sk=0"][..]),
+        ("1x4x64x96", &["D=96", "64 and 128"][..]),
+    ] {
+        refused(&["--backend", "cpu", "--shapes", spec], 2, words);
+    }
 }
 
 #[test]
@@ -530,7 +569,8 @@ fn fuzz_checks_random_problems_records_each_and_passes_a_correct_kernel() {
     assert_eq!(problems.len(), 60);
     for p in problems {
         let shape = p["shape"].as_str().unwrap();
-        assert!(shape.ends_with("x64") || shape.contains("x64:"), "{shape}");
+        let d = shape.split(':').next().unwrap().rsplit('x').next().unwrap();
+        assert!(d == "64" || d == "128", "{shape}");
         assert!(p["kernel_err_over_bound"].as_f64().unwrap() <= 1.0);
         assert_eq!(p["references"], "host", "the cpu backend has no device");
     }

@@ -142,17 +142,23 @@ fn variant_identity_proves_which_variant_is_which() {
         cp1.constants.smem_bytes > cp0.constants.smem_bytes,
         "cp1 adds the staging buffers"
     );
-    let resources = gates().resources;
+    let g = gates();
     for id in ids {
         let d = id.driver.as_ref().expect("driver resources on a GPU");
         assert!(d.registers_per_thread > 0 && d.max_blocks_per_sm > 0);
         assert_eq!(d.dynamic_smem_bytes, id.constants.smem_bytes);
-        let v = id.resource_verdict(&resources);
+        let d128 = id
+            .driver_d128
+            .as_ref()
+            .expect("the D = 128 entry's resources");
+        assert_eq!(d128.dynamic_smem_bytes, id.constants.smem_bytes_d128);
+        assert!(id.constants.smem_bytes_d128 > id.constants.smem_bytes);
+        let v = id.resource_verdict(&g.resources, &g.resources_d128);
         assert!(v.pass(), "{}: {:?}", id.name, v.failures());
         assert_eq!(
             v.checks.len(),
-            4,
-            "registers, smem, spills and occupancy are all checked"
+            8,
+            "registers, smem, spills and occupancy are all checked, per D"
         );
     }
     let details = b.details();

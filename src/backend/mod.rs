@@ -6,7 +6,6 @@ pub mod cuda;
 
 use half::f16;
 
-use crate::gates::ResourceGates;
 use crate::problem::Problem;
 use crate::reference::RowSums;
 use crate::rows::RowSet;
@@ -208,7 +207,7 @@ pub trait Backend: Send {
     }
 
     /// Resource-gate verdicts per variant; empty where resources do not apply.
-    fn resource_verdicts(&self, _gates: &ResourceGates) -> Vec<(String, Verdict)> {
+    fn resource_verdicts(&self, _gates: &crate::gates::Gates) -> Vec<(String, Verdict)> {
         Vec::new()
     }
 }

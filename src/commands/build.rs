@@ -19,14 +19,17 @@ pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
         headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
     let mut ids = Vec::new();
     for spec in &specs {
-        ids.push(kernel::build_variant(&source, &include, &args.arch, spec)?.identity);
+        ids.push(kernel::build_variant(&source, &include, &args.arch, spec, true)?.identity);
     }
     let verdicts: Vec<_> = ids
         .iter()
         .map(|id| {
             (
                 id.name.clone(),
-                id.resource_verdict(&project.gates.gates.resources),
+                id.resource_verdict(
+                    &project.gates.gates.resources,
+                    &project.gates.gates.resources_d128,
+                ),
             )
         })
         .collect();

@@ -43,6 +43,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         None,
         args.emulation_defect,
         &project,
+        &crate::shapes::HEAD_DIMS, // fuzz draws both
     )?;
     let run_dir = RunDir::create(&args.setup.results_root(project.root.path()))?;
     crate::outln!("{}", backends[0].describe());
@@ -159,35 +160,67 @@ fn check_problem(
     })
 }
 
-/// One random problem: B in 1..=2, H in 1..=4, S toward the kernel's edges, qk_std mostly in
-/// [1/4, 4] (sometimes at the allowed extremes' neighbourhood), any distribution.
+/// Largest B·H_q·S_q·S_k a drawn problem may have (the plain draws' largest, 2x4x4096x4096).
+const MAX_DRAWN_PAIRS: usize = 1 << 27;
+
+/// One random problem: B in 1..=2; H_q / H_kv of 1, 2, 4 or 8 with H_kv in 1..=2 (H_kv = 1
+/// is MQA); D 64 or 128; causal or not; S_q = S_k (60%), S_q ≠ S_k drawn apart (25%: S_q > S_k
+/// too, whose first rows see no key under a causal mask) or decode (15%: S_q in 1..=16 against
+/// a long S_k); each S toward the kernel's tile edges; qk_std mostly in [1/4, 4] (sometimes
+/// near the allowed extremes), any distribution. At most [`MAX_DRAWN_PAIRS`] (row, key) pairs.
 fn draw_problem(rng: &mut ChaCha8Rng, max_s: usize) -> (Shape, u64) {
     const EDGES: [usize; 18] = [
         31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 511, 512, 513,
     ];
-    let s = match rng.random_range(0..100) {
-        0..40 => rng.random_range(1..=17),
-        40..70 => EDGES[rng.random_range(0..EDGES.len())],
-        70..93 => rng.random_range(18..=1024),
-        93..98 => rng.random_range(1025..=2048),
-        _ => rng.random_range(2049..=4096),
-    }
-    .clamp(1, max_s);
+    let draw_s = |rng: &mut ChaCha8Rng| {
+        match rng.random_range(0..100) {
+            0..40 => rng.random_range(1..=17),
+            40..70 => EDGES[rng.random_range(0..EDGES.len())],
+            70..93 => rng.random_range(18..=1024),
+            93..98 => rng.random_range(1025..=2048),
+            _ => rng.random_range(2049..=4096),
+        }
+        .clamp(1, max_s)
+    };
+    let (mut s, sk) = match rng.random_range(0..100) {
+        0..60 => {
+            let s = draw_s(rng);
+            (s, s)
+        }
+        60..85 => (draw_s(rng), draw_s(rng)),
+        _ => {
+            let long = match rng.random_range(0..2) {
+                0 => EDGES[rng.random_range(0..EDGES.len())],
+                _ => rng.random_range(129..=8192),
+            };
+            (rng.random_range(1..=16usize).min(max_s), long.min(max_s))
+        }
+    };
     let qk_std = if rng.random_range(0..10) == 0 {
         10f64.powf(rng.random_range(-2.0..=1.3))
     } else {
         4f64.powf(rng.random_range(-1.0..=1.0))
     };
     let qk_std = (qk_std * 1000.0).round() / 1000.0;
+    let group = [1, 2, 4, 8][rng.random_range(0..4)];
+    let mut hkv = rng.random_range(1..=2);
+    let mut b = rng.random_range(1..=2);
+    let d = shapes::HEAD_DIMS[rng.random_range(0..shapes::HEAD_DIMS.len())];
+    let causal = rng.random_range(0..2) == 1;
+    let dist = Dist::ALL[rng.random_range(0..Dist::ALL.len())];
+    if b * hkv * group * s * sk > MAX_DRAWN_PAIRS {
+        (b, hkv) = (1, 1);
+    }
+    while group * s * sk > MAX_DRAWN_PAIRS {
+        s = s.div_ceil(2);
+    }
     let mut shape = Shape {
-        name: String::new(),
-        b: rng.random_range(1..=2),
-        h: rng.random_range(1..=4),
-        s,
-        d: shapes::HEAD_DIM,
+        hkv,
+        sk,
+        causal,
         qk_std: qk_std.max(shapes::QK_STD_MIN),
-        purpose: String::new(),
-        dist: Dist::ALL[rng.random_range(0..Dist::ALL.len())],
+        dist,
+        ..Shape::new("", b, hkv * group, s, d)
     };
     shape.name = shape.inline();
     (shape, rng.random_range(0..1_000_000))
@@ -254,9 +287,43 @@ mod tests {
         }
         let has = |f: &dyn Fn(&Shape) -> bool| drawn.iter().any(|(s, _)| f(s));
         assert!(has(&|s| s.s == 1) && has(&|s| s.s == 65) && has(&|s| s.s > 1024));
+        for edge in [1, 127, 128, 129] {
+            assert!(
+                has(&|s| s.sk == edge) && has(&|s| s.s == edge),
+                "S = {edge}"
+            );
+        }
         for dist in Dist::ALL {
             assert!(has(&|s| s.dist == dist), "{dist:?}");
         }
+        for d in shapes::HEAD_DIMS {
+            assert!(has(&|s| s.d == d), "D = {d}");
+        }
+        for group in [1, 2, 4, 8] {
+            assert!(
+                has(&|s| s.group() == group && s.hkv > 1),
+                "H_q/H_kv = {group}"
+            );
+            assert!(
+                has(&|s| s.group() == group && s.hkv == 1),
+                "MQA, H_q = {group}"
+            );
+        }
+        assert!(has(&|s| s.causal) && has(&|s| !s.causal));
+        assert!(
+            has(&|s| s.s <= 16 && s.sk >= 2048),
+            "decode against a long S_k"
+        );
+        assert!(
+            has(&|s| s.causal && s.s > s.sk),
+            "causal rows that see no key"
+        );
+        assert!(has(&|s| s.s < s.sk) && has(&|s| s.s == s.sk));
+        assert!(
+            drawn
+                .iter()
+                .all(|(s, _)| s.b * s.h * s.s * s.sk <= MAX_DRAWN_PAIRS)
+        );
         let mut capped = ChaCha8Rng::seed_from_u64(1);
         assert!((0..500).all(|_| draw_problem(&mut capped, 100).0.s <= 100));
     }

@@ -112,6 +112,7 @@ impl Job {
             args.base_kernel.as_ref(),
             args.emulation_defect,
             &project,
+            &super::head_dims(&shapes),
         )?;
         let backend = &backends[0];
         if args.require_speedup && (backend.variants().len() < 2 || !plan.enabled()) {
@@ -149,9 +150,7 @@ impl Job {
         }
         let variants = self.backend().variant_meta();
         if variants.iter().any(|v| v.ptx_sha256.is_some()) {
-            let resources = self
-                .backend()
-                .resource_verdicts(&self.project.gates.gates.resources);
+            let resources = self.backend().resource_verdicts(&self.project.gates.gates);
             out!("{}", console::identity_table(&variants, &resources));
             for (name, same) in crate::render::markdown::same_code_as_base(&variants) {
                 outln!(
@@ -212,7 +211,7 @@ impl Job {
             backend: backend.name().to_string(),
             variants: backend.variant_meta(),
             records: out.records,
-            resources: backend.resource_verdicts(&self.project.gates.gates.resources),
+            resources: backend.resource_verdicts(&self.project.gates.gates),
             perf,
         })
     }

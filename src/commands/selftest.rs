@@ -288,12 +288,16 @@ fn ptx_identity(source: &KernelSource) -> Result<Vec<PtxIdentity>, AppError> {
         .iter()
         .map(|&on| {
             let spec = VariantSpec::new(on, &[]);
-            let a = kernel::build_variant(source, &include, "sm_90", &spec)?
-                .identity
-                .ptx_sha256;
-            let b = kernel::build_variant(&stripped, &include, "sm_90", &spec)?
-                .identity
-                .ptx_sha256;
+            // Both modules, D = 64 and D = 128, hashed together.
+            let hash = |src: &KernelSource| -> Result<String, AppError> {
+                let id = kernel::build_variant(src, &include, "sm_90", &spec, true)?.identity;
+                Ok(format!(
+                    "{}+{}",
+                    id.ptx_sha256,
+                    id.ptx_d128_sha256.unwrap_or_default()
+                ))
+            };
+            let (a, b) = (hash(source)?, hash(&stripped)?);
             Ok(PtxIdentity {
                 variant: spec.name,
                 identical: a == b,

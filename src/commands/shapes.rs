@@ -15,12 +15,15 @@ pub fn list(args: &ShapesArgs) -> Result<Outcome, AppError> {
         .max(4);
     crate::outln!("shapes in {}:", project.catalog.path().display());
     crate::outln!(
-        "{:<width$}  {:>3} {:>4} {:>6} {:>3}  {:>6}  purpose",
+        "{:<width$}  {:>3} {:>4} {:>4} {:>6} {:>6} {:>3} {:>6}  {:>6}  purpose",
         "name",
         "B",
         "H",
+        "Hkv",
         "S",
+        "Sk",
         "D",
+        "causal",
         "qk_std"
     );
     for s in shapes {
@@ -30,16 +33,26 @@ pub fn list(args: &ShapesArgs) -> Result<Outcome, AppError> {
             " (by name only, not in `all`)"
         };
         crate::outln!(
-            "{:<width$}  {:>3} {:>4} {:>6} {:>3}  {:>6}  {}{only}",
+            "{:<width$}  {:>3} {:>4} {:>4} {:>6} {:>6} {:>3} {:>6}  {:>6}  {}{only}",
             s.name,
             s.b,
             s.h,
+            s.hkv,
             s.s,
+            s.sk,
             s.d,
+            if s.causal { "yes" } else { "no" },
             s.qk_std,
             s.purpose
         );
     }
-    crate::outln!("inline shapes are written BxHxSxD, e.g. --shapes 1x8x512x64 (D must be 64)");
+    for (set, members) in project.catalog.sets() {
+        crate::outln!("set {set}: {}", members.join(", "));
+    }
+    crate::outln!(
+        "inline shapes are written BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME], e.g. \
+         --shapes 1x32x512x128:sk=4096:hkv=8:causal (D 64 or 128; causal is bottom-right \
+         aligned)"
+    );
     Ok(Outcome::Pass)
 }

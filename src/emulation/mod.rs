@@ -12,7 +12,14 @@
 //!
 //! A split ends with `l = (l_0 + l_1) + (l_2 + l_3)`. The splits merge as the kernel does:
 //! `M = max m_k`, `O = O_0 * exp2(m_0 - M)` then `O = fma(O_k, exp2(m_k - M), O)`, likewise `l`;
-//! finally `O * (v_scale / l)` rounded to f16. Keys past S score -inf (masked).
+//! finally `O * (v_scale / l)` rounded to f16. Keys past S_k score -inf (masked).
+//!
+//! Masks and GQA (docs/DESIGN.md "Problems"): query head h reads K/V head h / (H_q / H_kv);
+//! under the causal mask row i sees keys j <= i + S_k - S_q, its other keys score -inf. A row
+//! walks only the tiles it sees a key of: a tile the mask hides wholly from a row changes
+//! nothing in the kernel either (its tile maximum is -inf, so alpha = 1 and P = 0: the state
+//! keeps its bits), so skipping it is the same arithmetic. A row that sees no key is written
+//! as zeros, as the kernel writes it (its l is 0).
 //! Two roles: the `cpu` backend, and the same-precision yardstick of the relative gate.
 
 mod exp2;
@@ -25,12 +32,13 @@ use exp2::exp2;
 use crate::fp8;
 use crate::problem::Problem;
 use crate::rows::RowSet;
-use crate::shapes::HEAD_DIM;
 
-/// Head `bh`'s factor from the raw Q·K sums to base-2 scores, as the kernel forms it:
-/// `(q_scale * k_scale) * (softmax_scale * log2 e)` (the GPU emulation takes it from here).
+/// Query head `bh`'s factor from the raw Q·K sums to base-2 scores, as the kernel forms it:
+/// `(q_scale * k_scale) * (softmax_scale * log2 e)`, K's scale that of the K/V head it reads
+/// (the GPU emulation takes it from here).
 pub fn qk_scale(p: &Problem, bh: usize) -> f32 {
-    (p.q.scales[bh] * p.k.scales[bh]) * (p.softmax_scale * std::f32::consts::LOG2_E)
+    let kvh = p.shape.kv_head_of(bh);
+    (p.q.scales[bh] * p.k.scales[kvh]) * (p.softmax_scale * std::f32::consts::LOG2_E)
 }
 
 /// Keys per KV tile; the kernel's BLOCK_N, checked against the compiled kernel at run time.
@@ -83,78 +91,106 @@ pub fn run(p: &Problem, kv_split: usize, defect: Defect, out: &mut [f16]) {
 
 /// As [`run`], for the rows of `rows` only, into their compact layout.
 pub fn run_rows(p: &Problem, kv_split: usize, defect: Defect, rows: &RowSet, out: &mut [f16]) {
+    match p.shape.d {
+        64 => run_rows_d::<64>(p, kv_split, defect, rows, out),
+        128 => run_rows_d::<128>(p, kv_split, defect, rows, out),
+        d => panic!("D = {d} was refused when the shape was read"),
+    }
+}
+
+fn run_rows_d<const D: usize>(
+    p: &Problem,
+    kv_split: usize,
+    defect: Defect,
+    rows: &RowSet,
+    out: &mut [f16],
+) {
     assert!(kv_split >= 1);
-    let (s, d) = (p.shape.s, p.shape.d);
-    assert_eq!(d, HEAD_DIM);
-    assert_eq!(out.len(), rows.count() * d);
-    let head_len = s * d;
-    let n_tiles = s.div_ceil(KV_TILE);
+    let sh = &p.shape;
+    let sk = sh.sk;
+    assert_eq!(sh.d, D);
+    assert_eq!(out.len(), rows.count() * D);
+    let (q_len, kv_len) = (sh.s * D, sk * D);
+    let n_tiles = sk.div_ceil(KV_TILE);
     let s_pad = n_tiles * KV_TILE;
     let table: [f32; 256] = std::array::from_fn(|c| fp8::decode(c as u8));
-    let heads = p.shape.heads();
-    rows.split_heads(out, d)
+    let heads = sh.heads();
+    rows.split_heads(out, D)
         .into_par_iter()
         .enumerate()
         .for_each(|(bh, out_head)| {
-            let head = bh * head_len..(bh + 1) * head_len;
+            let kvh = sh.kv_head_of(bh);
+            let kv = kvh * kv_len..(kvh + 1) * kv_len;
             let (qc, kc, vc) = (
-                &p.q.codes[head.clone()],
-                &p.k.codes[head.clone()],
-                &p.v.codes[head],
+                &p.q.codes[bh * q_len..(bh + 1) * q_len],
+                &p.k.codes[kv.clone()],
+                &p.v.codes[kv],
             );
             // K tile by tile, each transposed to [D][KV_TILE] so a k-step vectorizes over keys;
             // padded keys are 0. V as [S_pad][D].
-            let mut kt = vec![0f32; d * s_pad];
-            for (j, row) in kc.chunks(d).enumerate() {
-                let tile = &mut kt[j / KV_TILE * KV_TILE * d..][..KV_TILE * d];
+            let mut kt = vec![0f32; D * s_pad];
+            for (j, row) in kc.chunks(D).enumerate() {
+                let tile = &mut kt[j / KV_TILE * KV_TILE * D..][..KV_TILE * D];
                 for (x, &c) in row.iter().enumerate() {
                     tile[x * KV_TILE + j % KV_TILE] = table[c as usize];
                 }
             }
-            let mut vd = vec![0f32; s_pad * d];
+            let mut vd = vec![0f32; s_pad * D];
             for (slot, &c) in vd.iter_mut().zip(vc) {
                 *slot = table[c as usize];
             }
             let qk_scale = qk_scale(p, bh);
-            let v_scale = p.v.scales[bh];
+            let v_scale = p.v.scales[kvh];
             let tiles_run = match defect {
                 Defect::SkipLastKvTile => n_tiles - 1,
                 _ => n_tiles,
             };
             let mine = rows.rows(bh);
             out_head
-                .par_chunks_mut(ROW_CHUNK * d)
+                .par_chunks_mut(ROW_CHUNK * D)
                 .zip(mine.par_chunks(ROW_CHUNK))
                 .for_each(|(out_rows, chunk_rows)| {
-                    let qs: Vec<[f32; HEAD_DIM]> = chunk_rows
+                    let qs: Vec<[f32; D]> = chunk_rows
                         .iter()
-                        .map(|&i| std::array::from_fn(|x| table[qc[i * d + x] as usize]))
+                        .map(|&i| std::array::from_fn(|x| table[qc[i * D + x] as usize]))
                         .collect();
+                    let seen: Vec<usize> = chunk_rows.iter().map(|&i| sh.visible_keys(i)).collect();
                     // A chunk's rows walk the tiles together, so each tile is read from cache
                     // once per chunk; each row's arithmetic is the same as alone. Tile t goes
-                    // to split t % kv_split, in ascending order within the split.
-                    let mut states: Vec<Running> =
+                    // to split t % kv_split, in ascending order within the split; a row takes
+                    // the tiles it sees a key of, its keys past what it sees masked.
+                    let mut states: Vec<Running<D>> =
                         vec![Running::new(); chunk_rows.len() * kv_split];
                     for t in 0..tiles_run {
-                        let tile = Tile {
-                            k: &kt[t * KV_TILE * d..][..KV_TILE * d],
-                            v: &vd[t * KV_TILE * d..][..KV_TILE * d],
-                            valid: KV_TILE.min(s - t * KV_TILE),
-                        };
+                        let first = t * KV_TILE;
                         for (r, q) in qs.iter().enumerate() {
+                            if seen[r] <= first {
+                                continue;
+                            }
+                            let tile = Tile {
+                                k: &kt[first * D..][..KV_TILE * D],
+                                v: &vd[first * D..][..KV_TILE * D],
+                                valid: KV_TILE.min(seen[r] - first),
+                            };
                             states[r * kv_split + t % kv_split].step(q, &tile, qk_scale);
                         }
                     }
                     for ((out_row, &i), splits) in out_rows
-                        .chunks_mut(d)
+                        .chunks_mut(D)
                         .zip(chunk_rows)
                         .zip(states.chunks(kv_split))
                     {
-                        if defect == Defect::LeaveRowUnwritten && bh == heads - 1 && i == s - 1 {
+                        if defect == Defect::LeaveRowUnwritten && bh == heads - 1 && i == sh.s - 1 {
                             continue;
                         }
-                        let splits: Vec<SplitState> = splits.iter().map(Running::finish).collect();
+                        let splits: Vec<SplitState<D>> =
+                            splits.iter().map(Running::finish).collect();
                         let (l, o) = merge(&splits);
+                        if l == 0.0 {
+                            // No key seen: the kernel writes zeros.
+                            out_row.fill(f16::ZERO);
+                            continue;
+                        }
                         let f = v_scale / l;
                         for (dst, x) in out_row.iter_mut().zip(o) {
                             *dst = output(x * f);
@@ -173,25 +209,25 @@ struct Tile<'a> {
 
 /// One split's online-softmax state for one row, while its tiles stream by.
 #[derive(Clone)]
-struct Running {
+struct Running<const D: usize> {
     m: f32,
     l_quad: [f32; QUAD],
-    o: [f32; HEAD_DIM],
+    o: [f32; D],
 }
 
 /// A split's final state: `l = (l_0 + l_1) + (l_2 + l_3)` over the quad.
-struct SplitState {
+struct SplitState<const D: usize> {
     m: f32,
     l: f32,
-    o: [f32; HEAD_DIM],
+    o: [f32; D],
 }
 
-impl Running {
+impl<const D: usize> Running<D> {
     fn new() -> Self {
         Running {
             m: f32::NEG_INFINITY,
             l_quad: [0.0; QUAD],
-            o: [0.0; HEAD_DIM],
+            o: [0.0; D],
         }
     }
 
@@ -199,7 +235,7 @@ impl Running {
     /// compiled wider: IEEE operations round the same at any width, Rust never contracts
     /// `a * b + c`, and `mul_add` is exact either way, so the bits do not change
     /// (`the_emulation_output_is_pinned_bit_for_bit`).
-    fn step(&mut self, q: &[f32; HEAD_DIM], tile: &Tile, qk_scale: f32) {
+    fn step(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
@@ -211,13 +247,12 @@ impl Running {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn step_avx2(&mut self, q: &[f32; HEAD_DIM], tile: &Tile, qk_scale: f32) {
+    unsafe fn step_avx2(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32) {
         self.step_any(q, tile, qk_scale)
     }
 
     #[inline(always)]
-    fn step_any(&mut self, q: &[f32; HEAD_DIM], tile: &Tile, qk_scale: f32) {
-        const D: usize = HEAD_DIM;
+    fn step_any(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32) {
         // 1. Scores, one MMA k-step at a time.
         let mut acc = [0f32; KV_TILE];
         for ks in (0..D).step_by(K_STEP) {
@@ -274,7 +309,7 @@ impl Running {
         }
     }
 
-    fn finish(&self) -> SplitState {
+    fn finish(&self) -> SplitState<D> {
         let l = (self.l_quad[0] + self.l_quad[1]) + (self.l_quad[2] + self.l_quad[3]);
         SplitState {
             m: self.m,
@@ -312,12 +347,15 @@ fn output(x: f32) -> f16 {
 
 /// Merges the splits' states into (l, O) as the kernel's split 0 does. One split is taken
 /// as is (the kernel skips the merge then).
-fn merge(splits: &[SplitState]) -> (f32, [f32; HEAD_DIM]) {
+fn merge<const D: usize>(splits: &[SplitState<D>]) -> (f32, [f32; D]) {
     let first = &splits[0];
     if splits.len() == 1 {
         return (first.l, first.o);
     }
     let m_all = splits.iter().map(|s| s.m).fold(f32::NEG_INFINITY, f32::max);
+    if m_all == f32::NEG_INFINITY {
+        return (0.0, [0.0; D]); // no split saw a key
+    }
     let f = exp2(first.m - m_all);
     let mut l = first.l * f;
     let mut o = first.o.map(|x| x * f);
@@ -340,14 +378,8 @@ mod tests {
 
     fn problem(b: usize, h: usize, s: usize, qk_std: f64) -> Problem {
         let shape = Shape {
-            name: "t".into(),
-            b,
-            h,
-            s,
-            d: 64,
             qk_std,
-            purpose: String::new(),
-            dist: Default::default(),
+            ..Shape::new("t", b, h, s, 64)
         };
         Problem::new(&shape, 0)
     }

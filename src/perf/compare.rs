@@ -186,17 +186,19 @@ pub fn check_comparable(
             base.device_name, base.backend, cand.device_name, cand.backend
         ))?;
     }
-    let keys = |f: &PerfFile, v: &str| -> Vec<(String, u64, String)> {
+    // A row is its shape's name with its problem description: the same name for another
+    // problem (another mask, H_kv or S_k) is another row.
+    let keys = |f: &PerfFile, v: &str| -> Vec<(String, u64, String, String)> {
         f.measurements
             .iter()
             .filter(|m| m.variant == v)
-            .map(|m| (m.shape.clone(), m.seed, m.input_checksum.clone()))
+            .map(|m| (m.shape.clone(), m.seed, m.input_checksum.clone(), m.dims()))
             .collect()
     };
     let (bk, ck) = (keys(base, bv), keys(cand, cv));
-    let runs = |k: &[(String, u64, String)]| {
+    let runs = |k: &[(String, u64, String, String)]| {
         k.iter()
-            .map(|(s, seed, _)| format!("{s}/{seed}"))
+            .map(|(s, seed, _, _)| format!("{s}/{seed}"))
             .collect::<Vec<_>>()
     };
     if runs(&bk) != runs(&ck) {
@@ -206,7 +208,15 @@ pub fn check_comparable(
             runs(&ck).join(" ")
         )));
     }
-    for ((shape, seed, a), (_, _, b)) in bk.iter().zip(&ck) {
+    for ((shape, _, _, bd), (_, _, _, cd)) in bk.iter().zip(&ck) {
+        if bd != cd {
+            return Err(ConfigError::Usage(format!(
+                "shape {shape} is the problem {bd} in BASE but {cd} in CAND: another problem \
+                 under the same name; rerun both with the same shapes file"
+            )));
+        }
+    }
+    for ((shape, seed, a, _), (_, _, b, _)) in bk.iter().zip(&ck) {
         if a != b && peer.is_none() {
             mismatch(format!(
                 "the inputs of {shape} seed {seed} differ between BASE and CAND (checksums {a:.12} and {b:.12})"

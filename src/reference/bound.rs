@@ -6,13 +6,16 @@
 //!
 //! Notation: u32 = 2^-24 and u16 = 2^-11 (unit roundoffs), p_j the kernel reference's softmax
 //! weights (max 1 before normalization), A = Σ_j p_j |v̂_j| / Σ_j p_j, O the reference output,
-//! T = ceil(ceil(S / 64) / KV_SPLIT) the KV tiles one warp's chain sums.
+//! n_i the keys row i sees (S_k, or fewer under a causal mask), T = ceil(ceil(n_i / 64) /
+//! KV_SPLIT) the KV tiles one warp's chain sums for that row (a tile the mask hides wholly
+//! changes no sum), D the head dimension.
 //!
 //! Kernel (against the reference on the dequantized codes), per element:
-//! - scores: 4 MMA steps of 16 exact products (each step off by at most 16 u32 of the sum of
-//!   magnitudes: products are exact, the alignment may truncate), the scale, the max
+//! - scores: D / 16 MMA steps of 16 exact products (each step off by at most 16 u32 of the sum
+//!   of magnitudes: products are exact, the alignment may truncate), the scale, the max
 //!   subtraction and `ex2.approx`: the exponent is off by at most
-//!   δ = 72 u32 · qk_scale_log2 · ‖q̂_i‖ · max_j ‖k̂_j‖ (Cauchy-Schwarz), so each weight by a
+//!   δ = (D + 8) u32 · qk_scale_log2 · ‖q̂_i‖ · max_j ‖k̂_j‖ (Cauchy-Schwarz; 72 u32 at
+//!   D = 64), so each weight by a
 //!   factor within 2^±δ; P is rounded to f16 (u16) and `ex2.approx` adds 2^-22:
 //!   ρ = (2^δ − 1) + 2^-22 + u16, and the output moves by at most ρ · (A + |O|).
 //! - weights below f16's normal range (2^-14) are off by up to 2^-25 absolute each:
@@ -20,6 +23,8 @@
 //! - P·V in f32: per tile 4 MMA steps (16 u32 each) and one rescale: (65 T + 8) u32 · A.
 //! - the row sum l in f32 (16 adds and one fma per tile): (17 T + 8) u32 · |O|.
 //! - the end: two f32 operations and the f16 rounding: (u16 + 4 u32) |O| + 2^-25.
+//! - a row that sees no key (causal, S_q > S_k) is written as zeros: its bound is 0, so
+//!   anything but an exact zero fails.
 //!
 //! End to end (against the reference on the original f32 inputs) adds the quantization of
 //! correctly rounded E4M3 codes: each v̂ within 2^-4 |v| + 2^-10 s_v of v (s_v the head's V
@@ -45,19 +50,22 @@ const E4M3_SUB_HALF: f64 = 1.0 / 1024.0;
 pub struct HeadFacts {
     /// softmax_scale · log2(e): the kernel's scores are in base 2.
     pub qk_scale_log2: f64,
+    /// D: the length of each score's dot product.
+    pub head_dim: usize,
     /// max_j ‖k̂_j‖₂ over the head's keys.
     pub k_norm_max: f64,
     /// max |v̂| over the head.
     pub v_abs_max: f64,
     /// The head's V scale.
     pub v_scale: f64,
-    /// KV tiles in one warp's chain.
-    pub tiles: usize,
+    /// The kernel's KV split: how many chains a row's tiles are dealt to.
+    pub kv_split: usize,
 }
 
 impl HeadFacts {
-    pub fn tiles(s: usize, kv_split: usize) -> usize {
-        s.div_ceil(64).div_ceil(kv_split.max(1))
+    /// KV tiles in one warp's chain for a row that sees `keys` keys.
+    pub fn tiles(&self, keys: usize) -> usize {
+        keys.div_ceil(64).div_ceil(self.kv_split.max(1))
     }
 }
 
@@ -66,6 +74,8 @@ impl HeadFacts {
 pub struct RowFacts {
     /// ‖q̂_i‖₂.
     pub q_norm: f64,
+    /// Keys the row sees (S_k, or fewer under a causal mask).
+    pub keys: usize,
     /// Keys whose weight is below [`F16_MIN_NORMAL`].
     pub subnormal_weights: usize,
     /// max_j |ŝ_ij − s_ij| (natural-log units, scale applied).
@@ -74,8 +84,9 @@ pub struct RowFacts {
 
 /// The two bounds of one element: `a` = Σ p̂|v̂| / Σ p̂, `o_k` and `o_e` the two references.
 pub fn element(head: &HeadFacts, row: &RowFacts, a: f64, o_k: f64, o_e: f64) -> (f64, f64) {
-    let t = head.tiles as f64;
-    let delta = 72.0 * U32 * head.qk_scale_log2 * row.q_norm * head.k_norm_max;
+    let t = head.tiles(row.keys) as f64;
+    let steps = head.head_dim as f64 + 8.0;
+    let delta = steps * U32 * head.qk_scale_log2 * row.q_norm * head.k_norm_max;
     let rho = (delta.exp2() - 1.0) + 2f64.powi(-22) + U16;
     let (ok, oe) = (o_k.abs(), o_e.abs());
     let kernel = rho * (a + ok)
@@ -96,21 +107,65 @@ pub fn element(head: &HeadFacts, row: &RowFacts, a: f64, o_k: f64, o_e: f64) -> 
 mod tests {
     use super::*;
 
+    /// A head whose rows (of [`ROW`]'s 64 keys per tile) sum `tiles` tiles in one chain.
     fn head(tiles: usize) -> HeadFacts {
         HeadFacts {
             qk_scale_log2: 0.125 * std::f64::consts::LOG2_E,
+            head_dim: 64,
             k_norm_max: 10.0,
             v_abs_max: 4.0,
             v_scale: 4.0 / 448.0,
-            tiles,
+            kv_split: tiles_split(tiles),
         }
+    }
+
+    /// [`ROW`] sees 1024 · 64 keys: a split of 1024 / tiles gives chains of `tiles` tiles.
+    fn tiles_split(tiles: usize) -> usize {
+        1024 / tiles
     }
 
     const ROW: RowFacts = RowFacts {
         q_norm: 8.0,
+        keys: 1024 * 64,
         subnormal_weights: 0,
         score_shift: 0.0,
     };
+
+    #[test]
+    fn a_row_chain_counts_only_the_tiles_its_keys_reach() {
+        let h = HeadFacts {
+            kv_split: 2,
+            ..head(1)
+        };
+        assert_eq!(
+            [
+                h.tiles(1),
+                h.tiles(64),
+                h.tiles(65),
+                h.tiles(129),
+                h.tiles(4096)
+            ],
+            [1, 1, 1, 2, 32]
+        );
+        let few = RowFacts { keys: 1, ..ROW };
+        let many = RowFacts { keys: 8192, ..ROW };
+        assert!(element(&h, &few, 0.8, 0.3, 0.3).0 < element(&h, &many, 0.8, 0.3, 0.3).0);
+    }
+
+    #[test]
+    fn a_longer_dot_product_widens_the_score_term() {
+        let wide = HeadFacts {
+            head_dim: 128,
+            ..head(8)
+        };
+        let row = RowFacts {
+            q_norm: 2000.0,
+            ..ROW
+        };
+        let (d64, _) = element(&head(8), &row, 0.8, 0.3, 0.3);
+        let (d128, _) = element(&wide, &row, 0.8, 0.3, 0.3);
+        assert!(d128 > d64 * 1.3, "{d64} {d128}");
+    }
 
     #[test]
     fn the_kernel_bound_is_a_few_f16_roundings_of_the_output_for_ordinary_data() {

@@ -63,14 +63,27 @@ pub enum Engine {
 /// "What limits throughput").
 pub const AUTO_DEVICE_ABOVE: u64 = 1 << 22;
 
+/// The head dimension the GPU yardsticks (cuda/reference_f64.cu, cuda/emulation_f32.cu) are
+/// built for.
+pub const DEVICE_HEAD_DIM: usize = 64;
+
+/// Whether the GPU yardsticks cover `shape`: plain attention (H_kv = H, S_k = S, no mask) of
+/// D = [`DEVICE_HEAD_DIM`]. Every other problem's yardsticks are computed on the host, which
+/// covers them all (docs/DESIGN.md "References on the GPU").
+pub fn device_covers(shape: &Shape) -> bool {
+    shape.is_plain() && shape.d == DEVICE_HEAD_DIM
+}
+
 impl Engine {
-    /// Whether the references of `rows` (of a problem with `s` keys per head) are wanted on
-    /// the device.
-    pub fn wants_device(self, rows: &RowSet, s: usize) -> bool {
+    /// Whether the yardsticks of `rows` of a problem of `shape` are wanted on the device:
+    /// under `auto` only where the device covers the problem ([`device_covers`]).
+    pub fn wants_device(self, rows: &RowSet, shape: &Shape) -> bool {
         match self {
             Engine::Host => false,
             Engine::Device => true,
-            Engine::Auto => rows.count() as u64 * s as u64 > AUTO_DEVICE_ABOVE,
+            Engine::Auto => {
+                device_covers(shape) && rows.count() as u64 * shape.sk as u64 > AUTO_DEVICE_ABOVE
+            }
         }
     }
 }
@@ -104,11 +117,13 @@ pub struct RowTotals {
 
 impl RowSums {
     /// The sums of the rows of `rows`, on the host's cores. Heads are widened to f64 one at a
-    /// time, so memory follows the checked rows, not B·H·S·D.
+    /// time, so memory follows the checked rows, not B·H·S·D. Query head `bh` reads K/V head
+    /// [`Shape::kv_head_of`]; under a causal mask a row's sums run over its visible keys only
+    /// ([`Shape::visible_keys`]), and a row that sees none has all sums and totals zero.
     pub fn on_host(p: &Problem, rows: &RowSet) -> Self {
         let sh = &p.shape;
-        let (s, d) = (sh.s, sh.d);
-        let head_len = s * d;
+        let (sk, d) = (sh.sk, sh.d);
+        let kv_len = sk * d;
         let n = rows.count();
         let mut sums = RowSums {
             o_k: vec![0.0; n * d],
@@ -128,9 +143,10 @@ impl RowSums {
             .into_par_iter()
             .enumerate()
             .for_each(|(bh, (((o_k, a), o_e), totals))| {
-                let range = bh * head_len..(bh + 1) * head_len;
+                let kvh = sh.kv_head_of(bh);
+                let range = kvh * kv_len..(kvh + 1) * kv_len;
                 let decode = |t: &crate::fp8::Fp8Tensor| -> Vec<f64> {
-                    let sc = t.scales[bh] as f64;
+                    let sc = t.scales[kvh] as f64;
                     t.codes[range.clone()]
                         .iter()
                         .map(|&c| table[c as usize] * sc)
@@ -150,11 +166,11 @@ impl RowSums {
                     p,
                     bh,
                     table: &table,
-                    kk: head_view(&kk, s, d),
-                    vk: head_view(&vk, s, d),
-                    v_abs: head_view(&v_abs, s, d),
-                    ke: head_view(&ke, s, d),
-                    ve: head_view(&ve, s, d),
+                    kk: head_view(&kk, sk, d),
+                    vk: head_view(&vk, sk, d),
+                    v_abs: head_view(&v_abs, sk, d),
+                    ke: head_view(&ke, sk, d),
+                    ve: head_view(&ve, sk, d),
                     scale,
                 };
                 let block = ROW_BLOCK * d;
@@ -206,6 +222,7 @@ impl References {
                     let t = &totals[first + i];
                     let row = bound::RowFacts {
                         q_norm: q_norm(p, bh, r, &table),
+                        keys: p.shape.visible_keys(r),
                         subnormal_weights: t.subnormal_weights,
                         score_shift: t.score_shift,
                     };
@@ -233,11 +250,12 @@ impl References {
     }
 }
 
-/// The error model's facts of head `bh`, from its codes.
+/// The error model's facts of query head `bh`, from the codes of the K/V head it reads.
 fn head_facts(p: &Problem, bh: usize, kv_split: usize, table: &[f64; 256]) -> bound::HeadFacts {
-    let (s, d) = (p.shape.s, p.shape.d);
-    let range = bh * s * d..(bh + 1) * s * d;
-    let (k_sc, v_sc) = (p.k.scales[bh] as f64, p.v.scales[bh] as f64);
+    let (sk, d) = (p.shape.sk, p.shape.d);
+    let kvh = p.shape.kv_head_of(bh);
+    let range = kvh * sk * d..(kvh + 1) * sk * d;
+    let (k_sc, v_sc) = (p.k.scales[kvh] as f64, p.v.scales[kvh] as f64);
     let k_norm_max = p.k.codes[range.clone()]
         .chunks(d)
         .map(|key| {
@@ -254,10 +272,11 @@ fn head_facts(p: &Problem, bh: usize, kv_split: usize, table: &[f64; 256]) -> bo
         .fold(0.0, f64::max);
     bound::HeadFacts {
         qk_scale_log2: p.softmax_scale as f64 * std::f64::consts::LOG2_E,
+        head_dim: d,
         k_norm_max,
         v_abs_max,
         v_scale: v_sc,
-        tiles: bound::HeadFacts::tiles(s, kv_split),
+        kv_split,
     }
 }
 
@@ -283,6 +302,13 @@ fn finish_row(
     out: [&mut [f64]; 4],
 ) {
     let [k, e, kb, eb] = out;
+    if row.keys == 0 {
+        // A row that sees no key is zero, exactly: reference and bound 0.
+        for v in [k, e, kb, eb] {
+            v.fill(0.0);
+        }
+        return;
+    }
     for x in 0..k.len() {
         let (o_k, o_e, a) = (k[x] / l_k, e[x] / l_e, kb[x] / l_k);
         let (bk, be) = bound::element(head, row, a, o_k, o_e);
@@ -313,13 +339,14 @@ thread_local! {
     static JOINT: RefCell<(Vec<f64>, Vec<f64>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-impl Head<'_> {
+impl<'a> Head<'a> {
     /// The sums of the rows `which` of this head: O_k, A and O_e into `out`, one total each
     /// into `totals`.
     fn block(&self, which: &[usize], out: [&mut [f64]; 3], totals: &mut [RowTotals]) {
-        let (s, d) = self.kk.dim();
+        let (sk, d) = self.kk.dim();
+        let shape = &self.p.shape;
         let rows = which.len();
-        let head_off = self.bh * s * d;
+        let head_off = self.bh * shape.s * d;
         let q_scale = self.p.q.scales[self.bh] as f64;
         let mut qk = ndarray::Array2::<f64>::zeros((rows, d));
         let mut qe = ndarray::Array2::<f64>::zeros((rows, d));
@@ -331,21 +358,36 @@ impl Head<'_> {
                 qe[[i, x]] = orig[x] as f64;
             }
         }
+        // Keys any row of the block sees (all S_k without a mask): the GEMMs stop there.
+        let keys = which
+            .iter()
+            .map(|&r| shape.visible_keys(r))
+            .max()
+            .unwrap_or(0)
+            .min(sk);
+        let cut = |m: &ArrayView2<'a, f64>| (*m).slice_move(ndarray::s![..keys, ..]);
         JOINT.with_borrow_mut(|(bk, be)| {
-            bk.resize(rows * s, 0.0);
-            be.resize(rows * s, 0.0);
-            let mut sk = ArrayViewMut2::from_shape((rows, s), &mut bk[..]).expect("scores");
-            let mut se = ArrayViewMut2::from_shape((rows, s), &mut be[..]).expect("scores");
-            general_mat_mul(self.scale, &qk, &self.kk.t(), 0.0, &mut sk);
-            general_mat_mul(self.scale, &qe, &self.ke.t(), 0.0, &mut se);
-            for ((mut rk, mut re), total) in sk
+            bk.resize(rows * keys, 0.0);
+            be.resize(rows * keys, 0.0);
+            let mut sk_ = ArrayViewMut2::from_shape((rows, keys), &mut bk[..]).expect("scores");
+            let mut se = ArrayViewMut2::from_shape((rows, keys), &mut be[..]).expect("scores");
+            let (kk, ke) = (cut(&self.kk), cut(&self.ke));
+            general_mat_mul(self.scale, &qk, &kk.t(), 0.0, &mut sk_);
+            general_mat_mul(self.scale, &qe, &ke.t(), 0.0, &mut se);
+            for (((mut rk, mut re), total), &r) in sk_
                 .rows_mut()
                 .into_iter()
                 .zip(se.rows_mut())
                 .zip(&mut *totals)
+                .zip(which)
             {
                 let rk = rk.as_slice_mut().expect("contiguous");
                 let re = re.as_slice_mut().expect("contiguous");
+                let seen = shape.visible_keys(r).min(keys);
+                let (rk, rk_masked) = rk.split_at_mut(seen);
+                let (re, re_masked) = re.split_at_mut(seen);
+                rk_masked.fill(0.0); // masked keys weigh nothing
+                re_masked.fill(0.0);
                 let score_shift = rk
                     .iter()
                     .zip(&*re)
@@ -353,10 +395,14 @@ impl Head<'_> {
                     .fold(0.0, f64::max);
                 let max_k = rk.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let max_e = re.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                // The sums turn the scores into their weights in place: the subnormal weights
-                // are counted after them.
-                let l_k = fastexp::exp_shifted_sum(rk, max_k);
-                let l_e = fastexp::exp_shifted_sum(re, max_e);
+                let (l_k, l_e) = if seen == 0 {
+                    (0.0, 0.0)
+                } else {
+                    (
+                        fastexp::exp_shifted_sum(rk, max_k),
+                        fastexp::exp_shifted_sum(re, max_e),
+                    )
+                };
                 let subnormal_weights = rk.iter().filter(|&&w| w < bound::F16_MIN_NORMAL).count();
                 *total = RowTotals {
                     l_k,
@@ -367,18 +413,16 @@ impl Head<'_> {
             }
             let [o_k, a, o_e] =
                 out.map(|o| ArrayViewMut2::from_shape((rows, d), o).expect("a sum block"));
-            for (weights, values, mut sums) in [
-                (&sk, &self.vk, o_k),
-                (&sk, &self.v_abs, a),
-                (&se, &self.ve, o_e),
-            ] {
+            let (vk, v_abs, ve) = (cut(&self.vk), cut(&self.v_abs), cut(&self.ve));
+            for (weights, values, mut sums) in
+                [(&sk_, &vk, o_k), (&sk_, &v_abs, a), (&se, &ve, o_e)]
+            {
                 general_mat_mul(1.0, weights, values, 0.0, &mut sums);
             }
         });
     }
 }
 
-/// softmax(scale·QKᵀ)V per (batch, head) for `[B, H, S, D]` row-major tensors.
 pub fn attention(shape: &Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> Vec<f64> {
     let (s, d) = (shape.s, shape.d);
     let head_len = s * d;
@@ -450,6 +494,9 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            hkv: h,
+            sk: s,
+            causal: false,
         }
     }
 
@@ -594,16 +641,29 @@ mod tests {
         let at = shape(1, 1, 2048);
         let over = shape(1, 1, 2049);
         let (rows_at, rows_over) = (RowSet::all(&at), RowSet::all(&over));
-        assert!(!Engine::Auto.wants_device(&rows_at, 2048));
-        assert!(Engine::Auto.wants_device(&rows_over, 2049));
+        assert!(!Engine::Auto.wants_device(&rows_at, &at));
+        assert!(Engine::Auto.wants_device(&rows_over, &over));
         // Sampled rows count, not the shape's.
         let long = shape(1, 1, 8192);
         let sampled = RowSet::sampled(&long, 0, &[64]);
-        assert!(Engine::Auto.wants_device(&RowSet::all(&long), 8192));
+        assert!(Engine::Auto.wants_device(&RowSet::all(&long), &long));
         assert!(sampled.count() * 8192 < 1 << 22);
-        assert!(!Engine::Auto.wants_device(&sampled, 8192));
-        assert!(Engine::Device.wants_device(&rows_at, 2048));
-        assert!(!Engine::Host.wants_device(&rows_over, 2049));
+        assert!(!Engine::Auto.wants_device(&sampled, &long));
+        assert!(Engine::Device.wants_device(&rows_at, &at));
+        assert!(!Engine::Host.wants_device(&rows_over, &over));
+        // What the GPU yardsticks do not cover stays on the host under auto, however large.
+        for other in [
+            "1x1x2049x128",
+            "1x2x2049x64:hkv=1",
+            "1x1x2049x64:causal",
+            "1x1x2049x64:sk=2050",
+        ] {
+            let sh = crate::shapes::Shape::parse_inline(other).unwrap().unwrap();
+            assert!(
+                !Engine::Auto.wants_device(&RowSet::all(&sh), &sh),
+                "{other}"
+            );
+        }
     }
 
     #[test]
@@ -613,7 +673,7 @@ mod tests {
         let all = catalog.select("all").unwrap();
         assert!(all.len() >= 9, "{} default shapes", all.len());
         for sh in &all {
-            let on_device = Engine::Auto.wants_device(&RowSet::all(sh), sh.s);
+            let on_device = Engine::Auto.wants_device(&RowSet::all(sh), sh);
             let expected = matches!(sh.name.as_str(), "long" | "large");
             assert_eq!(
                 on_device,

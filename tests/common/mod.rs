@@ -139,5 +139,8 @@ pub fn shape(
         qk_std,
         purpose: String::new(),
         dist,
+        hkv: h,
+        sk: s,
+        causal: false,
     }
 }

@@ -30,11 +30,13 @@ pub struct ArchBuild {
     pub variants: Vec<Result<BuiltVariant, BackendError>>,
 }
 
-/// Compiles everything a GPU of architecture `arch` (e.g. `sm_90`) loads.
+/// Compiles everything a GPU of architecture `arch` (e.g. `sm_90`) loads; each variant's
+/// D = 128 module only when `d128` (a problem of the run has D = 128).
 pub fn compile(
     sources: &[(KernelSource, Vec<VariantSpec>)],
     include_dir: &Path,
     arch: &str,
+    d128: bool,
 ) -> ArchBuild {
     let owned = arch.to_string();
     let reference = Pending::start(move || unless_panicked(|| reference::compile(&owned)));
@@ -46,7 +48,7 @@ pub fn compile(
             .iter()
             .flat_map(|(source, specs)| specs.iter().map(move |spec| (source, spec)))
             .map(|(source, spec)| {
-                scope.spawn(move || kernel::build_variant(source, include_dir, arch, spec))
+                scope.spawn(move || kernel::build_variant(source, include_dir, arch, spec, d128))
             })
             .collect();
         ArchBuild {

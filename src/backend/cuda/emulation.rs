@@ -20,7 +20,7 @@ use crate::rows::RowSet;
 const SOURCE: &str = include_str!("../../../cuda/emulation_f32.cu");
 /// Floats of one split's state (m, l, o) in the kernel's scratch buffer (its
 /// `EMU_STATE_FLOATS`, checked when it loads).
-pub const STATE_FLOATS: usize = 2 + crate::shapes::HEAD_DIM;
+pub const STATE_FLOATS: usize = 2 + crate::reference::DEVICE_HEAD_DIM;
 const ENTRY: &str = "sdpa_emulation_f32";
 
 /// Compiles the emulation kernel (no headers needed); run beside the variants' builds. The
@@ -62,11 +62,11 @@ impl DeviceEmulation {
             constant("EMU_HEAD_DIM")? as usize,
             constant("EMU_KV_TILE")? as usize,
         );
-        if (head_dim, kv_tile) != (crate::shapes::HEAD_DIM, crate::emulation::KV_TILE) {
+        if (head_dim, kv_tile) != (crate::reference::DEVICE_HEAD_DIM, crate::emulation::KV_TILE) {
             return Err(format!(
                 "the emulation kernel is built for D = {head_dim} and KV tiles of {kv_tile} \
                  keys, the host emulation's are {} and {}",
-                crate::shapes::HEAD_DIM,
+                crate::reference::DEVICE_HEAD_DIM,
                 crate::emulation::KV_TILE
             ));
         }
@@ -109,7 +109,7 @@ impl DeviceEmulation {
         let (s, d) = (p.shape.s, p.shape.d);
         assert_eq!(
             d,
-            crate::shapes::HEAD_DIM,
+            crate::reference::DEVICE_HEAD_DIM,
             "the emulation kernel is built for D = 64"
         );
         let mut out = vec![0u16; rows.count() * d];

@@ -124,6 +124,9 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            hkv: h,
+            sk: s,
+            causal: false,
         }
     }
 

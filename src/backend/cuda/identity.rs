@@ -11,13 +11,16 @@ use crate::verdict::{Check, Verdict};
 /// The launch geometry and switches a kernel build publishes as `__constant__ int SDPA_*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelConstants {
-    pub head_dim: u32,
     pub block_m: u32,
     pub block_n: u32,
     /// KV splits per query-row block: the summation order the emulation must follow.
     pub kv_split: u32,
     pub threads: u32,
+    /// Dynamic shared memory of the D = 64 entry.
     pub smem_bytes: u32,
+    /// Dynamic shared memory of the D = 128 entry.
+    #[serde(default)]
+    pub smem_bytes_d128: u32,
     pub use_cp_async: u32,
 }
 
@@ -27,12 +30,12 @@ impl KernelConstants {
     pub fn from_ptx(ptx: &str) -> Result<Self, String> {
         let get = |name: &str| ptx_constant(ptx, name);
         Ok(KernelConstants {
-            head_dim: get("SDPA_HEAD_DIM")?,
             block_m: get("SDPA_BLOCK_M")?,
             block_n: get("SDPA_BLOCK_N")?,
             kv_split: get("SDPA_KV_SPLIT")?,
             threads: get("SDPA_THREADS")?,
-            smem_bytes: get("SDPA_SMEM_BYTES")?,
+            smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
+            smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
             use_cp_async: get("SDPA_USE_CP_ASYNC")?,
         })
     }
@@ -182,9 +185,20 @@ pub struct VariantIdentity {
     pub cubin_sha256: String,
     pub ptx_has_cp_async: bool,
     pub constants: KernelConstants,
+    /// ptxas's report of the D = 64 entry.
     pub ptxas: PtxasReport,
-    /// Absent when compiled without a GPU (`sdpa-runner build`).
+    /// Absent when compiled without a GPU (`sdpa-runner build`). The D = 64 entry's.
     pub driver: Option<DriverResources>,
+    /// ptxas's report of the D = 128 entry.
+    #[serde(default)]
+    pub ptxas_d128: PtxasReport,
+    /// The driver's report of the D = 128 entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_d128: Option<DriverResources>,
+    /// The sha256 of the D = 128 module's PTX, where it was built (a run with a D = 128
+    /// problem); the module of D = 64 is `ptx_sha256`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_d128_sha256: Option<String>,
     /// The kernel source it was built from.
     pub kernel: KernelRef,
     /// Of the PTX without line information and comments ([`ptx_code`]): equal for two
@@ -231,50 +245,89 @@ impl VariantIdentity {
         Ok(())
     }
 
-    /// Registers, shared memory and spills from the driver where present, else from ptxas.
+    /// Registers, shared memory and spills from the driver where present, else from ptxas
+    /// (the D = 64 entry's: the one reports show beside the variant).
+    pub fn registers(&self) -> Option<u32> {
+        self.entry(64).registers()
+    }
+
+    pub fn smem_bytes(&self) -> u32 {
+        self.entry(64).smem_bytes()
+    }
+
+    /// The facts of the entry for head dimension `d` (64 or 128).
+    pub fn entry(&self, d: usize) -> Entry<'_> {
+        if d == 128 {
+            Entry {
+                smem_bytes: self.constants.smem_bytes_d128,
+                ptxas: &self.ptxas_d128,
+                driver: self.driver_d128.as_ref(),
+            }
+        } else {
+            Entry {
+                smem_bytes: self.constants.smem_bytes,
+                ptxas: &self.ptxas,
+                driver: self.driver.as_ref(),
+            }
+        }
+    }
+
+    /// The resource gates of each entry: D = 64 under `resources.*` against `gates`, D = 128
+    /// under `resources.d128.*` against `gates_d128`; blocks per SM is checked only when the
+    /// driver reported it.
+    pub fn resource_verdict(&self, gates: &ResourceGates, gates_d128: &ResourceGates) -> Verdict {
+        let mut v = Verdict::default();
+        for (d, prefix, gates) in [
+            (64, "resources", gates),
+            (128, "resources.d128", gates_d128),
+        ] {
+            let e = self.entry(d);
+            if let Some(regs) = e.registers() {
+                v.add(
+                    &format!("{prefix}.regs_per_thread"),
+                    Check::at_most(regs as f64, gates.max_regs_per_thread as f64),
+                );
+            }
+            v.add(
+                &format!("{prefix}.smem_bytes"),
+                Check::at_most(e.smem_bytes() as f64, gates.max_smem_bytes as f64),
+            );
+            let spills = e.ptxas.spill_bytes().or(e.driver.map(|d| d.local_bytes));
+            if let Some(spills) = spills {
+                v.add(
+                    &format!("{prefix}.spill_bytes"),
+                    Check::at_most(spills as f64, gates.max_spill_bytes as f64),
+                );
+            }
+            if let Some(d) = e.driver {
+                v.add(
+                    &format!("{prefix}.blocks_per_sm"),
+                    Check::at_least(d.max_blocks_per_sm as f64, gates.min_blocks_per_sm as f64),
+                );
+            }
+        }
+        v
+    }
+}
+
+/// One entry (head dimension) of a variant's module.
+pub struct Entry<'a> {
+    smem_bytes: u32,
+    ptxas: &'a PtxasReport,
+    driver: Option<&'a DriverResources>,
+}
+
+impl Entry<'_> {
     pub fn registers(&self) -> Option<u32> {
         self.driver
-            .as_ref()
             .map(|d| d.registers_per_thread)
             .or(self.ptxas.registers)
     }
 
     pub fn smem_bytes(&self) -> u32 {
-        self.driver.as_ref().map_or(self.constants.smem_bytes, |d| {
+        self.driver.map_or(self.smem_bytes, |d| {
             d.static_smem_bytes + d.dynamic_smem_bytes
         })
-    }
-
-    /// The resource gates; blocks per SM is checked only when the driver reported it.
-    pub fn resource_verdict(&self, gates: &ResourceGates) -> Verdict {
-        let mut v = Verdict::default();
-        if let Some(regs) = self.registers() {
-            v.add(
-                "resources.regs_per_thread",
-                Check::at_most(regs as f64, gates.max_regs_per_thread as f64),
-            );
-        }
-        v.add(
-            "resources.smem_bytes",
-            Check::at_most(self.smem_bytes() as f64, gates.max_smem_bytes as f64),
-        );
-        let spills = self
-            .ptxas
-            .spill_bytes()
-            .or(self.driver.as_ref().map(|d| d.local_bytes));
-        if let Some(spills) = spills {
-            v.add(
-                "resources.spill_bytes",
-                Check::at_most(spills as f64, gates.max_spill_bytes as f64),
-            );
-        }
-        if let Some(d) = &self.driver {
-            v.add(
-                "resources.blocks_per_sm",
-                Check::at_least(d.max_blocks_per_sm as f64, gates.min_blocks_per_sm as f64),
-            );
-        }
-        v
     }
 }
 
@@ -321,10 +374,12 @@ ptxas info    : Used 96 registers, used 1 barriers
 
     #[test]
     fn constants_are_read_from_the_ptx() {
-        let ptx = ".const .align 4 .u32 SDPA_HEAD_DIM = 64;\n.const .align 4 .u32 SDPA_BLOCK_M = 64;\n\
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 64;\n\
                    .const .align 4 .u32 SDPA_BLOCK_N = 32;\n\
                    .const .align 4 .u32 SDPA_KV_SPLIT = 2;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES = 61440;\n.const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 61440;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 98304;\n\
+                   .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
         let c = KernelConstants::from_ptx(ptx).unwrap();
         assert_eq!(
             (
@@ -332,9 +387,10 @@ ptxas info    : Used 96 registers, used 1 barriers
                 c.kv_split,
                 c.threads,
                 c.smem_bytes,
+                c.smem_bytes_d128,
                 c.use_cp_async
             ),
-            (32, 2, 128, 61440, 1)
+            (32, 2, 128, 61440, 98304, 1)
         );
         let zero = ptx.replace("SDPA_USE_CP_ASYNC = 1;", "SDPA_USE_CP_ASYNC;");
         assert_eq!(
@@ -342,8 +398,7 @@ ptxas info    : Used 96 registers, used 1 barriers
             0,
             "uninitialized .const is 0"
         );
-        let err =
-            KernelConstants::from_ptx(".const .align 4 .u32 SDPA_HEAD_DIM = 64;").unwrap_err();
+        let err = KernelConstants::from_ptx(".const .align 4 .u32 SDPA_BLOCK_N = 64;").unwrap_err();
         assert!(err.contains("SDPA_BLOCK_M"), "{err}");
     }
 
@@ -372,12 +427,12 @@ ptxas info    : Used 96 registers, used 1 barriers
             cubin_sha256: String::new(),
             ptx_has_cp_async: cp,
             constants: KernelConstants {
-                head_dim: 64,
                 block_m: 64,
                 block_n: 64,
                 kv_split: 2,
                 threads: 128,
                 smem_bytes: 61440,
+                smem_bytes_d128: 61440,
                 use_cp_async: published,
             },
             ptxas: PtxasReport {
@@ -387,6 +442,14 @@ ptxas info    : Used 96 registers, used 1 barriers
                 spill_load_bytes: Some(0),
             },
             driver: None,
+            ptxas_d128: PtxasReport {
+                registers: Some(96),
+                stack_frame_bytes: Some(0),
+                spill_store_bytes: Some(0),
+                spill_load_bytes: Some(0),
+            },
+            driver_d128: None,
+            ptx_d128_sha256: None,
             kernel: KernelRef {
                 role: Default::default(),
                 source: "k.cu".into(),
@@ -423,13 +486,28 @@ ptxas info    : Used 96 registers, used 1 barriers
             max_spill_bytes: 0,
             min_blocks_per_sm: 2,
         };
+        let d128 = ResourceGates {
+            max_regs_per_thread: 255,
+            ..gates.clone()
+        };
         let mut id = identity(true, 1);
-        assert!(id.resource_verdict(&gates).pass());
+        assert!(id.resource_verdict(&gates, &d128).pass());
         assert_eq!(
-            id.resource_verdict(&gates).checks.len(),
-            3,
-            "no occupancy without a driver"
+            id.resource_verdict(&gates, &d128).checks.len(),
+            6,
+            "three per entry, no occupancy without a driver"
         );
+        id.ptxas_d128.registers = Some(200);
+        assert!(
+            id.resource_verdict(&gates, &d128).pass(),
+            "D = 128 has its own limit"
+        );
+        id.ptxas_d128.registers = Some(256);
+        assert_eq!(
+            id.resource_verdict(&gates, &d128).failures(),
+            ["resources.d128.regs_per_thread 256 > 255"]
+        );
+        id.ptxas_d128.registers = Some(96);
         id.driver = Some(DriverResources {
             registers_per_thread: 96,
             static_smem_bytes: 0,
@@ -439,10 +517,10 @@ ptxas info    : Used 96 registers, used 1 barriers
             max_blocks_per_sm: 1,
         });
         assert_eq!(
-            id.resource_verdict(&gates).failures(),
+            id.resource_verdict(&gates, &d128).failures(),
             ["resources.blocks_per_sm 1 < 2"]
         );
         id.ptxas.spill_store_bytes = Some(8);
-        assert!(!id.resource_verdict(&gates).checks["resources.spill_bytes"].pass);
+        assert!(!id.resource_verdict(&gates, &d128).checks["resources.spill_bytes"].pass);
     }
 }

@@ -11,11 +11,15 @@ use crate::backend::BackendError;
 use crate::emulation::KV_TILE;
 use crate::report::sha256_hex;
 use crate::schema::KernelRef;
-use crate::shapes::HEAD_DIM;
 
 /// The kernel file under cuda/ and its entry point (docs/DESIGN.md "Kernel ABI").
 pub const KERNEL_FILE: &str = "sdpa_fp8_stage_c_mma.cu";
 pub const ENTRY: &str = "sdpa_fp8_stage_c_mma";
+
+/// The entry point of the instantiation for head dimension `d` (`<ENTRY>_d<d>`).
+pub fn entry_for(d: usize) -> String {
+    format!("{ENTRY}_d{d}")
+}
 
 /// Where a kernel comes from: a file, or a file at a git revision (`git:REV[:PATH]`, PATH
 /// relative to the repository root, by default cuda/<KERNEL_FILE>).
@@ -131,43 +135,42 @@ pub fn require_nvrtc() -> Result<String, BackendError> {
 #[derive(Clone)]
 pub struct BuiltVariant {
     pub spec: VariantSpec,
+    /// The D = 64 module.
     pub compiled: Compiled,
+    /// The D = 128 module, where the run has a problem of D = 128.
+    pub d128: Option<Compiled>,
     pub identity: VariantIdentity,
 }
 
 /// Compiles one variant for `arch` and checks that the module is what was asked for: the
-/// published HEAD_DIM and BLOCK_N match the runner's, and the cp.async toggle took.
+/// published BLOCK_N matches the runner's, and the cp.async toggle took. The variant's
+/// identity is its D = 64 module's; with `d128`, the D = 128 module is compiled on a thread
+/// of its own beside it, checked the same way and recorded beside it.
 pub fn build_variant(
     src: &KernelSource,
     cuda_include: &Path,
     arch: &str,
     spec: &VariantSpec,
+    d128: bool,
 ) -> Result<BuiltVariant, BackendError> {
-    let mut dirs: Vec<&Path> = vec![cuda_include];
-    dirs.extend(src.include_dirs.iter().map(PathBuf::as_path));
-    let options = nvrtc::build_options(arch, &dirs, &spec.defines);
-    let name = src
-        .path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or(KERNEL_FILE);
-    let compiled = nvrtc::compile_with_headers(&src.text, name, &src.headers, &options).map_err(
-        |failure| {
-            BackendError::Kernel(format!(
-                "variant {} of {} failed to compile: {failure}",
-                spec.name, src.origin
-            ))
-        },
-    )?;
+    let (compiled, wide) = std::thread::scope(|scope| {
+        let wide = d128.then(|| scope.spawn(|| compile_entry(src, cuda_include, arch, spec, 128)));
+        let narrow = compile_entry(src, cuda_include, arch, spec, 64);
+        (
+            narrow,
+            wide.map(|job| job.join().expect("an NVRTC compile thread panicked")),
+        )
+    });
+    let (compiled, wide) = (compiled?, wide.transpose()?);
     let refuse = |msg: String| {
         BackendError::Kernel(format!("variant {} of {}: {msg}", spec.name, src.origin))
     };
     let constants = KernelConstants::from_ptx(&compiled.ptx).map_err(refuse)?;
-    if constants.head_dim as usize != HEAD_DIM || constants.block_n as usize != KV_TILE {
+    if constants.block_n as usize != KV_TILE {
         return Err(refuse(format!(
-            "the kernel publishes HEAD_DIM={} BLOCK_N={}, but the runner and its CPU emulation use \
-             HEAD_DIM={HEAD_DIM} KV_TILE={KV_TILE}; keep src/emulation/mod.rs and cuda/emulation_f32.cu in step with the kernel",
-            constants.head_dim, constants.block_n
+            "the kernel publishes BLOCK_N={}, but the runner and its CPU emulation use \
+             KV_TILE={KV_TILE}; keep src/emulation/mod.rs and cuda/emulation_f32.cu in step with the kernel",
+            constants.block_n
         )));
     }
     if constants.block_m < 16 {
@@ -177,6 +180,24 @@ pub fn build_variant(
             constants.block_m
         )));
     }
+    if let Some(w) = &wide {
+        let theirs = KernelConstants::from_ptx(&w.ptx).map_err(refuse)?;
+        if theirs != constants {
+            return Err(refuse(format!(
+                "its D = 128 module publishes other constants than its D = 64 module \
+                 ({theirs:?} against {constants:?}): one variant must launch one geometry"
+            )));
+        }
+        let toggled = ptx_has_cp_async(&w.ptx);
+        if toggled != spec.use_cp_async {
+            return Err(refuse(format!(
+                "asked for USE_CP_ASYNC={}, but its D = 128 module's PTX {} cp.async \
+                 instructions: the toggle did not take",
+                spec.use_cp_async as u8,
+                if toggled { "has" } else { "has no" }
+            )));
+        }
+    }
     let identity = VariantIdentity {
         name: spec.name.clone(),
         defines: spec.define_strings(),
@@ -184,8 +205,14 @@ pub fn build_variant(
         cubin_sha256: sha256_hex(&compiled.cubin),
         ptx_has_cp_async: ptx_has_cp_async(&compiled.ptx),
         constants,
-        ptxas: PtxasReport::parse(&compiled.log, ENTRY),
+        ptxas: PtxasReport::parse(&compiled.log, &entry_for(64)),
         driver: None,
+        ptxas_d128: wide
+            .as_ref()
+            .map(|w| PtxasReport::parse(&w.log, &entry_for(128)))
+            .unwrap_or_default(),
+        driver_d128: None,
+        ptx_d128_sha256: wide.as_ref().map(|w| sha256_hex(w.ptx.as_bytes())),
         kernel: KernelRef {
             role: spec.role,
             source: src.origin.clone(),
@@ -199,8 +226,48 @@ pub fn build_variant(
     Ok(BuiltVariant {
         spec: spec.clone(),
         compiled,
+        d128: wide,
         identity,
     })
+}
+
+/// Compiles the module of one variant that holds the entry for head dimension `d` alone
+/// (`SDPA_D=d`), and checks that it has that entry.
+fn compile_entry(
+    src: &KernelSource,
+    cuda_include: &Path,
+    arch: &str,
+    spec: &VariantSpec,
+    d: usize,
+) -> Result<Compiled, BackendError> {
+    let mut dirs: Vec<&Path> = vec![cuda_include];
+    dirs.extend(src.include_dirs.iter().map(PathBuf::as_path));
+    let mut defines = spec.defines.clone();
+    defines.push(("SDPA_D".into(), d.to_string()));
+    let options = nvrtc::build_options(arch, &dirs, &defines);
+    let name = src
+        .path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(KERNEL_FILE);
+    let compiled = nvrtc::compile_with_headers(&src.text, name, &src.headers, &options).map_err(
+        |failure| {
+            BackendError::Kernel(format!(
+                "variant {} (D = {d}) of {} failed to compile: {failure}",
+                spec.name, src.origin
+            ))
+        },
+    )?;
+    let entry = entry_for(d);
+    if !compiled.ptx.contains(&format!(".entry {entry}(")) {
+        return Err(BackendError::Kernel(format!(
+            "variant {} of {}: its SDPA_D={d} module has no entry {entry}; a kernel defines \
+             `{ENTRY}_d64` and `{ENTRY}_d128` (cuda/sdpa_fp8_stage_c_mma.cu)",
+            spec.name, src.origin
+        )));
+    }
+    crate::trace::mark(|| format!("nvrtc {} D={d}: built", spec.name));
+    Ok(compiled)
 }
 
 #[cfg(test)]

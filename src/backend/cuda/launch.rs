@@ -3,11 +3,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaStream, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
 };
 use half::f16;
 
-use super::identity::KernelConstants;
+use super::LoadedVariant;
 use crate::metrics::POISON;
 use crate::problem::Problem;
 
@@ -23,7 +23,11 @@ pub struct DeviceProblem {
     outs: Vec<CudaSlice<f16>>,
     b: i32,
     h: i32,
-    s: i32,
+    hkv: i32,
+    sq: i32,
+    sk: i32,
+    causal: i32,
+    d: usize,
     softmax_scale: f32,
 }
 
@@ -31,7 +35,8 @@ impl DeviceProblem {
     /// Device bytes a problem needs: three code tensors, three scale vectors, the f16 output.
     pub fn bytes_needed(p: &Problem) -> u64 {
         let n = p.output_len() as u64;
-        3 * n + 2 * n + 3 * 4 * p.shape.heads() as u64
+        let nkv = p.shape.kv_elements().unwrap_or(usize::MAX) as u64;
+        n + 2 * nkv + 2 * n + 4 * (p.shape.heads() + 2 * p.shape.kv_heads()) as u64
     }
 
     pub fn upload(stream: &Arc<CudaStream>, p: &Problem) -> Result<Self, DriverError> {
@@ -45,7 +50,11 @@ impl DeviceProblem {
             outs: vec![unsafe { stream.alloc::<f16>(p.output_len())? }],
             b: p.shape.b as i32,
             h: p.shape.h as i32,
-            s: p.shape.s as i32,
+            hkv: p.shape.hkv as i32,
+            sq: p.shape.s as i32,
+            sk: p.shape.sk as i32,
+            causal: i32::from(p.shape.causal),
+            d: p.shape.d,
             softmax_scale: p.softmax_scale,
         })
     }
@@ -79,18 +88,28 @@ impl DeviceProblem {
     pub fn launch(
         &mut self,
         stream: &Arc<CudaStream>,
-        function: &CudaFunction,
-        consts: &KernelConstants,
+        variant: &LoadedVariant,
         slot: usize,
     ) -> Result<(), DriverError> {
+        // The entry of this problem's D and its shared memory (`CudaBackend::load` refused a
+        // problem whose entry was not built).
+        let consts = &variant.identity.constants;
+        let function = variant
+            .entry(self.d)
+            .expect("the entry of the problem's D was built");
+        let smem_bytes = if self.d == 128 {
+            consts.smem_bytes_d128
+        } else {
+            consts.smem_bytes
+        };
         let cfg = LaunchConfig {
             grid_dim: (
-                (self.s as u32).div_ceil(consts.block_m),
+                (self.sq as u32).div_ceil(consts.block_m),
                 (self.b * self.h) as u32,
                 1,
             ),
             block_dim: (consts.threads, 1, 1),
-            shared_mem_bytes: consts.smem_bytes,
+            shared_mem_bytes: smem_bytes,
         };
         let mut args = stream.launch_builder(function);
         args.arg(&self.q)
@@ -102,7 +121,10 @@ impl DeviceProblem {
             .arg(&mut self.outs[slot])
             .arg(&self.b)
             .arg(&self.h)
-            .arg(&self.s)
+            .arg(&self.hkv)
+            .arg(&self.sq)
+            .arg(&self.sk)
+            .arg(&self.causal)
             .arg(&self.softmax_scale);
         unsafe { args.launch(cfg) }.map(|_| ())
     }

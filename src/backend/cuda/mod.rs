@@ -27,7 +27,6 @@ use half::f16;
 
 use super::{Backend, BackendError, DeviceSums, OnDevice};
 use crate::devices::GpuId;
-use crate::gates::ResourceGates;
 use crate::problem::Problem;
 use crate::rows::RowSet;
 use crate::schema::{GpuSlot, VariantMeta};
@@ -43,8 +42,22 @@ use variant::VariantSpec;
 pub struct LoadedVariant {
     pub identity: VariantIdentity,
     pub options: Vec<String>,
-    pub function: CudaFunction,
-    _module: Arc<CudaModule>,
+    /// The entry for D = 64.
+    pub d64: CudaFunction,
+    /// The entry for D = 128, where the run has such a problem.
+    pub d128: Option<CudaFunction>,
+    _modules: [Option<Arc<CudaModule>>; 2],
+}
+
+impl LoadedVariant {
+    /// The entry that runs problems of head dimension `d`.
+    pub fn entry(&self, d: usize) -> Option<&CudaFunction> {
+        if d == 128 {
+            self.d128.as_ref()
+        } else {
+            Some(&self.d64)
+        }
+    }
 }
 
 /// Everything that lives on the GPU; leaked instead of freed after a fault, when the
@@ -88,6 +101,12 @@ impl CudaBackend {
         Self::from_sources(vec![(kernel, specs.to_vec())])
     }
 
+    /// As [`CudaBackend::new`], with the D = 128 entries too.
+    pub fn with_d128(kernel: KernelSource, specs: &[VariantSpec]) -> Result<Self, BackendError> {
+        let mut one = Self::on_gpus(&[0], vec![(kernel, specs.to_vec())], &[64, 128])?;
+        Ok(one.pop().expect("one backend per GPU"))
+    }
+
     /// As [`CudaBackend::new`], for variants of several kernel sources (the kernel under test
     /// and `--base-kernel`), in the order given. The variants of one source must share their
     /// KV split; each source may have its own.
@@ -102,17 +121,21 @@ impl CudaBackend {
         ordinal: usize,
         sources: Vec<(KernelSource, Vec<VariantSpec>)>,
     ) -> Result<Self, BackendError> {
-        let mut one = Self::on_gpus(&[ordinal], sources)?;
+        let mut one = Self::on_gpus(&[ordinal], sources, &[64])?;
         Ok(one.pop().expect("one backend per GPU"))
     }
 
     /// One backend per GPU of `ordinals` (an ordinal may repeat: two workers on one GPU).
     /// The GPUs' contexts open while NVRTC compiles, once per architecture ([`build`]), and
-    /// every GPU then loads that architecture's CUBINs. The first failure is returned.
+    /// every GPU then loads that architecture's CUBINs. `head_dims`: the D of the problems the
+    /// backend will be given (D = 128 entries are built only when it holds 128). The first
+    /// failure is returned.
     pub fn on_gpus(
         ordinals: &[usize],
         sources: Vec<(KernelSource, Vec<VariantSpec>)>,
+        head_dims: &[usize],
     ) -> Result<Vec<Self>, BackendError> {
+        let d128 = head_dims.contains(&128);
         let archs = ordinals
             .iter()
             .map(|&o| device::arch(o))
@@ -139,7 +162,7 @@ impl CudaBackend {
                 .map(|arch| {
                     let (sources, include_dir) = (&sources, &include_dir);
                     scope.spawn(move || {
-                        let built = build::compile(sources, include_dir, arch);
+                        let built = build::compile(sources, include_dir, arch, d128);
                         crate::trace::mark(|| format!("{arch}: compiled"));
                         built
                     })
@@ -280,6 +303,7 @@ fn load_variant(
     let BuiltVariant {
         spec,
         compiled,
+        d128: built_d128,
         mut identity,
     } = built;
     let refuse = |what: &str, e: DriverError| {
@@ -288,38 +312,57 @@ fn load_variant(
     let module = ctx
         .load_module(Ptx::from_binary(compiled.cubin))
         .map_err(|e| refuse("loading the CUBIN failed", e))?;
-    let function = module
-        .load_function(kernel::ENTRY)
-        .map_err(|e| refuse("the entry point is missing", e))?;
+    let wide = built_d128
+        .map(|w| ctx.load_module(Ptx::from_binary(w.cubin)))
+        .transpose()
+        .map_err(|e| refuse("loading the D = 128 CUBIN failed", e))?;
     let c = identity.constants;
-    function
-        .set_attribute(
-            FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            c.smem_bytes as i32,
-        )
-        .map_err(|e| refuse("the device refused the kernel's shared memory size", e))?;
-    let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
-    let resources = (|| -> Result<DriverResources, DriverError> {
-        Ok(DriverResources {
-            registers_per_thread: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-            static_smem_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-            dynamic_smem_bytes: c.smem_bytes,
-            local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-            threads_per_block: c.threads,
-            max_blocks_per_sm: function.occupancy_max_active_blocks_per_multiprocessor(
-                c.threads,
-                c.smem_bytes as usize,
-                None,
-            )?,
-        })
-    })()
-    .map_err(|e| refuse("querying its resources failed", e))?;
-    identity.driver = Some(resources);
+    let mut entry = |module: &Arc<CudaModule>, d: usize| -> Result<CudaFunction, BackendError> {
+        let smem_bytes = if d == 128 {
+            c.smem_bytes_d128
+        } else {
+            c.smem_bytes
+        };
+        let function = module
+            .load_function(&kernel::entry_for(d))
+            .map_err(|e| refuse("the entry point is missing", e))?;
+        function
+            .set_attribute(
+                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_bytes as i32,
+            )
+            .map_err(|e| refuse("the device refused the kernel's shared memory size", e))?;
+        let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
+        let resources = (|| -> Result<DriverResources, DriverError> {
+            Ok(DriverResources {
+                registers_per_thread: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+                static_smem_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+                dynamic_smem_bytes: smem_bytes,
+                local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                threads_per_block: c.threads,
+                max_blocks_per_sm: function.occupancy_max_active_blocks_per_multiprocessor(
+                    c.threads,
+                    smem_bytes as usize,
+                    None,
+                )?,
+            })
+        })()
+        .map_err(|e| refuse("querying its resources failed", e))?;
+        if d == 128 {
+            identity.driver_d128 = Some(resources);
+        } else {
+            identity.driver = Some(resources);
+        }
+        Ok(function)
+    };
+    let d64 = entry(&module, 64)?;
+    let d128 = wide.as_ref().map(|m| entry(m, 128)).transpose()?;
     Ok(LoadedVariant {
         identity,
         options: compiled.options,
-        function,
-        _module: module,
+        d64,
+        d128,
+        _modules: [Some(module), wide],
     })
 }
 
@@ -457,6 +500,15 @@ impl CudaBackend {
     }
 }
 
+/// Why the runner's GPU `what` kernel cannot take a problem of `shape`.
+fn uncovered(shape: &crate::shapes::Shape, what: &str) -> String {
+    format!(
+        "the GPU {what} kernel covers plain attention of D = {} only, not {}",
+        crate::reference::DEVICE_HEAD_DIM,
+        shape.dims()
+    )
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
@@ -486,6 +538,9 @@ impl Backend for CudaBackend {
     }
 
     fn reference_sums(&mut self, p: &Problem, rows: &RowSet) -> Result<DeviceSums, BackendError> {
+        if !crate::reference::device_covers(&p.shape) {
+            return Ok(OnDevice::Unavailable(uncovered(&p.shape, "f64 reference")));
+        }
         self.reference_sums_grouped(
             p,
             rows,
@@ -500,6 +555,9 @@ impl Backend for CudaBackend {
         kv_split: usize,
         rows: &RowSet,
     ) -> Result<OnDevice<Vec<f16>>, BackendError> {
+        if !crate::reference::device_covers(&p.shape) {
+            return Ok(OnDevice::Unavailable(uncovered(&p.shape, "emulation")));
+        }
         self.emulation_grouped(
             p,
             kv_split,
@@ -517,6 +575,18 @@ impl Backend for CudaBackend {
             p.seed,
             self.id.ordinal
         );
+        if self
+            .gpu
+            .variants
+            .iter()
+            .any(|v| v.entry(p.shape.d).is_none())
+        {
+            return Err(BackendError::Config(format!(
+                "{}: the variants were built without their D = {} entries (the command builds \
+                 the entries of the head dimensions of its shapes)",
+                self.loaded, p.shape.d
+            )));
+        }
         if p.shape.heads() > 65535 {
             return Err(BackendError::Config(format!(
                 "shape {}: B*H = {} exceeds the grid's limit of 65535 (b, h) pairs; use fewer batches or heads",
@@ -566,8 +636,7 @@ impl Backend for CudaBackend {
         let result = (|| {
             dp.poison(&gpu.stream, 0)
                 .map_err(|e| ("poisoning the output", e))?;
-            dp.launch(&gpu.stream, &v.function, &v.identity.constants, 0)
-                .map_err(|e| ("launching", e))?;
+            dp.launch(&gpu.stream, v, 0).map_err(|e| ("launching", e))?;
             gpu.stream
                 .synchronize()
                 .map_err(|e| ("running (fault in the kernel)", e))?;
@@ -597,8 +666,7 @@ impl Backend for CudaBackend {
             for (slot, stream) in pair.iter().enumerate() {
                 dp.poison(stream, slot)
                     .map_err(|e| ("poisoning the outputs", e))?;
-                dp.launch(stream, &v.function, &v.identity.constants, slot)
-                    .map_err(|e| ("launching", e))?;
+                dp.launch(stream, v, slot).map_err(|e| ("launching", e))?;
             }
             for stream in pair {
                 stream
@@ -619,7 +687,7 @@ impl Backend for CudaBackend {
         let dp = gpu.problem.as_mut().expect("load() before warm_up()");
         let v = &gpu.variants[variant];
         let result = (0..launches)
-            .try_for_each(|_| dp.launch(&gpu.stream, &v.function, &v.identity.constants, 0))
+            .try_for_each(|_| dp.launch(&gpu.stream, v, 0))
             .and_then(|_| gpu.stream.synchronize());
         result.map_err(|e| self.fault(variant, "warming up", e))
     }
@@ -634,16 +702,9 @@ impl Backend for CudaBackend {
         let gpu = &mut *self.gpu;
         let dp = gpu.problem.as_mut().expect("load() before time_samples()");
         let v = &gpu.variants[variant];
-        let result = gpu.timer.time(
-            &gpu.ctx,
-            &gpu.stream,
-            &v.function,
-            &v.identity.constants,
-            dp,
-            count,
-            plan,
-            l2_bytes,
-        );
+        let result = gpu
+            .timer
+            .time(&gpu.ctx, &gpu.stream, v, dp, count, plan, l2_bytes);
         result.map_err(|e| self.fault(variant, "timing", e))
     }
 
@@ -723,11 +784,17 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn resource_verdicts(&self, gates: &ResourceGates) -> Vec<(String, Verdict)> {
+    fn resource_verdicts(&self, gates: &crate::gates::Gates) -> Vec<(String, Verdict)> {
         self.gpu
             .variants
             .iter()
-            .map(|v| (v.identity.name.clone(), v.identity.resource_verdict(gates)))
+            .map(|v| {
+                (
+                    v.identity.name.clone(),
+                    v.identity
+                        .resource_verdict(&gates.resources, &gates.resources_d128),
+                )
+            })
             .collect()
     }
 }

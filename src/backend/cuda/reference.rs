@@ -71,10 +71,10 @@ impl DeviceReference {
             compiled,
         };
         let head_dim = kernel.constant("REF_HEAD_DIM")? as usize;
-        if head_dim != crate::shapes::HEAD_DIM {
+        if head_dim != crate::reference::DEVICE_HEAD_DIM {
             return Err(format!(
                 "the f64 reference kernel is built for D = {head_dim}, the runner's is {}",
-                crate::shapes::HEAD_DIM
+                crate::reference::DEVICE_HEAD_DIM
             ));
         }
         let (rows, threads, smem_bytes) = (
@@ -107,7 +107,7 @@ impl DeviceReference {
         let (s, d) = (p.shape.s, p.shape.d);
         assert_eq!(
             d,
-            crate::shapes::HEAD_DIM,
+            crate::reference::DEVICE_HEAD_DIM,
             "the f64 reference kernel is built for D = 64"
         );
         let n = rows.count();

@@ -18,7 +18,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::identity::KernelConstants;
+use super::LoadedVariant;
 use super::launch::DeviceProblem;
 use super::nvrtc;
 use crate::backend::BackendError;
@@ -158,8 +158,7 @@ impl Timer {
         &mut self,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
-        function: &CudaFunction,
-        consts: &KernelConstants,
+        variant: &LoadedVariant,
         problem: &mut DeviceProblem,
         count: usize,
         plan: &TimingPlan,
@@ -176,8 +175,7 @@ impl Timer {
         }
         let mut retries = 0;
         loop {
-            let (samples, sm_mhz, expired) =
-                self.attempt(stream, function, consts, problem, count, plan)?;
+            let (samples, sm_mhz, expired) = self.attempt(stream, variant, problem, count, plan)?;
             if !expired || retries + 1 == ATTEMPTS {
                 return Ok(TimedBlock {
                     samples,
@@ -195,8 +193,7 @@ impl Timer {
     fn attempt(
         &mut self,
         stream: &Arc<CudaStream>,
-        function: &CudaFunction,
-        consts: &KernelConstants,
+        variant: &LoadedVariant,
         problem: &mut DeviceProblem,
         count: usize,
         plan: &TimingPlan,
@@ -246,7 +243,7 @@ impl Timer {
                 }
                 start.record(stream)?;
                 for _ in 0..plan.batch {
-                    problem.launch(stream, function, consts, 0)?;
+                    problem.launch(stream, variant, 0)?;
                 }
                 end.record(stream)?;
             }
