@@ -7,8 +7,10 @@ floor (a near-empty kernel timed with the runner's rules). No kernel can beat th
 
   python3 scripts/perf_floors.py [--shapes mission,long,large] [--json FILE]
 
-FLOPs = 4·B·H·S²·D (Q·Kᵀ and P·V, 2 per multiply-add); bytes = 3·B·H·S·D (FP8 Q, K, V read
-once) + 2·B·H·S·D (f16 O written). The tensor rate is cuBLAS's fp16 GEMM (8192³, wgmma on
+FLOPs = 4·D per unmasked (query, key) pair (Q·Kᵀ and P·V, 2 per multiply-add; B·H·S_q·S_k
+without a mask); bytes = B·H·S_q·D (FP8 Q) + 2·B·H_kv·S_k·D (FP8 K and V, read once) +
+2·B·H·S_q·D (f16 O written). Shapes are the runner's: names, sets or inline
+BxHxSxD[:sk=N][:hkv=N][:causal] (scripts/peer_torch_sdpa.py reads them the same way). The tensor rate is cuBLAS's fp16 GEMM (8192³, wgmma on
 Hopper), an upper bound for a kernel on mma.sync; the bandwidth is a device-to-device copy.
 """
 
@@ -18,6 +20,8 @@ import os
 import statistics
 
 import torch
+
+from peer_torch_sdpa import load_shapes, unmasked_pairs
 
 
 def timed_ms(fn, reps):
@@ -71,22 +75,22 @@ def main():
     del big, dst
     launch_us = launch_floor_us(clock_mhz)
 
-    shapes = {s["name"]: s for s in json.load(open(a.shapes_file))["shapes"]}
     rows = []
     print(f"GPU {props.name}: fp16 tensor rate {tflops:.0f} TFLOP/s (cuBLAS 8192^3), "
           f"DRAM {gbps:.0f} GB/s (d2d copy), launch floor {launch_us:.2f} us (p50, empty kernel)")
-    print("| shape | B·H·S·D | GFLOP | MB moved | compute floor µs | memory floor µs | launch floor µs | floor µs |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in a.shapes.split(","):
-        s = shapes[name]
-        bhsd = s["B"] * s["H"] * s["S"] * s["D"]
-        flops = 4 * s["B"] * s["H"] * s["S"] ** 2 * s["D"]
-        bytes_ = 5 * bhsd
+    print("| shape | GFLOP | MB moved | compute floor µs | memory floor µs | launch floor µs | floor µs |")
+    print("|---|---|---|---|---|---|---|")
+    for s in load_shapes(a.shapes_file, a.shapes):
+        name = s["name"]
+        B, H, S, D = s["B"], s["H"], s["S"], s["D"]
+        Hkv, Sk = s.get("Hkv", H), s.get("Sk", S)
+        flops = 4 * D * unmasked_pairs(B, H, S, Sk, s.get("causal", False))
+        bytes_ = B * H * S * D + 2 * B * Hkv * Sk * D + 2 * B * H * S * D
         fc, fm = flops / (tflops * 1e12) * 1e6, bytes_ / (gbps * 1e9) * 1e6
         floor = max(fc, fm, launch_us)
         rows.append({"shape": name, "gflop": flops / 1e9, "mbytes": bytes_ / 1e6, "compute_floor_us": fc,
                      "memory_floor_us": fm, "launch_floor_us": launch_us, "floor_us": floor})
-        print(f"| {name} | {s['B']}·{s['H']}·{s['S']}·{s['D']} | {flops/1e9:.2f} | {bytes_/1e6:.2f} | "
+        print(f"| {name} | {flops/1e9:.2f} | {bytes_/1e6:.2f} | "
               f"{fc:.2f} | {fm:.2f} | {launch_us:.2f} | {floor:.2f} |")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

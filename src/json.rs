@@ -70,3 +70,62 @@ mod tests {
         assert!(err.contains("malformed JSON"), "{err}");
     }
 }
+
+/// An f64 that may be infinite or NaN, written as a JSON number when finite and as the
+/// string `"inf"`, `"-inf"` or `"nan"` otherwise (JSON has no such numbers: serde_json would
+/// write `null` and refuse to read it back). An error ratio is infinite where a bound is 0:
+/// a row that sees no key must be exactly zero (src/reference/bound.rs), and any other value
+/// is infinitely far beyond its bound.
+pub mod f64_or_inf {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        match *x {
+            x if x.is_finite() => s.serialize_f64(x),
+            x if x.is_nan() => s.serialize_str("nan"),
+            x if x > 0.0 => s.serialize_str("inf"),
+            _ => s.serialize_str("-inf"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Number(f64),
+            Text(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Number(x) => Ok(x),
+            Repr::Text(t) => match t.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" => Ok(f64::NAN),
+                other => Err(serde::de::Error::custom(format!(
+                    "`{other}` is not a number (nor inf, -inf, nan)"
+                ))),
+            },
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+        struct Ratio {
+            #[serde(with = "super")]
+            x: f64,
+        }
+
+        #[test]
+        fn infinite_ratios_survive_a_round_trip_through_json() {
+            for x in [f64::INFINITY, f64::NEG_INFINITY, 2.5, 0.0] {
+                let text = serde_json::to_string(&Ratio { x }).unwrap();
+                assert!(!text.contains("null"), "{text}");
+                assert_eq!(serde_json::from_str::<Ratio>(&text).unwrap().x, x);
+            }
+            let nan = serde_json::to_string(&Ratio { x: f64::NAN }).unwrap();
+            assert!(serde_json::from_str::<Ratio>(&nan).unwrap().x.is_nan());
+            assert!(serde_json::from_str::<Ratio>(r#"{"x":"big"}"#).is_err());
+        }
+    }
+}

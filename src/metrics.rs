@@ -20,12 +20,17 @@ pub const POISON: f16 = f16::from_bits(0x7E5A);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorMetrics {
+    #[serde(with = "crate::json::f64_or_inf")]
     pub max_abs_err: f64,
+    #[serde(with = "crate::json::f64_or_inf")]
     pub mean_abs_err: f64,
+    #[serde(with = "crate::json::f64_or_inf")]
     pub rmse: f64,
     /// max over the written, finite elements of |out − ref| / bound, the error model's bound
     /// of that element (src/reference/bound.rs): above 1, the output is not what a correct
-    /// kernel can produce.
+    /// kernel can produce; infinite where the bound is 0 (a row that sees no key must be
+    /// exactly zero) and the output is not.
+    #[serde(with = "crate::json::f64_or_inf")]
     pub max_err_over_bound: f64,
     pub nonfinite: usize,
     pub unwritten: usize,
@@ -280,6 +285,28 @@ mod tests {
             (serial.mean_abs_err.to_bits(), serial.rmse.to_bits()),
             (got.mean_abs_err.to_bits(), got.rmse.to_bits())
         );
+    }
+
+    #[test]
+    fn a_row_bound_to_zero_passes_only_when_exactly_zero_and_its_record_survives_json() {
+        // shape(): 1x2x1x64, two rows; the second sees no key: reference 0, bound 0.
+        let reference: Vec<f64> = (0..128).map(|i| if i < 64 { 0.5 } else { 0.0 }).collect();
+        let bound: Vec<f64> = (0..128).map(|i| if i < 64 { 1e-3 } else { 0.0 }).collect();
+        let mut out: Vec<f16> = reference.iter().map(|&r| f16::from_f64(r)).collect();
+        out[64] = f16::NEG_ZERO; // -0 is zero
+        let m = measure(&out, &reference, &bound, &RowSet::all(&shape()), &shape());
+        assert_eq!(m.max_err_over_bound, 0.0);
+        out[100] = f16::from_f64(1e-7); // the smallest subnormal is not zero
+        let m = measure(&out, &reference, &bound, &RowSet::all(&shape()), &shape());
+        assert_eq!(m.max_err_over_bound, f64::INFINITY);
+        assert_eq!(m.worst_at, Some([0, 1, 0, 36]));
+        let again: ErrorMetrics =
+            serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(
+            (again.max_err_over_bound, again.worst_at),
+            (f64::INFINITY, m.worst_at)
+        );
+        assert!((again.max_abs_err - m.max_abs_err).abs() < 1e-20);
     }
 
     #[test]

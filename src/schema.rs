@@ -528,7 +528,9 @@ pub struct FuzzRecord {
     pub shape: String,
     pub seed: u64,
     pub pass: bool,
+    #[serde(with = "crate::json::f64_or_inf")]
     pub kernel_err_over_bound: f64,
+    #[serde(with = "crate::json::f64_or_inf")]
     pub end_to_end_err_over_bound: f64,
     /// Where the f64 references were computed: `host` or `device` (`--references`).
     #[serde(default = "host")]

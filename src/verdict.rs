@@ -11,7 +11,9 @@ use crate::quantizer::Audit;
 /// One gate: the measured value, its limit, the rule between them, and the outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Check {
+    #[serde(with = "crate::json::f64_or_inf")]
     pub value: f64,
+    #[serde(with = "crate::json::f64_or_inf")]
     pub limit: f64,
     /// `"<="` (an upper limit) or `">="` (a lower limit).
     pub rule: String,
