@@ -2,8 +2,9 @@
 //
 // O = softmax(softmax_scale · Q Kᵀ + mask) V for Q of shape [B, H, S_q, D] and K, V of shape
 // [B, H_kv, S_k, D] (row-major), given as FP8 E4M3 codes with one f32 scale per (batch, head)
-// per tensor (K and V per K/V head). O is f16 [B, H, S_q, D]. D is 64 or 128: one
-// instantiation each, entries sdpa_fp8_stage_c_mma_d64 and sdpa_fp8_stage_c_mma_d128.
+// per tensor (K and V per K/V head). O is f16 [B, H, S_q, D]. D is 64 or 128, with or without
+// the causal mask: one instantiation each (sdpa_body<D, CAUSAL>), entries
+// sdpa_fp8_stage_c_mma_d64, _d64_causal, _d128 and _d128_causal.
 // GQA/MQA: query head h reads K/V head h / (H / H_kv). Any S_q, S_k >= 1 work: keys past S_k
 // are masked, rows past S_q are neither read nor written.
 // Causal (causal != 0) is bottom-right aligned: query i sees keys j <= i + S_k - S_q. A warp
@@ -28,8 +29,10 @@
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
 //                   N clock cycles at the end, a fixed planted slowdown that proves the
 //                   runner's SLOWER verdict. Unset, it compiles to nothing.
-//   SDPA_D=64|128   the entry this module holds (the runner builds one module per D; unset,
-//                   both): compiling only what a run needs keeps NVRTC's time per module.
+//   SDPA_D=64|128, SDPA_CAUSAL=0|1  the entry this module holds (the runner builds one module
+//                   per (D, causal), each only when a problem needs it; unset, all four):
+//                   NVRTC's time per module stays that of one entry, and the plain path
+//                   carries no mask logic of the causal one.
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
@@ -91,11 +94,17 @@
 //   (PARK_BYTES: 9216 at D = 64, 17408 at D = 128 for R = K = 2; SMEM_BYTES grows to fit it
 //   for larger grids).
 //
-// Resources per D (the resource gates, gates/default.json): D = 64 keeps 32 O accumulators and
-// 32 scores per lane and is held to 128 registers (4 CTAs of 128 threads per SM); D = 128 holds
-// 64 O accumulators, so it is allowed 255 registers (__launch_bounds__ minimum 2 CTAs per SM,
-// which its 80 KB of shared memory for cp1 allows anyway). D = 256 would need 128 accumulators
-// per lane beside the scores: past 255 registers with this warp grid, so it is refused.
+// Resources per entry (the resource gates, gates/default.json "resources" and
+// "resources_by_entry"; every entry spill-free):
+//   d64          32 O accumulators and 32 scores per lane: 128 registers, 4 CTAs of 128
+//                threads per SM (the main job's kernel; the limit it always had).
+//   d64_causal   the same plus the diagonal mask's two row limits and column indices in the
+//                score phase: at 128 registers it spilled 16 (cp0) and 28 (cp1) bytes, so it
+//                is allowed 168 (3 CTAs per SM).
+//   d128, d128_causal  64 O accumulators: 255 registers (2 CTAs per SM, which 80 KB of shared
+//                memory for cp1 allows anyway), up to 96 KB of shared memory.
+// D = 256 would need 128 accumulators per lane beside the scores: past 255 registers with this
+// warp grid, so it is refused.
 
 #include <cuda_fp16.h>
 #include <cuda_pipeline_primitives.h>
@@ -127,6 +136,10 @@
 #endif
 #if SDPA_D != 0 && SDPA_D != 64 && SDPA_D != 128
 #error "SDPA_D must be 64, 128 or 0 (both)"
+#endif
+// With or without the causal mask: 0, 1, or -1 for both.
+#ifndef SDPA_CAUSAL
+#define SDPA_CAUSAL -1
 #endif
 
 typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
@@ -294,7 +307,7 @@ __device__ __forceinline__ int keys_seen(int rows_end, int diag, int Sk) {
 
 // Keys row `row` sees (those below the returned index): all S_k, or under the causal mask up
 // to its diagonal.
-__device__ __forceinline__ int row_keys(int row, int causal, int diag, int Sk) {
+__device__ __forceinline__ int row_keys(int row, bool causal, int diag, int Sk) {
 #ifdef MUTANT_NO_PARTIAL_MASK
     Sk = (Sk + BLOCK_N - 1) / BLOCK_N * BLOCK_N; // keys past S_k never masked
 #endif
@@ -328,13 +341,15 @@ __device__ __forceinline__ int tid_x() {
 
 // The first query row of this CTA: causal CTAs run heaviest first (the last query tiles
 // see the most keys), so their tiles are taken in reverse.
-__device__ __forceinline__ int cta_row0(int causal) {
-    const int tile = causal ? (int)gridDim.x - 1 - ctaid_x() : ctaid_x();
+template <bool CAUSAL>
+__device__ __forceinline__ int cta_row0() {
+    const int tile = CAUSAL ? (int)gridDim.x - 1 - ctaid_x() : ctaid_x();
     return tile * BLOCK_M;
 }
 // The first of this warp's 16 rows.
-__device__ __forceinline__ int warp_row0(int causal) {
-    return cta_row0(causal) + ((tid_x() >> 5) % ROW_WARPS) * 16;
+template <bool CAUSAL>
+__device__ __forceinline__ int warp_row0() {
+    return cta_row0<CAUSAL>() + ((tid_x() >> 5) % ROW_WARPS) * 16;
 }
 // Row i sees keys j <= i + diag.
 __device__ __forceinline__ int diagonal(int Sq, int Sk) {
@@ -353,26 +368,17 @@ __device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
     return b * Hkv + h / (H / Hkv);
 #endif
 }
-// Offset of this CTA's K/V head in K and V (elements).
-template <int D>
-__device__ __forceinline__ size_t kv_offset(int H, int Hkv, int Sk) {
-    const int bkv = kv_head(ctaid_y(), H, Hkv);
-#ifdef MUTANT_I32_HEAD_OFFSET
-    return (size_t)(int)((unsigned)bkv * (unsigned)Sk * D); // wraps past 2^31
-#else
-    return (size_t)bkv * Sk * D;
-#endif
+// Keys this CTA loads: all S_k, or up to its last row's last visible key.
+template <bool CAUSAL>
+__device__ __forceinline__ int cta_keys(int Sq, int Sk) {
+    return CAUSAL ? keys_seen(min(cta_row0<CAUSAL>() + BLOCK_M, Sq), diagonal(Sq, Sk), Sk) : Sk;
 }
-
-// Keys this CTA loads: up to its last row's last visible key.
-__device__ __forceinline__ int cta_keys(int causal, int Sq, int Sk) {
-    return causal ? keys_seen(min(cta_row0(causal) + BLOCK_M, Sq), diagonal(Sq, Sk), Sk) : Sk;
-}
-// Keys this warp runs: up to its last row's last visible key.
-__device__ __forceinline__ int warp_keys(int causal, int Sq, int Sk) {
-    int keys = causal ? keys_seen(min(warp_row0(causal) + 16, Sq), diagonal(Sq, Sk), Sk) : Sk;
+// Keys this warp runs: all S_k, or up to its last row's last visible key.
+template <bool CAUSAL>
+__device__ __forceinline__ int warp_keys(int Sq, int Sk) {
+    int keys = CAUSAL ? keys_seen(min(warp_row0<CAUSAL>() + 16, Sq), diagonal(Sq, Sk), Sk) : Sk;
 #ifdef MUTANT_CAUSAL_SKIP_EARLY
-    if (causal) keys = max(0, keys - BLOCK_N); // the diagonal's last tile skipped
+    if (CAUSAL) keys = max(0, keys - BLOCK_N); // the diagonal's last tile skipped
 #endif
 #ifdef MUTANT_SKIP_LAST_KV_TILE
     keys = min(keys, (Sk - 1) / BLOCK_N * BLOCK_N); // every tile but the last
@@ -382,14 +388,14 @@ __device__ __forceinline__ int warp_keys(int causal, int Sq, int Sk) {
 
 // ---- the kernel --------------------------------------------------------------------------
 
-template <int D>
+template <int D, bool CAUSAL>
 __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __restrict__ k,
                                           const u8* __restrict__ v,
                                           const float* __restrict__ q_scale,
                                           const float* __restrict__ k_scale,
                                           const float* __restrict__ v_scale,
                                           __half* __restrict__ out, int B, int H, int Hkv,
-                                          int Sq, int Sk, int causal, float softmax_scale) {
+                                          int Sq, int Sk, float softmax_scale) {
     using G = Geo<D>;
     extern __shared__ __align__(128) u8 smem[];
 
@@ -401,15 +407,33 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     const int bh = blockIdx.y;
     if (bh >= B * H) return;
     const int bkv = kv_head(bh, H, Hkv);
-    const int q0 = warp_row0(causal); // this warp's first row
+    const int q0 = warp_row0<CAUSAL>(); // this warp's first row
 
 #ifdef MUTANT_I32_HEAD_OFFSET
     const int q_off = (int)((unsigned)bh * (unsigned)Sq * D); // wraps past 2^31
+    const int kv_off = (int)((unsigned)bkv * (unsigned)Sk * D);
 #else
     const size_t q_off = (size_t)bh * Sq * D;
+    const size_t kv_off = (size_t)bkv * Sk * D;
 #endif
     const u8* q_bh = q + q_off;
-    // K and V of this CTA's K/V head: k + kv_offset<D>(H, Hkv, Sk), formed where used.
+    const u8* k_bh = k + kv_off;
+    const u8* v_bh = v + kv_off;
+    // V's scale is needed only at the end, where all O accumulators are live: thread 0 parks
+    // it in shared memory now (read after the loop's barriers) rather than a register or a
+    // head-index division there.
+    __shared__ float v_scale_shared;
+    if (threadIdx.x == 0) v_scale_shared = v_scale[bkv];
+    // Causal: the keys the CTA loads and each warp runs, computed once and read per step
+    // from shared memory (at 128 registers a causal loop cannot hold them).
+    __shared__ int keys_shared[1 + NUM_WARPS];
+    if constexpr (CAUSAL) {
+        if (threadIdx.x == 0) keys_shared[0] = cta_keys<CAUSAL>(Sq, Sk);
+        if (lane == 0) keys_shared[1 + warp] = warp_keys<CAUSAL>(Sq, Sk);
+        __syncthreads();
+    }
+#define CTA_KEYS (CAUSAL ? keys_shared[0] : cta_keys<CAUSAL>(Sq, Sk))
+#define WARP_KEYS (CAUSAL ? keys_shared[1 + (tid_x() >> 5)] : warp_keys<CAUSAL>(Sq, Sk))
 #ifdef MUTANT_K_SCALE_TWICE
     const float qk_scale = (q_scale[bh] * k_scale[bkv] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
 #else
@@ -424,21 +448,24 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     float l_run[2] = {0.0f, 0.0f}; // this lane's share of the row sums
 
     const unsigned smem_addr = (unsigned)__cvta_generic_to_shared(smem);
-    const int tile_row0 = split * BLOCK_N; // this warp's tile within a step
     // The swizzle of a row depends on its index mod 8 only, so a lane's ldmatrix offsets are
     // fixed: K (matrix kk = lane / 8: key lane % 8, chunk kk of the chunk group; group cg at
     // XOR 64·cg) and V (matrix i = lane / 8: key lane % 8 + 8·(i & 1), chunk 2·c2 + i / 2, where
     // c2 flips chunk bits 1 and up: XOR 32·c2).
-    const int k_lane = G::swizzled(lane & 7, lane >> 3);
-    const int v_lane = G::swizzled((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+    // Folded with this warp's tile within a step (row split·BLOCK_N of stage 0) into one
+    // address each: the base is a multiple of 128, so XORing a chunk offset (bits 4-6) into
+    // the sum is XORing it into the lane's offset.
+    const unsigned k_lane = smem_addr + split * BLOCK_N * D + G::swizzled(lane & 7, lane >> 3);
+    const unsigned v_lane = smem_addr + G::STEP_CODE_BYTES + split * BLOCK_N * D +
+                            G::swizzled((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #if USE_CP_ASYNC
     // Prologue: the first CP_STAGES - 1 steps in flight, one commit group each (maybe empty),
     // before Q's loads, so Q's latency and theirs overlap.
 #pragma unroll
     for (int st = 0; st < CP_STAGES - 1; ++st) {
-        const int keys_cta = cta_keys(causal, Sq, Sk);
+        const int keys_cta = CTA_KEYS;
         if (st * STEP_KEYS < keys_cta)
-            copy_step_async<D>(k + kv_offset<D>(H, Hkv, Sk), v + kv_offset<D>(H, Hkv, Sk), st * STEP_KEYS, min(STEP_KEYS, keys_cta - st * STEP_KEYS), smem + st * G::STAGE_BYTES);
+            copy_step_async<D>(k_bh, v_bh, st * STEP_KEYS, min(STEP_KEYS, keys_cta - st * STEP_KEYS), smem + st * G::STAGE_BYTES);
         __pipeline_commit();
     }
 #endif
@@ -468,7 +495,7 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     }
     const uint4* q_park = reinterpret_cast<const uint4*>(smem + G::OFF_Q) + warp * (D / 16) * 32 + lane;
 
-    for (int j = 0; j * STEP_KEYS < cta_keys(causal, Sq, Sk); ++j) {
+    for (int j = 0; j * STEP_KEYS < CTA_KEYS; ++j) {
         // 1. This step's K and V codes, landed in its stage.
 #if USE_CP_ASYNC
         // Groups committed so far: CP_STAGES - 1 + j; all but the newest CP_STAGES - 2 have
@@ -483,9 +510,9 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
             // Into the stage step j - 1 used: every warp is past it (the barrier above), so
             // one barrier per step suffices.
             const int ahead = j + CP_STAGES - 1;
-            const int keys_cta = cta_keys(causal, Sq, Sk);
+            const int keys_cta = CTA_KEYS;
             if (ahead * STEP_KEYS < keys_cta)
-                copy_step_async<D>(k + kv_offset<D>(H, Hkv, Sk), v + kv_offset<D>(H, Hkv, Sk), ahead * STEP_KEYS, min(STEP_KEYS, keys_cta - ahead * STEP_KEYS),
+                copy_step_async<D>(k_bh, v_bh, ahead * STEP_KEYS, min(STEP_KEYS, keys_cta - ahead * STEP_KEYS),
                                    smem + (ahead % CP_STAGES) * G::STAGE_BYTES);
             __pipeline_commit(); // one group per iteration keeps the count uniform
         }
@@ -495,18 +522,17 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
         const int cur = j % CP_STAGES;
 #endif
 #else
-        load_step<D>(k + kv_offset<D>(H, Hkv, Sk), v + kv_offset<D>(H, Hkv, Sk), j * STEP_KEYS, min(STEP_KEYS, cta_keys(causal, Sq, Sk) - j * STEP_KEYS), smem);
+        load_step<D>(k_bh, v_bh, j * STEP_KEYS, min(STEP_KEYS, CTA_KEYS - j * STEP_KEYS), smem);
         const int cur = 0;
 #ifndef MUTANT_NO_DEQUANT_BARRIER
         __syncthreads(); // every thread's codes of this step are in shared memory
 #endif
 #endif
-        const unsigned sK_addr = smem_addr + cur * G::STAGE_BYTES;
-        const unsigned sV_addr = sK_addr + G::STEP_CODE_BYTES;
+        const unsigned stage_off = cur * G::STAGE_BYTES; // a multiple of 128
 
         const int t = j * KV_SPLIT + split; // this warp's tile
         const int kv0 = t * BLOCK_N;
-        if (kv0 < warp_keys(causal, Sq, Sk)) {
+        if (kv0 < WARP_KEYS) {
             // 2. S = Q Kᵀ: 8 key blocks x D/16 k-steps. One ldmatrix per key block and chunk
             //    group of 4: matrix kk is its 8 keys x chunk 4cg + kk, so a lane gets dims
             //    16(4cg + kk) + 4q .. +3 of key g: b0, b1.
@@ -529,7 +555,7 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 #else
                     const int group_off = cg * 64;
 #endif
-                    ldmatrix_x4(kc, sK_addr + (tile_row0 + nb * 8) * D + (k_lane ^ group_off));
+                    ldmatrix_x4(kc, (k_lane + stage_off + nb * 8 * D) ^ group_off);
 #pragma unroll
                     for (int kk = 0; kk < 4; ++kk)
                         mma16816(s[nb], qa[4 * cg + kk], decode2_e4m3(kc[kk]), decode2_e4m3_hi(kc[kk]));
@@ -543,18 +569,29 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nb][e] = __fmul_rn(s[nb][e], qk_scale);
             // Only a tile that some row of the warp does not see whole pays for the mask: the
-            // last tile (partial) or one the diagonal crosses (the warp's first row, q0, sees
-            // least). Row r sees keys below row_keys(r).
-            const int diag = diagonal(Sq, Sk);
-            const int w0 = warp_row0(causal);
-            if (kv0 + BLOCK_N > row_keys(w0, causal, diag, Sk)) {
-                const int lim[2] = {row_keys(w0 + g, causal, diag, Sk),
-                                    row_keys(w0 + g + 8, causal, diag, Sk)};
+            // last tile (partial) or, causal, one the diagonal crosses (the warp's first row
+            // sees least). Row r sees keys below row_keys(r).
+            if constexpr (CAUSAL) {
+                const int diag = diagonal(Sq, Sk);
+                const int w0 = warp_row0<CAUSAL>();
+                if (kv0 + BLOCK_N > row_keys(w0, true, diag, Sk)) {
+                    const int lim[2] = {row_keys(w0 + g, true, diag, Sk),
+                                        row_keys(w0 + g + 8, true, diag, Sk)};
 #pragma unroll
-                for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+                    for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim[e >> 1]) s[nb][e] = NEG_INF;
+                        for (int e = 0; e < 4; ++e)
+                            if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim[e >> 1]) s[nb][e] = NEG_INF;
+                }
+            } else {
+                const int lim = row_keys(0, false, 0, Sk); // S_k (or past it: a planted bug)
+                if (kv0 + BLOCK_N > lim) {
+#pragma unroll
+                    for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim) s[nb][e] = NEG_INF;
+                }
             }
             float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
@@ -606,7 +643,7 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 #pragma unroll
                 for (int c2 = 0; c2 < D / 32; ++c2) {
                     unsigned vc[4];
-                    ldmatrix_x4_trans(vc, sV_addr + (tile_row0 + kk * 16) * D + (v_lane ^ (c2 * 32)));
+                    ldmatrix_x4_trans(vc, (v_lane + stage_off + kk * 16 * D) ^ (c2 * 32));
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
                         const int c = 2 * c2 + hh;
@@ -690,10 +727,9 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 #endif
 
     // Normalize and store (the head and rows read again: nothing held across the loop).
-    const int bh_out = ctaid_y();
-    const float v_sc = v_scale[kv_head(bh_out, H, Hkv)];
-    __half* out_bh = out + (size_t)bh_out * Sq * D;
-    const int q0_out = warp_row0(causal);
+    const float v_sc = v_scale_shared;
+    __half* out_bh = out + (size_t)ctaid_y() * Sq * D;
+    const int q0_out = warp_row0<CAUSAL>();
     // Per row (g, g + 8) and 16-dim chunk c a lane holds dims
     // 16c + 4q .. +3 as (o[2c][.], o[2c+1][.], o[2c][. + 1], o[2c+1][. + 1]): one 8-byte store.
     // A row that saw no key has l = 0 and is written as zeros.
@@ -719,7 +755,7 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     }
 #ifdef MUTANT_K_READ_PAST_END
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        (void)*(volatile const u8*)(k + kv_offset<D>(H, Hkv, Sk) + (size_t)Sk * D); // past the last head's K
+        (void)*(volatile const u8*)(k_bh + (size_t)Sk * D); // past the last head's K
     }
 #endif
 #if SDPA_DELAY_CYCLES > 0
@@ -738,18 +774,29 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
         const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
         const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
         int Sq, int Sk, int causal, float softmax_scale
-#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, causal, softmax_scale
+#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale
 
-#if SDPA_D == 0 || SDPA_D == 64
-extern "C" __global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 128))
-sdpa_fp8_stage_c_mma_d64(SDPA_ARGS) {
-    sdpa_body<64>(SDPA_PASS);
-}
-#endif
+// One entry per (D, causal); a module holds those SDPA_D and SDPA_CAUSAL select. The causal
+// argument is the same for every entry (the host picks the entry by it), so one ABI serves all.
+// Registers per entry (gates/default.json, "resources" and "resources_by_entry"): see the
+// header's "Resources per entry".
+#define D64_BOUNDS __launch_bounds__(THREADS, 65536 / (THREADS * 128))
+#define D64_CAUSAL_BOUNDS __launch_bounds__(THREADS, 3)
+#define D128_BOUNDS __launch_bounds__(THREADS, 2)
+#define ENTRY(NAME, BOUNDS, DIM, CAUSAL_) \
+    extern "C" __global__ void BOUNDS NAME(SDPA_ARGS) { sdpa_body<DIM, CAUSAL_>(SDPA_PASS); }
 
-#if SDPA_D == 0 || SDPA_D == 128
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
-sdpa_fp8_stage_c_mma_d128(SDPA_ARGS) {
-    sdpa_body<128>(SDPA_PASS);
-}
+#if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 1
+ENTRY(sdpa_fp8_stage_c_mma_d64, D64_BOUNDS, 64, false)
 #endif
+#if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 0
+ENTRY(sdpa_fp8_stage_c_mma_d64_causal, D64_CAUSAL_BOUNDS, 64, true)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 1
+ENTRY(sdpa_fp8_stage_c_mma_d128, D128_BOUNDS, 128, false)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 0
+ENTRY(sdpa_fp8_stage_c_mma_d128_causal, D128_BOUNDS, 128, true)
+#endif
+#undef CTA_KEYS
+#undef WARP_KEYS

@@ -16,11 +16,12 @@ pub const GATES_VERSION: u32 = 2;
 pub struct Gates {
     pub version: u32,
     pub correctness: CorrectnessGates,
-    /// The D = 64 entry's limits.
+    /// The base entry's limits (D = 64, no mask: the main job's kernel).
     pub resources: ResourceGates,
-    /// The D = 128 entry's limits: twice the O accumulators and code tiles
-    /// (cuda/sdpa_fp8_stage_c_mma.cu, "Resources per D").
-    pub resources_d128: ResourceGates,
+    /// Every other entry's limits, keyed by its suffix (`d64_causal`, `d128`, `d128_causal`):
+    /// each instantiation has its own register and shared-memory budget
+    /// (cuda/sdpa_fp8_stage_c_mma.cu, "Resources per entry").
+    pub resources_by_entry: BTreeMap<String, ResourceGates>,
     pub performance: PerformanceGates,
 }
 
@@ -243,10 +244,40 @@ impl Gates {
                 format!("{} must lie strictly between 0.5 and 1", p.confidence),
             ));
         }
-        if self.resources.min_blocks_per_sm == 0 || self.resources_d128.min_blocks_per_sm == 0 {
+        if self.resources.min_blocks_per_sm == 0 {
             return Err((
                 "resources.min_blocks_per_sm".into(),
                 "must be at least 1".into(),
+            ));
+        }
+        for e in crate::shapes::Entry::all() {
+            if e == crate::shapes::Entry::BASE {
+                continue;
+            }
+            match self.resources_by_entry.get(&e.suffix()) {
+                None => {
+                    return Err((
+                        format!("resources_by_entry.{}", e.suffix()),
+                        "is missing: every kernel entry has its own resource limits".into(),
+                    ));
+                }
+                Some(r) if r.min_blocks_per_sm == 0 => {
+                    return Err((
+                        format!("resources_by_entry.{}.min_blocks_per_sm", e.suffix()),
+                        "must be at least 1".into(),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(other) = self.resources_by_entry.keys().find(|k| {
+            !crate::shapes::Entry::all()
+                .iter()
+                .any(|e| *e != crate::shapes::Entry::BASE && e.suffix() == **k)
+        }) {
+            return Err((
+                format!("resources_by_entry.{other}"),
+                "is not an entry of the kernel (d64_causal, d128, d128_causal)".into(),
             ));
         }
         Ok(())
@@ -263,7 +294,10 @@ mod tests {
         "end_to_end": { "max_err_over_bound": 0.5 },
         "relative":   { "factor": 2.0, "eps_ulps": 1.0 } },
       "resources":   { "max_regs_per_thread": 128, "max_smem_bytes": 65536, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
-      "resources_d128": { "max_regs_per_thread": 255, "max_smem_bytes": 98304, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
+      "resources_by_entry": {
+        "d64_causal":  { "max_regs_per_thread": 168, "max_smem_bytes": 65536, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
+        "d128":        { "max_regs_per_thread": 255, "max_smem_bytes": 98304, "max_spill_bytes": 0, "min_blocks_per_sm": 2 },
+        "d128_causal": { "max_regs_per_thread": 255, "max_smem_bytes": 98304, "max_spill_bytes": 0, "min_blocks_per_sm": 2 } },
       "performance": { "min_speedup_pct": 10.0, "max_regression_pct": 3.0, "confidence": 0.95,
                        "noise_floor_pct": 1.0, "unpaired_noise_floor_pct": 1.0, "target_shapes": ["mission"] } }"#;
 
@@ -282,6 +316,25 @@ mod tests {
     fn the_shipped_default_gates_file_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
         GateFile::load(&path).unwrap();
+    }
+
+    #[test]
+    fn every_kernel_entry_needs_its_own_resource_limits_and_no_unknown_entry_is_taken() {
+        let parse = |text: &str| GateFile::parse(Path::new("g.json"), text);
+        let mut value: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        let entries = value["resources_by_entry"].as_object_mut().unwrap();
+        entries.remove("d128_causal");
+        let err = parse(&value.to_string()).unwrap_err().to_string();
+        assert!(
+            err.contains("resources_by_entry.d128_causal") && err.contains("missing"),
+            "{err}"
+        );
+        let mut value: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        let d128 = value["resources_by_entry"]["d128"].clone();
+        value["resources_by_entry"]["d256"] = d128;
+        let err = parse(&value.to_string()).unwrap_err().to_string();
+        assert!(err.contains("resources_by_entry"), "{err}");
+        assert!(parse(GOOD).is_ok());
     }
 
     #[test]

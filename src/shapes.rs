@@ -24,6 +24,43 @@ pub const QK_STD_MAX: f64 = 100.0;
 /// cuda/sdpa_fp8_stage_c_mma.cu), the emulation and the references follow.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
+/// A kernel entry: the instantiation for one head dimension, with or without the causal mask
+/// (cuda/sdpa_fp8_stage_c_mma.cu compiles each in a module of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Entry {
+    pub d: usize,
+    pub causal: bool,
+}
+
+impl Entry {
+    /// The entry every build has: D = 64 without a mask (the main job's).
+    pub const BASE: Entry = Entry {
+        d: 64,
+        causal: false,
+    };
+
+    /// Every entry the kernel defines.
+    pub fn all() -> Vec<Entry> {
+        HEAD_DIMS
+            .iter()
+            .flat_map(|&d| [false, true].map(|causal| Entry { d, causal }))
+            .collect()
+    }
+
+    /// The entries `shapes` run on, sorted, each once.
+    pub fn of(shapes: &[Shape]) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = shapes.iter().map(Shape::entry).collect();
+        entries.sort_unstable();
+        entries.dedup();
+        entries
+    }
+
+    /// Its suffix of the kernel's entry names and of the records: `d64`, `d128_causal`.
+    pub fn suffix(&self) -> String {
+        format!("d{}{}", self.d, if self.causal { "_causal" } else { "" })
+    }
+}
+
 /// One attention problem: `[B, H_q, S_q, D]` queries against `[B, H_kv, S_k, D]` keys and
 /// values, optionally causal, plus how its inputs are drawn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,6 +288,14 @@ impl Shape {
             s * sk
         };
         per_head as u128 * self.heads() as u128
+    }
+
+    /// The kernel entry this problem runs on: its head dimension and whether it is causal.
+    pub fn entry(&self) -> Entry {
+        Entry {
+            d: self.d,
+            causal: self.causal,
+        }
     }
 
     /// Whether this is the configuration every check held before GQA, masks and S_q != S_k:

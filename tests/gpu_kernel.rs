@@ -21,7 +21,7 @@ fn backend() -> CudaBackend {
         &root.join("cuda"),
     )
     .unwrap();
-    CudaBackend::new(
+    CudaBackend::with_every_entry(
         source,
         &[VariantSpec::new(false, &[]), VariantSpec::new(true, &[])],
     )
@@ -67,6 +67,39 @@ fn both_variants_pass_every_gate_on_small_mission_partial_tile_and_single_key() 
             r.pass,
             "{} seed {} {}: {failed:?}",
             r.shape, r.seed, r.variant
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn both_variants_pass_and_agree_bit_for_bit_on_gqa_decode_causal_and_d128_problems() {
+    // The self-test's configuration problems, a FlashAttention pair at D 128 (causal, S_q <
+    // S_k), MQA decode, and causal S_q > S_k (rows that see no key); yardsticks on the host,
+    // the engine that covers them.
+    let shapes = catalog()
+        .select("cfg-chunk,cfg-decode,cfg-tall,1x2x113x128:sk=203:causal,2x8x1x64:sk=300:hkv=1,1x4x300x128:sk=77:hkv=2:causal")
+        .unwrap();
+    let mut b = backend();
+    let host = Check {
+        rows: CheckRows::All,
+        references: Engine::Host,
+        emulation: Engine::Host,
+    };
+    let records = runner::check_all(&mut b, &shapes, &[0, 1], host, &gates(), |_| {}).unwrap();
+    assert_eq!(records.len(), shapes.len() * 2 * 2);
+    for r in &records {
+        assert!(
+            r.pass,
+            "{} seed {} {}: {:?}",
+            r.shape, r.seed, r.variant, r.gates
+        );
+    }
+    for pair in records.chunks(2) {
+        assert_eq!(
+            pair[0].output_checksum, pair[1].output_checksum,
+            "{}: cp0 and cp1 outputs differ",
+            pair[0].shape
         );
     }
 }
@@ -147,18 +180,26 @@ fn variant_identity_proves_which_variant_is_which() {
         let d = id.driver.as_ref().expect("driver resources on a GPU");
         assert!(d.registers_per_thread > 0 && d.max_blocks_per_sm > 0);
         assert_eq!(d.dynamic_smem_bytes, id.constants.smem_bytes);
-        let d128 = id
-            .driver_d128
-            .as_ref()
-            .expect("the D = 128 entry's resources");
-        assert_eq!(d128.dynamic_smem_bytes, id.constants.smem_bytes_d128);
+        // Every other entry was built from a module of its own, with its own resources.
+        let others: Vec<String> = id.entries.iter().map(|e| e.entry.suffix()).collect();
+        assert_eq!(others, ["d64_causal", "d128", "d128_causal"]);
+        for e in &id.entries {
+            let r = e.driver.as_ref().expect("each entry's driver resources");
+            let smem = if e.entry.d == 128 {
+                id.constants.smem_bytes_d128
+            } else {
+                id.constants.smem_bytes
+            };
+            assert_eq!(r.dynamic_smem_bytes, smem);
+            assert_ne!(e.ptx_sha256, id.ptx_sha256);
+        }
         assert!(id.constants.smem_bytes_d128 > id.constants.smem_bytes);
-        let v = id.resource_verdict(&g.resources, &g.resources_d128);
+        let v = id.resource_verdict(&g);
         assert!(v.pass(), "{}: {:?}", id.name, v.failures());
         assert_eq!(
             v.checks.len(),
-            8,
-            "registers, smem, spills and occupancy are all checked, per D"
+            16,
+            "registers, smem, spills and occupancy are all checked, per entry"
         );
     }
     let details = b.details();

@@ -19,19 +19,20 @@ pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
         headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
     let mut ids = Vec::new();
     for spec in &specs {
-        ids.push(kernel::build_variant(&source, &include, &args.arch, spec, true)?.identity);
+        ids.push(
+            kernel::build_variant(
+                &source,
+                &include,
+                &args.arch,
+                spec,
+                &crate::shapes::Entry::all(),
+            )?
+            .identity,
+        );
     }
     let verdicts: Vec<_> = ids
         .iter()
-        .map(|id| {
-            (
-                id.name.clone(),
-                id.resource_verdict(
-                    &project.gates.gates.resources,
-                    &project.gates.gates.resources_d128,
-                ),
-            )
-        })
+        .map(|id| (id.name.clone(), id.resource_verdict(&project.gates.gates)))
         .collect();
     crate::outln!(
         "kernel {} (sha256 {}), NVRTC {nvrtc_version}, {}, headers {}",

@@ -43,7 +43,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<Outcome, AppError> {
         None,
         args.emulation_defect,
         &project,
-        &crate::shapes::HEAD_DIMS, // fuzz draws both
+        &crate::shapes::Entry::all(), // fuzz draws every kind of problem
     )?;
     let run_dir = RunDir::create(&args.setup.results_root(project.root.path()))?;
     crate::outln!("{}", backends[0].describe());

@@ -118,15 +118,15 @@ pub fn open_backend(
     base: Option<&KernelLocation>,
     defect: Defect,
     project: &Project,
-    head_dims: &[usize],
+    entries: &[crate::shapes::Entry],
 ) -> Result<Box<dyn Backend>, AppError> {
-    let mut one = open_backends_on(&[0], kind, kernel, base, defect, project, head_dims)?;
+    let mut one = open_backends_on(&[0], kind, kernel, base, defect, project, entries)?;
     Ok(one.pop().expect("one backend per GPU"))
 }
 
 /// [`open_backend`] once per GPU of CUDA ordinals `gpus` (the cpu backend, which ignores
 /// them, is opened once): the GPUs open together and share one build per GPU model, with the
-/// kernel's entries for the head dimensions `head_dims` ([`head_dims`]).
+/// kernel's entries `entries` ([`crate::shapes::Entry::of`] the command's shapes).
 fn open_backends_on(
     gpus: &[usize],
     kind: BackendKind,
@@ -134,7 +134,7 @@ fn open_backends_on(
     base: Option<&KernelLocation>,
     defect: Defect,
     project: &Project,
-    head_dims: &[usize],
+    entries: &[crate::shapes::Entry],
 ) -> Result<Vec<Box<dyn Backend>>, AppError> {
     Ok(match kind {
         BackendKind::Cpu => {
@@ -172,7 +172,7 @@ fn open_backends_on(
                 let base = KernelSource::locate(location, project.root.path(), &cuda_dir)?;
                 sources.push((base, specs.iter().map(VariantSpec::of_base).collect()));
             }
-            let opened = CudaBackend::on_gpus(gpus, sources, head_dims).map_err(|e| match e {
+            let opened = CudaBackend::on_gpus(gpus, sources, entries).map_err(|e| match e {
                 BackendError::Environment(why) => {
                     BackendError::Environment(format!("{why}\n{CPU_BACKEND_ADVICE}"))
                 }
@@ -184,14 +184,6 @@ fn open_backends_on(
                 .collect()
         }
     })
-}
-
-/// The head dimensions of `shapes`: the kernel entries a command's backend must build.
-pub fn head_dims(shapes: &[crate::shapes::Shape]) -> Vec<usize> {
-    let mut dims: Vec<usize> = shapes.iter().map(|s| s.d).collect();
-    dims.sort_unstable();
-    dims.dedup();
-    dims
 }
 
 /// The GPUs a command's workers will run on, checked before any work (src/devices.rs: they
@@ -237,14 +229,14 @@ pub fn open_workers(
     base: Option<&KernelLocation>,
     defect: Defect,
     project: &Project,
-    head_dims: &[usize],
+    entries: &[crate::shapes::Entry],
 ) -> Result<Vec<Box<dyn Backend>>, AppError> {
     crate::trace::mark(|| "opening the workers".into());
     let ordinals: Vec<usize> = match &gpus {
         Some(chosen) => chosen.iter().map(|g| g.ordinal).collect(),
         None => vec![0],
     };
-    let workers = open_backends_on(&ordinals, kind, kernel, base, defect, project, head_dims)?;
+    let workers = open_backends_on(&ordinals, kind, kernel, base, defect, project, entries)?;
     crate::trace::mark(|| "workers open".into());
     let first = workers[0].variant_meta();
     for w in &workers[1..] {

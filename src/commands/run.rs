@@ -112,7 +112,7 @@ impl Job {
             args.base_kernel.as_ref(),
             args.emulation_defect,
             &project,
-            &super::head_dims(&shapes),
+            &crate::shapes::Entry::of(&shapes),
         )?;
         let backend = &backends[0];
         if args.require_speedup && (backend.variants().len() < 2 || !plan.enabled()) {

@@ -24,6 +24,7 @@ use crate::report::RunDir;
 use crate::schema::{
     CorrectnessFile, GpuSlot, MutantResult, PtxIdentity, SCHEMA_VERSION, SelftestFile,
 };
+use crate::shapes::Entry;
 use crate::usage::ConfigError;
 
 pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
@@ -288,14 +289,12 @@ fn ptx_identity(source: &KernelSource) -> Result<Vec<PtxIdentity>, AppError> {
         .iter()
         .map(|&on| {
             let spec = VariantSpec::new(on, &[]);
-            // Both modules, D = 64 and D = 128, hashed together.
+            // Every entry's module, hashed together.
             let hash = |src: &KernelSource| -> Result<String, AppError> {
-                let id = kernel::build_variant(src, &include, "sm_90", &spec, true)?.identity;
-                Ok(format!(
-                    "{}+{}",
-                    id.ptx_sha256,
-                    id.ptx_d128_sha256.unwrap_or_default()
-                ))
+                let id =
+                    kernel::build_variant(src, &include, "sm_90", &spec, &Entry::all())?.identity;
+                let others: Vec<&str> = id.entries.iter().map(|e| e.ptx_sha256.as_str()).collect();
+                Ok(format!("{}+{}", id.ptx_sha256, others.join("+")))
             };
             let (a, b) = (hash(source)?, hash(&stripped)?);
             Ok(PtxIdentity {

@@ -39,7 +39,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
         None,
         Defect::None,
         &project,
-        &super::head_dims(&selected),
+        &crate::shapes::Entry::of(&selected),
     )?;
     let results_root = args.setup.results_root(project.root.path());
     let run_dir = RunDir::create(&results_root)?;

@@ -17,6 +17,7 @@ use super::nvrtc::Compiled;
 use super::variant::VariantSpec;
 use super::{emulation, reference, timer};
 use crate::backend::BackendError;
+use crate::shapes::Entry;
 
 /// What NVRTC made for one architecture, failures included: each GPU that loads it reports
 /// them as its own.
@@ -30,13 +31,13 @@ pub struct ArchBuild {
     pub variants: Vec<Result<BuiltVariant, BackendError>>,
 }
 
-/// Compiles everything a GPU of architecture `arch` (e.g. `sm_90`) loads; each variant's
-/// D = 128 module only when `d128` (a problem of the run has D = 128).
+/// Compiles everything a GPU of architecture `arch` (e.g. `sm_90`) loads; of each variant,
+/// the modules of `entries` (the base entry's always).
 pub fn compile(
     sources: &[(KernelSource, Vec<VariantSpec>)],
     include_dir: &Path,
     arch: &str,
-    d128: bool,
+    entries: &[Entry],
 ) -> ArchBuild {
     let owned = arch.to_string();
     let reference = Pending::start(move || unless_panicked(|| reference::compile(&owned)));
@@ -48,7 +49,7 @@ pub fn compile(
             .iter()
             .flat_map(|(source, specs)| specs.iter().map(move |spec| (source, spec)))
             .map(|(source, spec)| {
-                scope.spawn(move || kernel::build_variant(source, include_dir, arch, spec, d128))
+                scope.spawn(move || kernel::build_variant(source, include_dir, arch, spec, entries))
             })
             .collect();
         ArchBuild {

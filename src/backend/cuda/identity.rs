@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::gates::ResourceGates;
 use crate::schema::{KernelRef, VariantMeta};
+use crate::shapes::Entry;
 use crate::verdict::{Check, Verdict};
 
 /// The launch geometry and switches a kernel build publishes as `__constant__ int SDPA_*`.
@@ -176,6 +176,16 @@ pub struct DriverResources {
     pub max_blocks_per_sm: u32,
 }
 
+/// One more entry of a variant (a module of its own): what identifies it and its resources.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EntryIdentity {
+    pub entry: Entry,
+    pub ptx_sha256: String,
+    pub ptxas: PtxasReport,
+    /// Absent when compiled without a GPU.
+    pub driver: Option<DriverResources>,
+}
+
 /// Everything that identifies one compiled variant, as recorded in build_meta.json.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VariantIdentity {
@@ -185,20 +195,13 @@ pub struct VariantIdentity {
     pub cubin_sha256: String,
     pub ptx_has_cp_async: bool,
     pub constants: KernelConstants,
-    /// ptxas's report of the D = 64 entry.
+    /// ptxas's report of the base entry (D = 64, no mask: `Entry::BASE`).
     pub ptxas: PtxasReport,
-    /// Absent when compiled without a GPU (`sdpa-runner build`). The D = 64 entry's.
+    /// Absent when compiled without a GPU (`sdpa-runner build`). The base entry's.
     pub driver: Option<DriverResources>,
-    /// ptxas's report of the D = 128 entry.
-    #[serde(default)]
-    pub ptxas_d128: PtxasReport,
-    /// The driver's report of the D = 128 entry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver_d128: Option<DriverResources>,
-    /// The sha256 of the D = 128 module's PTX, where it was built (a run with a D = 128
-    /// problem); the module of D = 64 is `ptx_sha256`'s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ptx_d128_sha256: Option<String>,
+    /// The other entries the run built (D = 128, causal), each from a module of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<EntryIdentity>,
     /// The kernel source it was built from.
     pub kernel: KernelRef,
     /// Of the PTX without line information and comments ([`ptx_code`]): equal for two
@@ -246,42 +249,60 @@ impl VariantIdentity {
     }
 
     /// Registers, shared memory and spills from the driver where present, else from ptxas
-    /// (the D = 64 entry's: the one reports show beside the variant).
+    /// (the base entry's: the one reports show beside the variant).
     pub fn registers(&self) -> Option<u32> {
-        self.entry(64).registers()
+        self.entry(Entry::BASE).and_then(|e| e.registers())
     }
 
     pub fn smem_bytes(&self) -> u32 {
-        self.entry(64).smem_bytes()
+        self.entry(Entry::BASE)
+            .map_or(self.constants.smem_bytes, |e| e.smem_bytes())
     }
 
-    /// The facts of the entry for head dimension `d` (64 or 128).
-    pub fn entry(&self, d: usize) -> Entry<'_> {
-        if d == 128 {
-            Entry {
-                smem_bytes: self.constants.smem_bytes_d128,
-                ptxas: &self.ptxas_d128,
-                driver: self.driver_d128.as_ref(),
-            }
+    /// The facts of entry `e`, where it was built.
+    pub fn entry(&self, e: Entry) -> Option<EntryFacts<'_>> {
+        let smem_bytes = if e.d == 128 {
+            self.constants.smem_bytes_d128
         } else {
-            Entry {
-                smem_bytes: self.constants.smem_bytes,
+            self.constants.smem_bytes
+        };
+        if e == Entry::BASE {
+            return Some(EntryFacts {
+                entry: e,
+                smem_bytes,
                 ptxas: &self.ptxas,
                 driver: self.driver.as_ref(),
-            }
+            });
         }
+        self.entries
+            .iter()
+            .find(|x| x.entry == e)
+            .map(|x| EntryFacts {
+                entry: e,
+                smem_bytes,
+                ptxas: &x.ptxas,
+                driver: x.driver.as_ref(),
+            })
     }
 
-    /// The resource gates of each entry: D = 64 under `resources.*` against `gates`, D = 128
-    /// under `resources.d128.*` against `gates_d128`; blocks per SM is checked only when the
-    /// driver reported it.
-    pub fn resource_verdict(&self, gates: &ResourceGates, gates_d128: &ResourceGates) -> Verdict {
+    /// The resource gates of every entry built: the base entry's under `resources.*` against
+    /// `gates.resources`, each other's under `resources.<entry>.*` (e.g.
+    /// `resources.d128_causal.regs_per_thread`) against its own limits; blocks per SM is
+    /// checked only when the driver reported it.
+    pub fn resource_verdict(&self, all: &crate::gates::Gates) -> Verdict {
         let mut v = Verdict::default();
-        for (d, prefix, gates) in [
-            (64, "resources", gates),
-            (128, "resources.d128", gates_d128),
-        ] {
-            let e = self.entry(d);
+        let built = std::iter::once(Entry::BASE).chain(self.entries.iter().map(|x| x.entry));
+        for e in built.filter_map(|e| self.entry(e)) {
+            let prefix = if e.entry == Entry::BASE {
+                "resources".to_string()
+            } else {
+                format!("resources.{}", e.entry.suffix())
+            };
+            let gates = if e.entry == Entry::BASE {
+                &all.resources
+            } else {
+                &all.resources_by_entry[&e.entry.suffix()]
+            };
             if let Some(regs) = e.registers() {
                 v.add(
                     &format!("{prefix}.regs_per_thread"),
@@ -310,14 +331,15 @@ impl VariantIdentity {
     }
 }
 
-/// One entry (head dimension) of a variant's module.
-pub struct Entry<'a> {
+/// One entry of a variant as its resource gates read it.
+pub struct EntryFacts<'a> {
+    pub entry: Entry,
     smem_bytes: u32,
     ptxas: &'a PtxasReport,
     driver: Option<&'a DriverResources>,
 }
 
-impl Entry<'_> {
+impl EntryFacts<'_> {
     pub fn registers(&self) -> Option<u32> {
         self.driver
             .map(|d| d.registers_per_thread)
@@ -334,6 +356,7 @@ impl Entry<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gates::ResourceGates;
 
     const LOG: &str = "ptxas info    : 40 bytes gmem
 ptxas info    : Compiling entry function 'other' for 'sm_90'
@@ -442,14 +465,20 @@ ptxas info    : Used 96 registers, used 1 barriers
                 spill_load_bytes: Some(0),
             },
             driver: None,
-            ptxas_d128: PtxasReport {
-                registers: Some(96),
-                stack_frame_bytes: Some(0),
-                spill_store_bytes: Some(0),
-                spill_load_bytes: Some(0),
-            },
-            driver_d128: None,
-            ptx_d128_sha256: None,
+            entries: vec![EntryIdentity {
+                entry: Entry {
+                    d: 128,
+                    causal: true,
+                },
+                ptx_sha256: String::new(),
+                ptxas: PtxasReport {
+                    registers: Some(96),
+                    stack_frame_bytes: Some(0),
+                    spill_store_bytes: Some(0),
+                    spill_load_bytes: Some(0),
+                },
+                driver: None,
+            }],
             kernel: KernelRef {
                 role: Default::default(),
                 source: "k.cu".into(),
@@ -486,28 +515,35 @@ ptxas info    : Used 96 registers, used 1 barriers
             max_spill_bytes: 0,
             min_blocks_per_sm: 2,
         };
-        let d128 = ResourceGates {
-            max_regs_per_thread: 255,
-            ..gates.clone()
-        };
+        let mut all = crate::gates::GateFile::parse(
+            std::path::Path::new("gates/default.json"),
+            include_str!("../../../gates/default.json"),
+        )
+        .unwrap()
+        .gates;
+        all.resources = gates.clone();
+        all.resources_by_entry
+            .get_mut("d128_causal")
+            .unwrap()
+            .max_regs_per_thread = 255;
         let mut id = identity(true, 1);
-        assert!(id.resource_verdict(&gates, &d128).pass());
+        assert!(id.resource_verdict(&all).pass());
         assert_eq!(
-            id.resource_verdict(&gates, &d128).checks.len(),
+            id.resource_verdict(&all).checks.len(),
             6,
             "three per entry, no occupancy without a driver"
         );
-        id.ptxas_d128.registers = Some(200);
+        id.entries[0].ptxas.registers = Some(200);
         assert!(
-            id.resource_verdict(&gates, &d128).pass(),
+            id.resource_verdict(&all).pass(),
             "D = 128 has its own limit"
         );
-        id.ptxas_d128.registers = Some(256);
+        id.entries[0].ptxas.registers = Some(256);
         assert_eq!(
-            id.resource_verdict(&gates, &d128).failures(),
-            ["resources.d128.regs_per_thread 256 > 255"]
+            id.resource_verdict(&all).failures(),
+            ["resources.d128_causal.regs_per_thread 256 > 255"]
         );
-        id.ptxas_d128.registers = Some(96);
+        id.entries[0].ptxas.registers = Some(96);
         id.driver = Some(DriverResources {
             registers_per_thread: 96,
             static_smem_bytes: 0,
@@ -517,10 +553,10 @@ ptxas info    : Used 96 registers, used 1 barriers
             max_blocks_per_sm: 1,
         });
         assert_eq!(
-            id.resource_verdict(&gates, &d128).failures(),
+            id.resource_verdict(&all).failures(),
             ["resources.blocks_per_sm 1 < 2"]
         );
         id.ptxas.spill_store_bytes = Some(8);
-        assert!(!id.resource_verdict(&gates, &d128).checks["resources.spill_bytes"].pass);
+        assert!(!id.resource_verdict(&all).checks["resources.spill_bytes"].pass);
     }
 }

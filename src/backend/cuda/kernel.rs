@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::identity::{KernelConstants, PtxasReport, VariantIdentity, ptx_code, ptx_has_cp_async};
+use super::identity::{
+    EntryIdentity, KernelConstants, PtxasReport, VariantIdentity, ptx_code, ptx_has_cp_async,
+};
 use super::nvrtc::{self, Compiled};
 use super::revision;
 use super::variant::VariantSpec;
@@ -11,14 +13,15 @@ use crate::backend::BackendError;
 use crate::emulation::KV_TILE;
 use crate::report::sha256_hex;
 use crate::schema::KernelRef;
+use crate::shapes::Entry;
 
 /// The kernel file under cuda/ and its entry point (docs/DESIGN.md "Kernel ABI").
 pub const KERNEL_FILE: &str = "sdpa_fp8_stage_c_mma.cu";
 pub const ENTRY: &str = "sdpa_fp8_stage_c_mma";
 
-/// The entry point of the instantiation for head dimension `d` (`<ENTRY>_d<d>`).
-pub fn entry_for(d: usize) -> String {
-    format!("{ENTRY}_d{d}")
+/// The entry point of one instantiation: `<ENTRY>_d64`, `<ENTRY>_d128_causal`, ...
+pub fn entry_for(e: Entry) -> String {
+    format!("{ENTRY}_{}", e.suffix())
 }
 
 /// Where a kernel comes from: a file, or a file at a git revision (`git:REV[:PATH]`, PATH
@@ -135,33 +138,50 @@ pub fn require_nvrtc() -> Result<String, BackendError> {
 #[derive(Clone)]
 pub struct BuiltVariant {
     pub spec: VariantSpec,
-    /// The D = 64 module.
+    /// The module of [`Entry::BASE`].
     pub compiled: Compiled,
-    /// The D = 128 module, where the run has a problem of D = 128.
-    pub d128: Option<Compiled>,
+    /// The modules of the other entries the run's problems need.
+    pub others: Vec<(Entry, Compiled)>,
     pub identity: VariantIdentity,
 }
 
 /// Compiles one variant for `arch` and checks that the module is what was asked for: the
 /// published BLOCK_N matches the runner's, and the cp.async toggle took. The variant's
-/// identity is its D = 64 module's; with `d128`, the D = 128 module is compiled on a thread
-/// of its own beside it, checked the same way and recorded beside it.
+/// identity is its [`Entry::BASE`] module's; the modules of the other `entries` (those the
+/// run's problems need) are compiled on threads of their own beside it, checked the same way
+/// and recorded beside it (`VariantIdentity::entries`).
 pub fn build_variant(
     src: &KernelSource,
     cuda_include: &Path,
     arch: &str,
     spec: &VariantSpec,
-    d128: bool,
+    entries: &[Entry],
 ) -> Result<BuiltVariant, BackendError> {
-    let (compiled, wide) = std::thread::scope(|scope| {
-        let wide = d128.then(|| scope.spawn(|| compile_entry(src, cuda_include, arch, spec, 128)));
-        let narrow = compile_entry(src, cuda_include, arch, spec, 64);
-        (
-            narrow,
-            wide.map(|job| job.join().expect("an NVRTC compile thread panicked")),
-        )
+    let others: Vec<Entry> = entries
+        .iter()
+        .copied()
+        .filter(|e| *e != Entry::BASE)
+        .collect();
+    let (compiled, others) = std::thread::scope(|scope| {
+        let jobs: Vec<_> = others
+            .iter()
+            .map(|&e| scope.spawn(move || compile_entry(src, cuda_include, arch, spec, e)))
+            .collect();
+        let base = compile_entry(src, cuda_include, arch, spec, Entry::BASE);
+        let built: Vec<_> = jobs
+            .into_iter()
+            .map(|job| job.join().expect("an NVRTC compile thread panicked"))
+            .collect();
+        (base, built)
     });
-    let (compiled, wide) = (compiled?, wide.transpose()?);
+    let compiled = compiled?;
+    let others: Vec<(Entry, Compiled)> = entries
+        .iter()
+        .copied()
+        .filter(|e| *e != Entry::BASE)
+        .zip(others)
+        .map(|(e, c)| c.map(|c| (e, c)))
+        .collect::<Result<_, _>>()?;
     let refuse = |msg: String| {
         BackendError::Kernel(format!("variant {} of {}: {msg}", spec.name, src.origin))
     };
@@ -180,23 +200,33 @@ pub fn build_variant(
             constants.block_m
         )));
     }
-    if let Some(w) = &wide {
-        let theirs = KernelConstants::from_ptx(&w.ptx).map_err(refuse)?;
+    let mut entry_ids = Vec::new();
+    for (e, c) in &others {
+        let theirs = KernelConstants::from_ptx(&c.ptx).map_err(refuse)?;
         if theirs != constants {
             return Err(refuse(format!(
-                "its D = 128 module publishes other constants than its D = 64 module \
-                 ({theirs:?} against {constants:?}): one variant must launch one geometry"
+                "its {} module publishes other constants than its {} module ({theirs:?} \
+                 against {constants:?}): one variant must launch one geometry",
+                e.suffix(),
+                Entry::BASE.suffix()
             )));
         }
-        let toggled = ptx_has_cp_async(&w.ptx);
+        let toggled = ptx_has_cp_async(&c.ptx);
         if toggled != spec.use_cp_async {
             return Err(refuse(format!(
-                "asked for USE_CP_ASYNC={}, but its D = 128 module's PTX {} cp.async \
-                 instructions: the toggle did not take",
+                "asked for USE_CP_ASYNC={}, but its {} module's PTX {} cp.async instructions: \
+                 the toggle did not take",
                 spec.use_cp_async as u8,
+                e.suffix(),
                 if toggled { "has" } else { "has no" }
             )));
         }
+        entry_ids.push(EntryIdentity {
+            entry: *e,
+            ptx_sha256: sha256_hex(c.ptx.as_bytes()),
+            ptxas: PtxasReport::parse(&c.log, &entry_for(*e)),
+            driver: None,
+        });
     }
     let identity = VariantIdentity {
         name: spec.name.clone(),
@@ -205,14 +235,9 @@ pub fn build_variant(
         cubin_sha256: sha256_hex(&compiled.cubin),
         ptx_has_cp_async: ptx_has_cp_async(&compiled.ptx),
         constants,
-        ptxas: PtxasReport::parse(&compiled.log, &entry_for(64)),
+        ptxas: PtxasReport::parse(&compiled.log, &entry_for(Entry::BASE)),
         driver: None,
-        ptxas_d128: wide
-            .as_ref()
-            .map(|w| PtxasReport::parse(&w.log, &entry_for(128)))
-            .unwrap_or_default(),
-        driver_d128: None,
-        ptx_d128_sha256: wide.as_ref().map(|w| sha256_hex(w.ptx.as_bytes())),
+        entries: entry_ids,
         kernel: KernelRef {
             role: spec.role,
             source: src.origin.clone(),
@@ -226,24 +251,25 @@ pub fn build_variant(
     Ok(BuiltVariant {
         spec: spec.clone(),
         compiled,
-        d128: wide,
+        others,
         identity,
     })
 }
 
-/// Compiles the module of one variant that holds the entry for head dimension `d` alone
-/// (`SDPA_D=d`), and checks that it has that entry.
+/// Compiles the module of one variant that holds entry `e` alone (`SDPA_D`, `SDPA_CAUSAL`),
+/// and checks that it has that entry.
 fn compile_entry(
     src: &KernelSource,
     cuda_include: &Path,
     arch: &str,
     spec: &VariantSpec,
-    d: usize,
+    e: Entry,
 ) -> Result<Compiled, BackendError> {
     let mut dirs: Vec<&Path> = vec![cuda_include];
     dirs.extend(src.include_dirs.iter().map(PathBuf::as_path));
     let mut defines = spec.defines.clone();
-    defines.push(("SDPA_D".into(), d.to_string()));
+    defines.push(("SDPA_D".into(), e.d.to_string()));
+    defines.push(("SDPA_CAUSAL".into(), u8::from(e.causal).to_string()));
     let options = nvrtc::build_options(arch, &dirs, &defines);
     let name = src
         .path
@@ -253,20 +279,25 @@ fn compile_entry(
     let compiled = nvrtc::compile_with_headers(&src.text, name, &src.headers, &options).map_err(
         |failure| {
             BackendError::Kernel(format!(
-                "variant {} (D = {d}) of {} failed to compile: {failure}",
-                spec.name, src.origin
+                "variant {} ({}) of {} failed to compile: {failure}",
+                spec.name,
+                e.suffix(),
+                src.origin
             ))
         },
     )?;
-    let entry = entry_for(d);
+    let entry = entry_for(e);
     if !compiled.ptx.contains(&format!(".entry {entry}(")) {
         return Err(BackendError::Kernel(format!(
-            "variant {} of {}: its SDPA_D={d} module has no entry {entry}; a kernel defines \
-             `{ENTRY}_d64` and `{ENTRY}_d128` (cuda/sdpa_fp8_stage_c_mma.cu)",
-            spec.name, src.origin
+            "variant {} of {}: its module for {} has no entry {entry}; a kernel defines \
+             `{ENTRY}_d64`, `{ENTRY}_d64_causal`, `{ENTRY}_d128` and `{ENTRY}_d128_causal` \
+             (cuda/sdpa_fp8_stage_c_mma.cu)",
+            spec.name,
+            src.origin,
+            e.suffix()
         )));
     }
-    crate::trace::mark(|| format!("nvrtc {} D={d}: built", spec.name));
+    crate::trace::mark(|| format!("nvrtc {} {}: built", spec.name, e.suffix()));
     Ok(compiled)
 }
 

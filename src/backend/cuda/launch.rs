@@ -27,7 +27,7 @@ pub struct DeviceProblem {
     sq: i32,
     sk: i32,
     causal: i32,
-    d: usize,
+    entry: crate::shapes::Entry,
     softmax_scale: f32,
 }
 
@@ -54,7 +54,7 @@ impl DeviceProblem {
             sq: p.shape.s as i32,
             sk: p.shape.sk as i32,
             causal: i32::from(p.shape.causal),
-            d: p.shape.d,
+            entry: p.shape.entry(),
             softmax_scale: p.softmax_scale,
         })
     }
@@ -91,13 +91,13 @@ impl DeviceProblem {
         variant: &LoadedVariant,
         slot: usize,
     ) -> Result<(), DriverError> {
-        // The entry of this problem's D and its shared memory (`CudaBackend::load` refused a
-        // problem whose entry was not built).
+        // The entry of this problem (D, causal) and its shared memory (`CudaBackend::load`
+        // refused a problem whose entry was not built).
         let consts = &variant.identity.constants;
         let function = variant
-            .entry(self.d)
-            .expect("the entry of the problem's D was built");
-        let smem_bytes = if self.d == 128 {
+            .entry(self.entry)
+            .expect("the entry of the problem was built");
+        let smem_bytes = if self.entry.d == 128 {
             consts.smem_bytes_d128
         } else {
             consts.smem_bytes

@@ -30,6 +30,7 @@ use crate::devices::GpuId;
 use crate::problem::Problem;
 use crate::rows::RowSet;
 use crate::schema::{GpuSlot, VariantMeta};
+use crate::shapes::Entry;
 use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
 use device::DeviceInfo;
@@ -42,21 +43,15 @@ use variant::VariantSpec;
 pub struct LoadedVariant {
     pub identity: VariantIdentity,
     pub options: Vec<String>,
-    /// The entry for D = 64.
-    pub d64: CudaFunction,
-    /// The entry for D = 128, where the run has such a problem.
-    pub d128: Option<CudaFunction>,
-    _modules: [Option<Arc<CudaModule>>; 2],
+    /// The entries built (the base entry first), each with its function.
+    functions: Vec<(Entry, CudaFunction)>,
+    _modules: Vec<Arc<CudaModule>>,
 }
 
 impl LoadedVariant {
-    /// The entry that runs problems of head dimension `d`.
-    pub fn entry(&self, d: usize) -> Option<&CudaFunction> {
-        if d == 128 {
-            self.d128.as_ref()
-        } else {
-            Some(&self.d64)
-        }
+    /// The function of entry `e`, where it was built.
+    pub fn entry(&self, e: Entry) -> Option<&CudaFunction> {
+        self.functions.iter().find(|(x, _)| *x == e).map(|(_, f)| f)
     }
 }
 
@@ -101,9 +96,12 @@ impl CudaBackend {
         Self::from_sources(vec![(kernel, specs.to_vec())])
     }
 
-    /// As [`CudaBackend::new`], with the D = 128 entries too.
-    pub fn with_d128(kernel: KernelSource, specs: &[VariantSpec]) -> Result<Self, BackendError> {
-        let mut one = Self::on_gpus(&[0], vec![(kernel, specs.to_vec())], &[64, 128])?;
+    /// As [`CudaBackend::new`], with every entry of the kernel (D = 128, causal).
+    pub fn with_every_entry(
+        kernel: KernelSource,
+        specs: &[VariantSpec],
+    ) -> Result<Self, BackendError> {
+        let mut one = Self::on_gpus(&[0], vec![(kernel, specs.to_vec())], &Entry::all())?;
         Ok(one.pop().expect("one backend per GPU"))
     }
 
@@ -121,21 +119,20 @@ impl CudaBackend {
         ordinal: usize,
         sources: Vec<(KernelSource, Vec<VariantSpec>)>,
     ) -> Result<Self, BackendError> {
-        let mut one = Self::on_gpus(&[ordinal], sources, &[64])?;
+        let mut one = Self::on_gpus(&[ordinal], sources, &[Entry::BASE])?;
         Ok(one.pop().expect("one backend per GPU"))
     }
 
     /// One backend per GPU of `ordinals` (an ordinal may repeat: two workers on one GPU).
     /// The GPUs' contexts open while NVRTC compiles, once per architecture ([`build`]), and
-    /// every GPU then loads that architecture's CUBINs. `head_dims`: the D of the problems the
-    /// backend will be given (D = 128 entries are built only when it holds 128). The first
-    /// failure is returned.
+    /// every GPU then loads that architecture's CUBINs. `entries`: those of the problems the
+    /// backend will be given (each other than the base entry is a module of its own, built
+    /// only when asked for). The first failure is returned.
     pub fn on_gpus(
         ordinals: &[usize],
         sources: Vec<(KernelSource, Vec<VariantSpec>)>,
-        head_dims: &[usize],
+        entries: &[Entry],
     ) -> Result<Vec<Self>, BackendError> {
-        let d128 = head_dims.contains(&128);
         let archs = ordinals
             .iter()
             .map(|&o| device::arch(o))
@@ -162,7 +159,7 @@ impl CudaBackend {
                 .map(|arch| {
                     let (sources, include_dir) = (&sources, &include_dir);
                     scope.spawn(move || {
-                        let built = build::compile(sources, include_dir, arch, d128);
+                        let built = build::compile(sources, include_dir, arch, entries);
                         crate::trace::mark(|| format!("{arch}: compiled"));
                         built
                     })
@@ -303,35 +300,35 @@ fn load_variant(
     let BuiltVariant {
         spec,
         compiled,
-        d128: built_d128,
+        others,
         mut identity,
     } = built;
     let refuse = |what: &str, e: DriverError| {
         BackendError::Kernel(format!("variant {}: {what}: {e}", spec.name))
     };
-    let module = ctx
-        .load_module(Ptx::from_binary(compiled.cubin))
-        .map_err(|e| refuse("loading the CUBIN failed", e))?;
-    let wide = built_d128
-        .map(|w| ctx.load_module(Ptx::from_binary(w.cubin)))
-        .transpose()
-        .map_err(|e| refuse("loading the D = 128 CUBIN failed", e))?;
     let c = identity.constants;
-    let mut entry = |module: &Arc<CudaModule>, d: usize| -> Result<CudaFunction, BackendError> {
-        let smem_bytes = if d == 128 {
+    let mut functions = Vec::new();
+    let mut modules = Vec::new();
+    for (e, built) in std::iter::once((Entry::BASE, compiled.cubin))
+        .chain(others.into_iter().map(|(e, c)| (e, c.cubin)))
+    {
+        let module = ctx
+            .load_module(Ptx::from_binary(built))
+            .map_err(|err| refuse(&format!("loading the {} CUBIN failed", e.suffix()), err))?;
+        let smem_bytes = if e.d == 128 {
             c.smem_bytes_d128
         } else {
             c.smem_bytes
         };
         let function = module
-            .load_function(&kernel::entry_for(d))
-            .map_err(|e| refuse("the entry point is missing", e))?;
+            .load_function(&kernel::entry_for(e))
+            .map_err(|err| refuse("the entry point is missing", err))?;
         function
             .set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem_bytes as i32,
             )
-            .map_err(|e| refuse("the device refused the kernel's shared memory size", e))?;
+            .map_err(|err| refuse("the device refused the kernel's shared memory size", err))?;
         let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
         let resources = (|| -> Result<DriverResources, DriverError> {
             Ok(DriverResources {
@@ -347,22 +344,20 @@ fn load_variant(
                 )?,
             })
         })()
-        .map_err(|e| refuse("querying its resources failed", e))?;
-        if d == 128 {
-            identity.driver_d128 = Some(resources);
-        } else {
+        .map_err(|err| refuse("querying its resources failed", err))?;
+        if e == Entry::BASE {
             identity.driver = Some(resources);
+        } else if let Some(x) = identity.entries.iter_mut().find(|x| x.entry == e) {
+            x.driver = Some(resources);
         }
-        Ok(function)
-    };
-    let d64 = entry(&module, 64)?;
-    let d128 = wide.as_ref().map(|m| entry(m, 128)).transpose()?;
+        functions.push((e, function));
+        modules.push(module);
+    }
     Ok(LoadedVariant {
         identity,
         options: compiled.options,
-        d64,
-        d128,
-        _modules: [Some(module), wide],
+        functions,
+        _modules: modules,
     })
 }
 
@@ -579,12 +574,13 @@ impl Backend for CudaBackend {
             .gpu
             .variants
             .iter()
-            .any(|v| v.entry(p.shape.d).is_none())
+            .any(|v| v.entry(p.shape.entry()).is_none())
         {
             return Err(BackendError::Config(format!(
-                "{}: the variants were built without their D = {} entries (the command builds \
-                 the entries of the head dimensions of its shapes)",
-                self.loaded, p.shape.d
+                "{}: the variants were built without their {} entry (a command builds the \
+                 entries of its shapes' problems)",
+                self.loaded,
+                p.shape.entry().suffix()
             )));
         }
         if p.shape.heads() > 65535 {
@@ -788,13 +784,7 @@ impl Backend for CudaBackend {
         self.gpu
             .variants
             .iter()
-            .map(|v| {
-                (
-                    v.identity.name.clone(),
-                    v.identity
-                        .resource_verdict(&gates.resources, &gates.resources_d128),
-                )
-            })
+            .map(|v| (v.identity.name.clone(), v.identity.resource_verdict(gates)))
             .collect()
     }
 }
