@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The configurations issue's device checks, on one GPU, with binaries staged by
 # scripts/stage_device.sh:
-#   scripts/prove_configs.sh OUT_DIR [check|perf|tests ...]   (default: check perf tests)
+#   scripts/prove_configs.sh OUT_DIR [check|perf|tests ...]   (default: check perf tests);
+#   OUT_DIR.tgz holds every log and result directory, OUT_DIR/summary.txt the key lines
 # check  the main job (twice, wall time), `--shapes llm --seeds 0,1`, FlashAttention's
 #        (S_q, S_k) pairs (scripts/fa_pairs.sh), `fuzz --count 1000`, `selftest`, and
 #        `stress` on the self-test's configuration shapes
@@ -18,14 +19,15 @@ runner=${SDPA_RUNNER_BIN:-$PWD/.device/sdpa-runner}
 export SDPA_RUNNER_BIN=$runner
 summary=$out/summary.txt
 : >"$summary"
-step() { # step NAME COMMAND...: runs COMMAND, logs to NAME.log, records exit code, seconds, last line
+step() { # step NAME COMMAND...: runs COMMAND, logs to NAME.log, records exit code, seconds, key lines
   local name=$1 t0 rc
   shift
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   "$@" >"$out/$name.log" 2>&1
   rc=$?
-  printf '%-22s exit %-3s %7.2fs  %s\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" \
-    "$(grep -E 'PASS|FAIL|caught|problems|passed|results:' "$out/$name.log" | grep -v '^\[' | tail -1 | cut -c1-90)" >>"$summary"
+  printf '%-22s exit %-3s %7.2fs\n' "$name" "$rc" "$(((($(date +%s%N) - t0) / 10000000)))e-2" >>"$summary"
+  grep -E '^[0-9]+/[0-9]+ PASS|GATE FAILED|speedup|^fuzz:|^stress|caught|test result|^MUTANT|^clean' "$out/$name.log" |
+    grep -v '^\[' | sed 's/^/    /' | cut -c1-150 >>"$summary"
 }
 
 check() {
@@ -76,5 +78,6 @@ tests() {
 }
 
 for s in $sections; do "$s"; done
-echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee -a "$summary"
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null
 cat "$summary"

@@ -175,22 +175,23 @@ fn run_rows_d<const D: usize>(
                             states[r * kv_split + t % kv_split].step(q, &tile, qk_scale);
                         }
                     }
-                    for ((out_row, &i), splits) in out_rows
+                    for (((out_row, &i), splits), &keys) in out_rows
                         .chunks_mut(D)
                         .zip(chunk_rows)
                         .zip(states.chunks(kv_split))
+                        .zip(&seen)
                     {
                         if defect == Defect::LeaveRowUnwritten && bh == heads - 1 && i == sh.s - 1 {
+                            continue;
+                        }
+                        if keys == 0 {
+                            // A row that sees no key: the kernel's l is 0 and it writes zeros.
+                            out_row.fill(f16::ZERO);
                             continue;
                         }
                         let splits: Vec<SplitState<D>> =
                             splits.iter().map(Running::finish).collect();
                         let (l, o) = merge(&splits);
-                        if l == 0.0 {
-                            // No key seen: the kernel writes zeros.
-                            out_row.fill(f16::ZERO);
-                            continue;
-                        }
                         let f = v_scale / l;
                         for (dst, x) in out_row.iter_mut().zip(o) {
                             *dst = output(x * f);
@@ -353,9 +354,6 @@ fn merge<const D: usize>(splits: &[SplitState<D>]) -> (f32, [f32; D]) {
         return (first.l, first.o);
     }
     let m_all = splits.iter().map(|s| s.m).fold(f32::NEG_INFINITY, f32::max);
-    if m_all == f32::NEG_INFINITY {
-        return (0.0, [0.0; D]); // no split saw a key
-    }
     let f = exp2(first.m - m_all);
     let mut l = first.l * f;
     let mut o = first.o.map(|x| x * f);
@@ -452,6 +450,33 @@ mod tests {
             .collect();
         assert!(!nans.is_empty(), "the witness: NaN codes give NaN outputs");
         assert!(nans.iter().all(|&b| b == NAN_BITS), "{:#06x?}", &nans[..4]);
+    }
+
+    #[test]
+    fn only_rows_that_see_no_key_are_zero_and_a_row_of_nan_scores_stays_nan() {
+        // S_q 80 > S_k 30, causal: rows 0..=49 see no key. Row 60's Q codes all NaN (0x7F):
+        // every score NaN, so its running maximum never moves, as in a row that sees no key,
+        // but its output is NaN, not zero (the kernel's l is NaN there, not 0).
+        let sh = Shape::parse_inline("1x1x80x64:sk=30:causal")
+            .unwrap()
+            .unwrap();
+        let mut p = Problem::new(&sh, 0);
+        p.q.codes[60 * 64..61 * 64].fill(0x7F);
+        let out = emulate(&p, Defect::None);
+        assert!(
+            out[..50 * 64].iter().all(|x| x.to_bits() == 0),
+            "rows 0..50 zero"
+        );
+        assert!(
+            out[50 * 64..51 * 64].iter().any(|x| x.to_bits() != 0),
+            "row 50 sees a key"
+        );
+        assert!(
+            out[60 * 64..61 * 64]
+                .iter()
+                .all(|x| x.to_bits() == NAN_BITS),
+            "row 60 NaN"
+        );
     }
 
     #[test]
