@@ -65,21 +65,27 @@ fn a_kernel_that_does_not_compile_exits_4_with_the_nvrtc_log() {
     assert!(run_dirs(&results).is_empty());
 }
 
-/// Same ABI and published constants as the real kernel, but it stores to a wild address.
+/// Same ABI, entries and published constants as the real kernel, but it stores to a wild
+/// address.
 const FAULTING_KERNEL: &str = r#"
-extern "C" __constant__ int SDPA_HEAD_DIM = 64;
 extern "C" __constant__ int SDPA_BLOCK_M = 64;
 extern "C" __constant__ int SDPA_BLOCK_N = 64;
 extern "C" __constant__ int SDPA_KV_SPLIT = 1;
 extern "C" __constant__ int SDPA_THREADS = 128;
-extern "C" __constant__ int SDPA_SMEM_BYTES = 0;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = 0;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = 0;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = 0;
-extern "C" __global__ void sdpa_fp8_stage_c_mma(const unsigned char* q, const unsigned char* k,
-        const unsigned char* v, const float* qs, const float* ks, const float* vs,
-        unsigned short* out, int B, int H, int S, float scale) {
-    volatile int* wild = (volatile int*)(0x10ull + 4ull * threadIdx.x);
-    *wild = S;
+#define WILD(NAME) extern "C" __global__ void NAME(const unsigned char* q, \
+        const unsigned char* k, const unsigned char* v, const float* qs, const float* ks, \
+        const float* vs, unsigned short* out, int B, int H, int Hkv, int Sq, int Sk, \
+        int causal, float scale) { \
+    volatile int* wild = (volatile int*)(0x10ull + 4ull * threadIdx.x); \
+    *wild = Sq; \
 }
+WILD(sdpa_fp8_stage_c_mma_d64)
+WILD(sdpa_fp8_stage_c_mma_d64_causal)
+WILD(sdpa_fp8_stage_c_mma_d128)
+WILD(sdpa_fp8_stage_c_mma_d128_causal)
 "#;
 
 #[test]
