@@ -359,8 +359,12 @@ __device__ __forceinline__ int diagonal(int Sq, int Sk) {
     return Sk - Sq;
 #endif
 }
-// The K/V head (batch included) that query head `bh` (batch included) reads.
+// The K/V head (batch included) that query head `bh` (batch included) reads. Plain
+// multi-head attention (H_kv = H) reads its own head, with no division: the cp.async prologue
+// waits for this offset, and on a latency-bound problem (mission) the divisions' latency alone
+// cost cp1 about 2%.
 __device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
+    if (Hkv == H) return bh;
     const int b = bh / H, h = bh % H;
 #ifdef MUTANT_GQA_MODULO
     return b * Hkv + h % Hkv; // the wrong head map
