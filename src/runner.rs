@@ -333,10 +333,11 @@ pub fn query_tiles(backend: &dyn Backend) -> Vec<usize> {
         .collect()
 }
 
-/// The predicted cost of a problem, for sharing problems among workers: its score elements,
-/// B·H·S², which the kernel, the references and the emulation each grow with.
+/// The predicted cost of a problem, for sharing problems among workers: its unmasked score
+/// elements (B·H·S_q·S_k without a mask), which the kernel, the references and the emulation
+/// each grow with.
 pub fn predicted_cost(shape: &Shape) -> u128 {
-    shape.heads() as u128 * shape.s as u128 * shape.s as u128
+    shape.unmasked_pairs()
 }
 
 /// Runs `work(backend, item, emit)` for every item, sharing the items among the backends,
@@ -575,6 +576,17 @@ mod tests {
             |_| {},
         )
         .unwrap()
+    }
+
+    #[test]
+    fn the_predicted_cost_counts_unmasked_pairs_so_decode_is_cheap_and_causal_half() {
+        let sh = |t: &str| Shape::parse_inline(t).unwrap().unwrap();
+        assert_eq!(
+            predicted_cost(&sh("16x32x1x128:sk=8192:hkv=8")),
+            16 * 32 * 8192
+        );
+        assert_eq!(predicted_cost(&sh("1x8x512x64")), 8 * 512 * 512);
+        assert_eq!(predicted_cost(&sh("1x8x512x64:causal")), 8 * 512 * 513 / 2);
     }
 
     #[test]

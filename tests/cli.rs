@@ -380,6 +380,17 @@ fn gqa_decode_and_causal_problems_run_the_whole_pipeline_on_the_cpu_backend() {
 }
 
 #[test]
+fn bench_refuses_a_masked_or_gqa_problem_naming_it() {
+    let (code, _, stderr) =
+        output(runner().args(["bench", "--shapes", "small,1x4x64x64:hkv=2:causal"]));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("plain attention") && stderr.contains("1x4x64x64:hkv=2:causal"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn bad_problem_descriptions_exit_2_naming_the_rule() {
     for (spec, words) in [
         ("1x6x64x64:hkv=4", &["multiple of Hkv"][..]),

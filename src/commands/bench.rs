@@ -10,6 +10,7 @@ use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
 use crate::reference;
 use crate::shapes::Shape;
+use crate::usage::ConfigError;
 
 /// The goal of the foundation issue: at most half numpy's time on the same machine.
 const GOAL_RATIO: f64 = 0.5;
@@ -17,6 +18,15 @@ const GOAL_RATIO: f64 = 0.5;
 pub fn bench(args: &BenchArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let selected = project.catalog.select(&args.shapes)?;
+    if let Some(other) = selected.iter().find(|s| !s.is_plain()) {
+        return Err(ConfigError::Usage(format!(
+            "bench times the textbook f64 reference of plain attention (H_kv = H, S_k = S, no \
+             mask); `{}` is {}: choose plain shapes",
+            other.name,
+            other.dims()
+        ))
+        .into());
+    }
     // Every row of every shape, on one worker with every thread.
     crate::rows::check_host_memory(&selected, crate::rows::CheckRows::All, 1, 1)?;
     let repeats = args.repeats as usize;
