@@ -37,6 +37,9 @@ Examples:
                                                        shards of a CI matrix made one run
   sdpa-runner stress --shapes all --repeats 1000       race detection: bit-identical relaunches
   sdpa-runner selftest                                 every planted MUTANT_* bug must be caught
+  sdpa-runner export --shapes llm --seeds 0 problems/  the problems as .npy files for any framework
+  sdpa-runner check problems/ --outputs out/ --precision fp16
+                                                       grade another implementation's outputs
 
 Exit codes: 0 all gates passed, 1 a gate failed, 2 usage or configuration error,
 3 environment error (no GPU, driver, NVRTC or headers), 4 kernel compile error or fault.";
@@ -84,6 +87,11 @@ pub enum Command {
     Fuzz(FuzzArgs),
     /// How small a mistake the gates catch: planted perturbations of a correct output.
     Sensitivity(SensitivityArgs),
+    /// Write problems (f32 inputs, FP8 codes and scales) as NumPy files for other
+    /// implementations to run
+    Export(ExportArgs),
+    /// Grade other implementations' outputs of an exported folder against the f64 references
+    Check(CheckArgs),
 }
 
 /// A comma-separated seed list (`0,1,2`, `0-4`).
@@ -92,6 +100,18 @@ pub struct SeedList(pub Vec<u64>);
 
 fn seed_list(text: &str) -> Result<SeedList, String> {
     parse_seeds(text).map(SeedList)
+}
+
+/// One seed: a non-negative integer.
+fn one_seed(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if t.starts_with('-') {
+        return Err(format!(
+            "`{t}` is negative; a seed is a non-negative integer, e.g. 0 or 7"
+        ));
+    }
+    t.parse()
+        .map_err(|_| format!("`{t}` is not a seed; a seed is a non-negative integer, e.g. 0 or 7"))
 }
 
 /// A whole number in `lo..=hi`, or a message that names the allowed range.
@@ -286,7 +306,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "small,mission")]
     pub shapes: String,
     /// Seeds: comma-separated integers or ranges, e.g. 0,1,2 or 0-4
-    #[arg(long, default_value = "0,1,2", value_parser = seed_list)]
+    #[arg(long, default_value = "0,1,2", value_parser = seed_list, allow_hyphen_values = true)]
     pub seeds: SeedList,
     #[command(flatten)]
     pub setup: SetupArgs,
@@ -437,7 +457,7 @@ pub struct StressArgs {
     /// Shapes: names, inline BxHxSxD, or `all`
     #[arg(long, default_value = "all")]
     pub shapes: String,
-    #[arg(long, default_value = "0", value_parser = seed_list)]
+    #[arg(long, default_value = "0", value_parser = seed_list, allow_hyphen_values = true)]
     pub seeds: SeedList,
     /// Repeats per (shape, seed, variant, mode); the first is the reference
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(2..=1_000_000))]
@@ -460,7 +480,7 @@ pub struct SensitivityArgs {
     #[arg(long, default_value = "small,mission")]
     pub shapes: String,
     /// Seeds: the table shows, per shape, the largest smallest-caught size over them
-    #[arg(long, default_value = "0,1,2", value_parser = seed_list)]
+    #[arg(long, default_value = "0,1,2", value_parser = seed_list, allow_hyphen_values = true)]
     pub seeds: SeedList,
     #[command(flatten)]
     pub project: ProjectArgs,
@@ -472,7 +492,7 @@ pub struct FuzzArgs {
     #[arg(long, default_value = "200", value_parser = fuzz_count)]
     pub count: usize,
     /// Seed of the draw of problems (the same seed draws the same problems)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value = "0", value_parser = one_seed, allow_hyphen_values = true)]
     pub seed: u64,
     /// Largest sequence length drawn
     #[arg(long, default_value = "4096", value_parser = fuzz_max_s)]
@@ -515,6 +535,57 @@ pub struct SelftestArgs {
         default_value = "0"
     )]
     pub devices: DeviceChoice,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// The folder to write: DIR/manifest.json and DIR/<problem id>/*.npy
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Shapes: names, inline BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME], or a set
+    #[arg(long, default_value = "small")]
+    pub shapes: String,
+    #[arg(long, default_value = "0", value_parser = seed_list, allow_hyphen_values = true)]
+    pub seeds: SeedList,
+    /// Replace DIR if it exists and is not empty
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// A folder written by `sdpa-runner export`
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// An implementation's outputs: OUT/<problem id>.npy, [B, Hq, Sq, D], and optionally
+    /// OUT/implementation.json (name, precision, e4m3 output scales, timings); repeat the
+    /// flag to grade several implementations side by side
+    #[arg(long = "outputs", value_name = "OUT", required_unless_present = "ours")]
+    pub outputs: Vec<PathBuf>,
+    /// What the implementation read and computed in: fp8 the codes and scales, the others
+    /// the f32 originals cast to that type (required unless implementation.json says it)
+    #[arg(long, value_enum)]
+    pub precision: Option<crate::reference::Precision>,
+    /// uint16 outputs hold bf16
+    #[arg(long)]
+    pub u16_is_bf16: bool,
+    /// Where the run directory goes [default: <root>/results]
+    #[arg(long, value_name = "DIR")]
+    pub results_dir: Option<PathBuf>,
+    /// Rows held to the references (as a run's --check-rows)
+    #[arg(long, value_enum, default_value = "auto")]
+    pub check_rows: CheckRows,
+    /// Also run sdpa-runner's own kernel on every problem (each variant the kernel flags
+    /// select, on this backend) and grade it beside the others: it reads fp8 and writes f16;
+    /// its p50 comes from 50 timed launches
+    #[arg(long, value_enum, value_name = "cuda|cpu")]
+    pub ours: Option<BackendKind>,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
     #[command(flatten)]
     pub project: ProjectArgs,
 }

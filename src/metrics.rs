@@ -82,6 +82,50 @@ pub fn measure_compact(
     }
 }
 
+/// As [`measure`], for an output of another implementation (`check`), read as f64: nothing
+/// was poisoned, so `unwritten` is 0 and every NaN or Inf is `nonfinite`.
+pub fn measure_values(
+    out: &[f64],
+    reference: &[f64],
+    bound: &[f64],
+    rows: &RowSet,
+    shape: &Shape,
+) -> ErrorMetrics {
+    assert_eq!(out.len(), rows.total() * shape.d);
+    assert!(reference.len() == rows.count() * shape.d && bound.len() == reference.len());
+    let nonfinite = out.par_iter().filter(|x| !x.is_finite()).count();
+    ErrorMetrics {
+        nonfinite,
+        unwritten: 0,
+        elements: out.len(),
+        ..errors(out, reference, bound, rows, shape, |full_row, _| full_row)
+    }
+}
+
+/// An output element: f16 from the kernels, f64 from outputs read back.
+trait Element: Copy + Sync {
+    fn finite(self) -> bool;
+    fn value(self) -> f64;
+}
+
+impl Element for f16 {
+    fn finite(self) -> bool {
+        self.is_finite()
+    }
+    fn value(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+impl Element for f64 {
+    fn finite(self) -> bool {
+        self.is_finite()
+    }
+    fn value(self) -> f64 {
+        self
+    }
+}
+
 /// (unwritten, nonfinite) elements of `out`, counted in parallel.
 fn poison_counts(out: &[f16]) -> (usize, usize) {
     out.par_chunks(1 << 16)
@@ -100,8 +144,8 @@ fn poison_counts(out: &[f16]) -> (usize, usize) {
 /// The error statistics over the checked rows; `out_row` maps (output row, compact row) to
 /// the row of `out` that holds it. Rows are taken [`ROWS_PER_PART`] at a time in parallel and
 /// the parts combined in row order, so the figures do not depend on the number of threads.
-fn errors(
-    out: &[f16],
+fn errors<T: Element>(
+    out: &[T],
     reference: &[f64],
     bound: &[f64],
     rows: &RowSet,
@@ -120,8 +164,8 @@ fn errors(
                 let b = &bound[compact_row * d..][..d];
                 for (x, ((&o, &r), &b)) in o.iter().zip(r).zip(b).enumerate() {
                     // Poison and NaN/Inf are counted apart.
-                    if o.is_finite() {
-                        part.add((o.to_f64() - r).abs(), b, full_row * d + x);
+                    if o.finite() {
+                        part.add((o.value() - r).abs(), b, full_row * d + x);
                     }
                 }
             }

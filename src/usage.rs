@@ -68,6 +68,11 @@ pub fn parse_seeds(spec: &str) -> Result<Vec<u64>, String> {
                 "`{spec}` has an empty item; write seeds as 0,1,2 or a range 0-4"
             ));
         }
+        if item.starts_with('-') {
+            return Err(format!(
+                "`{item}` in `{spec}` is negative; seeds are non-negative integers, e.g. 0,1,2 or 0-4"
+            ));
+        }
         let (lo, hi) = match item.split_once('-') {
             Some((lo, hi)) => (parse_seed(lo, spec)?, parse_seed(hi, spec)?),
             None => {
@@ -119,7 +124,10 @@ mod tests {
             ("0,,1", "has an empty item"),
             ("a", "`a` in `a` is not a seed"),
             ("1.5", "`1.5` in `1.5` is not a seed"),
-            ("-1", "`` in `-1` is not a seed"),
+            (
+                "-1",
+                "`-1` in `-1` is negative; seeds are non-negative integers",
+            ),
             ("5-3", "range `5-3` in `5-3` runs backwards"),
             ("0-99999", "range `0-99999` asks for more than 10000 seeds"),
             ("0,x", "`x` in `0,x` is not a seed"),

@@ -272,6 +272,22 @@ fn malformed_seeds_exit_2() {
 }
 
 #[test]
+fn a_negative_seed_exits_2_saying_seeds_are_non_negative_integers() {
+    for command in [&[][..], &["stress"]] {
+        for seeds in ["-1", "0,-3"] {
+            let mut args = command.to_vec();
+            args.extend(["--backend", "cpu", "--seeds", seeds]);
+            refused(&args, 2, &["negative", "non-negative integers"]);
+        }
+    }
+    refused(
+        &["fuzz", "--backend", "cpu", "--seed", "-1"],
+        2,
+        &["negative", "non-negative integer"],
+    );
+}
+
+#[test]
 fn device_references_or_emulation_on_the_cpu_backend_exit_2_naming_the_fix() {
     for command in [&[][..], &["stress"], &["fuzz", "--count", "1"]] {
         for flag in ["--references", "--emulation"] {

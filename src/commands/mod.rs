@@ -5,7 +5,9 @@ mod baseline;
 mod bench;
 mod build;
 mod calibrate;
+mod check;
 mod compare;
+mod export;
 mod fuzz;
 mod merge;
 mod run;
@@ -51,6 +53,8 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Fuzz(args)) => fuzz::fuzz(&args),
         Some(Command::Sensitivity(args)) => sensitivity::sensitivity(&args),
         Some(Command::Selftest(args)) => selftest::selftest(&args),
+        Some(Command::Export(args)) => export::export(&args),
+        Some(Command::Check(args)) => check::check(&args),
     }
 }
 

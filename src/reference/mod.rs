@@ -6,6 +6,10 @@
 
 mod bound;
 mod fastexp;
+mod model;
+
+use model::Reader;
+pub use model::{Implementation, Model, OutputFormat, Precision, Reading};
 
 use std::cell::RefCell;
 
@@ -91,6 +95,7 @@ impl Engine {
 /// The references' sums of the checked rows before the softmax totals divide them, in the
 /// compact layout of [`RowSet`] (`d` values per row): what the device computes
 /// (cuda/reference_f64.cu), and what [`References::compute`] computes on the host on its way.
+#[derive(Clone)]
 pub struct RowSums {
     /// Σ_j w_k(j) v̂_j, with w_k = exp(s_k − max s_k) the weights on the dequantized codes.
     pub o_k: Vec<f64>,
@@ -111,7 +116,7 @@ pub struct RowTotals {
     pub l_e: f64,
     /// max_j |s_k(j) − s_e(j)|.
     pub score_shift: f64,
-    /// Keys whose w_k is below f16's smallest normal.
+    /// Keys whose w_k is below f16's smallest normal (the reading's small weight, [`Reading`]).
     pub subnormal_weights: usize,
 }
 
@@ -121,6 +126,12 @@ impl RowSums {
     /// [`Shape::kv_head_of`]; under a causal mask a row's sums run over its visible keys only
     /// ([`Shape::visible_keys`]), and a row that sees none has all sums and totals zero.
     pub fn on_host(p: &Problem, rows: &RowSet) -> Self {
+        Self::read(p, rows, Reading::STAGE_C)
+    }
+
+    /// As [`RowSums::on_host`], with the inputs read as `reading` says (`check`: what the
+    /// graded implementation read) and its small weights counted below its threshold.
+    pub fn read(p: &Problem, rows: &RowSet, reading: Reading) -> Self {
         let sh = &p.shape;
         let (sk, d) = (sh.sk, sh.d);
         let kv_len = sk * d;
@@ -132,7 +143,7 @@ impl RowSums {
             totals: vec![RowTotals::default(); n],
         };
         let scale = p.softmax_scale as f64;
-        let table = crate::fp8::decode_table_f64();
+        let reader = Reader::new(reading.precision);
         let split = |v| rows.split_heads(v, d).into_iter();
         let heads: Vec<_> = split(&mut sums.o_k)
             .zip(split(&mut sums.a))
@@ -145,12 +156,8 @@ impl RowSums {
             .for_each(|(bh, (((o_k, a), o_e), totals))| {
                 let kvh = sh.kv_head_of(bh);
                 let range = kvh * kv_len..(kvh + 1) * kv_len;
-                let decode = |t: &crate::fp8::Fp8Tensor| -> Vec<f64> {
-                    let sc = t.scales[kvh] as f64;
-                    t.codes[range.clone()]
-                        .iter()
-                        .map(|&c| table[c as usize] * sc)
-                        .collect()
+                let decode = |t: &crate::fp8::Fp8Tensor, orig: &[f32]| -> Vec<f64> {
+                    reader.values(t, orig, kvh, range.clone()).collect()
                 };
                 let widen = |x: &[f32]| {
                     x[range.clone()]
@@ -158,14 +165,15 @@ impl RowSums {
                         .map(|&v| v as f64)
                         .collect::<Vec<_>>()
                 };
-                let (kk, vk) = (decode(&p.k), decode(&p.v));
+                let (kk, vk) = (decode(&p.k, &p.inputs.k), decode(&p.v, &p.inputs.v));
                 let (ke, ve) = (widen(&p.inputs.k), widen(&p.inputs.v));
                 let v_abs: Vec<f64> = vk.iter().map(|x| x.abs()).collect();
                 let mine = rows.rows(bh);
                 let head = Head {
                     p,
                     bh,
-                    table: &table,
+                    reader: &reader,
+                    small_weight: reading.small_weight,
                     kk: head_view(&kk, sk, d),
                     vk: head_view(&vk, sk, d),
                     v_abs: head_view(&v_abs, sk, d),
@@ -196,6 +204,16 @@ impl References {
 
     /// The references and bounds from the sums of either engine: the same finishing for both.
     pub fn from_sums(p: &Problem, kv_split: usize, rows: &RowSet, sums: RowSums) -> Self {
+        Self::finish(p, &Model::StageC { kv_split }, rows, sums)
+    }
+
+    /// Both references and their bounds under `model`, on the host.
+    pub fn with_model(p: &Problem, model: &Model, rows: &RowSet) -> Self {
+        Self::finish(p, model, rows, RowSums::read(p, rows, model.reading()))
+    }
+
+    /// The references and bounds under `model` from sums read as [`Model::reading`] says.
+    pub fn finish(p: &Problem, model: &Model, rows: &RowSet, sums: RowSums) -> Self {
         let d = p.shape.d;
         let n = rows.count() * d;
         let RowSums {
@@ -211,17 +229,21 @@ impl References {
             kernel_bound: a,
             end_to_end_bound: vec![0.0; n],
         };
-        let table = crate::fp8::decode_table_f64();
+        let reader = Reader::new(model.reading().precision);
+        let kv_split = match model {
+            Model::StageC { kv_split } => *kv_split,
+            Model::Implementation(_) => 1,
+        };
         refs.heads(rows, d)
             .into_par_iter()
             .enumerate()
             .for_each(|(bh, [k, e, kb, eb])| {
-                let facts = head_facts(p, bh, kv_split, &table);
+                let facts = head_facts(p, bh, kv_split, &reader);
                 let first = rows.offset(bh);
                 for (i, &r) in rows.rows(bh).iter().enumerate() {
                     let t = &totals[first + i];
                     let row = bound::RowFacts {
-                        q_norm: q_norm(p, bh, r, &table),
+                        q_norm: q_norm(p, bh, r, &reader),
                         keys: p.shape.visible_keys(r),
                         subnormal_weights: t.subnormal_weights,
                         score_shift: t.score_shift,
@@ -233,7 +255,7 @@ impl References {
                         &mut kb[at.clone()],
                         &mut eb[at],
                     ];
-                    finish_row(&facts, &row, (t.l_k, t.l_e), out);
+                    finish_row(model, &facts, &row, (t.l_k, t.l_e), out);
                 }
             });
         refs
@@ -251,24 +273,23 @@ impl References {
 }
 
 /// The error model's facts of query head `bh`, from the codes of the K/V head it reads.
-fn head_facts(p: &Problem, bh: usize, kv_split: usize, table: &[f64; 256]) -> bound::HeadFacts {
+fn head_facts(p: &Problem, bh: usize, kv_split: usize, reader: &Reader) -> bound::HeadFacts {
     let (sk, d) = (p.shape.sk, p.shape.d);
     let kvh = p.shape.kv_head_of(bh);
-    let range = kvh * sk * d..(kvh + 1) * sk * d;
-    let (k_sc, v_sc) = (p.k.scales[kvh] as f64, p.v.scales[kvh] as f64);
-    let k_norm_max = p.k.codes[range.clone()]
-        .chunks(d)
-        .map(|key| {
-            key.iter()
-                .map(|&c| table[c as usize] * k_sc)
+    let v_sc = p.v.scales[kvh] as f64;
+    let k_norm_max = (0..sk)
+        .map(|j| {
+            let key = (kvh * sk + j) * d..(kvh * sk + j + 1) * d;
+            reader
+                .values(&p.k, &p.inputs.k, kvh, key)
                 .map(|x| x * x)
                 .sum::<f64>()
                 .sqrt()
         })
         .fold(0.0, f64::max);
-    let v_abs_max = p.v.codes[range]
-        .iter()
-        .map(|&c| (table[c as usize] * v_sc).abs())
+    let v_abs_max = reader
+        .values(&p.v, &p.inputs.v, kvh, kvh * sk * d..(kvh + 1) * sk * d)
+        .map(f64::abs)
         .fold(0.0, f64::max);
     bound::HeadFacts {
         qk_scale_log2: p.softmax_scale as f64 * std::f64::consts::LOG2_E,
@@ -281,12 +302,11 @@ fn head_facts(p: &Problem, bh: usize, kv_split: usize, table: &[f64; 256]) -> bo
 }
 
 /// ‖q̂‖₂ of row `r` of head `bh`.
-fn q_norm(p: &Problem, bh: usize, r: usize, table: &[f64; 256]) -> f64 {
+fn q_norm(p: &Problem, bh: usize, r: usize, reader: &Reader) -> f64 {
     let d = p.shape.d;
-    let sc = p.q.scales[bh] as f64;
-    p.q.codes[(bh * p.shape.s + r) * d..][..d]
-        .iter()
-        .map(|&c| table[c as usize] * sc)
+    let at = (bh * p.shape.s + r) * d;
+    reader
+        .values(&p.q, &p.inputs.q, bh, at..at + d)
         .map(|x| x * x)
         .sum::<f64>()
         .sqrt()
@@ -296,6 +316,7 @@ fn q_norm(p: &Problem, bh: usize, r: usize, table: &[f64; 256]) -> f64 {
 /// (and anything in the fourth) and gets the kernel reference, the end-to-end reference, the
 /// kernel bound and the end-to-end bound.
 fn finish_row(
+    model: &Model,
     head: &bound::HeadFacts,
     row: &bound::RowFacts,
     (l_k, l_e): (f64, f64),
@@ -311,7 +332,12 @@ fn finish_row(
     }
     for x in 0..k.len() {
         let (o_k, o_e, a) = (k[x] / l_k, e[x] / l_e, kb[x] / l_k);
-        let (bk, be) = bound::element(head, row, a, o_k, o_e);
+        let (bk, be) = match model {
+            Model::StageC { .. } => bound::element(head, row, a, o_k, o_e),
+            Model::Implementation(imp) => {
+                model::implementation_element(imp, head, row, (a, o_k, o_e, l_k))
+            }
+        };
         (k[x], e[x], kb[x], eb[x]) = (o_k, o_e, bk, be);
     }
 }
@@ -325,7 +351,9 @@ fn head_view(x: &[f64], s: usize, d: usize) -> ArrayView2<'_, f64> {
 struct Head<'a> {
     p: &'a Problem,
     bh: usize,
-    table: &'a [f64; 256],
+    reader: &'a Reader,
+    /// Weights below this are counted as small ([`RowTotals::subnormal_weights`]).
+    small_weight: f64,
     kk: ArrayView2<'a, f64>,
     vk: ArrayView2<'a, f64>,
     v_abs: ArrayView2<'a, f64>,
@@ -347,15 +375,17 @@ impl<'a> Head<'a> {
         let shape = &self.p.shape;
         let rows = which.len();
         let head_off = self.bh * shape.s * d;
-        let q_scale = self.p.q.scales[self.bh] as f64;
         let mut qk = ndarray::Array2::<f64>::zeros((rows, d));
         let mut qe = ndarray::Array2::<f64>::zeros((rows, d));
         for (i, &r) in which.iter().enumerate() {
-            let codes = &self.p.q.codes[head_off + r * d..][..d];
-            let orig = &self.p.inputs.q[head_off + r * d..][..d];
-            for x in 0..d {
-                qk[[i, x]] = self.table[codes[x] as usize] * q_scale;
-                qe[[i, x]] = orig[x] as f64;
+            let at = head_off + r * d;
+            let read = self
+                .reader
+                .values(&self.p.q, &self.p.inputs.q, self.bh, at..at + d);
+            let orig = &self.p.inputs.q[at..at + d];
+            for (x, (value, &o)) in read.zip(orig).enumerate() {
+                qk[[i, x]] = value;
+                qe[[i, x]] = o as f64;
             }
         }
         // Keys any row of the block sees (all S_k without a mask): the GEMMs stop there.
@@ -403,7 +433,7 @@ impl<'a> Head<'a> {
                         fastexp::exp_shifted_sum(re, max_e),
                     )
                 };
-                let subnormal_weights = rk.iter().filter(|&&w| w < bound::F16_MIN_NORMAL).count();
+                let subnormal_weights = rk.iter().filter(|&&w| w < self.small_weight).count();
                 *total = RowTotals {
                     l_k,
                     l_e,

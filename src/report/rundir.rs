@@ -80,6 +80,34 @@ impl RunDir {
         )))
     }
 
+    /// A staging folder beside `target` (created with its parents), committed by renaming it
+    /// to `target`: `export`'s folder, which may replace an existing one (checked by the
+    /// caller). Signals and drops remove it as they remove a run's.
+    pub fn for_target(target: &Path) -> Result<Self, ReportError> {
+        let unwritable = |source| ReportError::Output {
+            path: target.to_path_buf(),
+            source,
+        };
+        let parent = target
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(unwritable)?;
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| "export".into());
+        let staging = parent.join(crate::interrupt::staging_name(&name));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir(&staging).map_err(unwritable)?;
+        crate::interrupt::register(&staging);
+        Ok(RunDir {
+            staging,
+            target: target.to_path_buf(),
+            committed: false,
+        })
+    }
+
     /// Creates `results_root` if missing, or says why it cannot be used (before any work).
     /// Creates nothing: the folder, or the nearest folder above it that exists, must take
     /// new entries (the run creates what is missing when it starts writing).
@@ -107,14 +135,37 @@ impl RunDir {
 
     /// Moves the finished run into place and returns its path.
     pub fn commit(mut self) -> Result<PathBuf, ReportError> {
+        // A folder already at the target ([`RunDir::for_target`]) is moved aside first and
+        // removed after: the target never holds a mix of old and new files.
+        let aside = self.target.exists().then(|| {
+            let name = self
+                .target
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy();
+            self.target
+                .with_file_name(crate::interrupt::staging_name(&format!("{name}-replaced")))
+        });
         crate::interrupt::commit(&self.staging, || {
-            std::fs::rename(&self.staging, &self.target)
+            if let Some(aside) = &aside {
+                std::fs::rename(&self.target, aside)?;
+            }
+            let moved = std::fs::rename(&self.staging, &self.target);
+            if moved.is_err()
+                && let Some(aside) = &aside
+            {
+                let _ = std::fs::rename(aside, &self.target);
+            }
+            moved
         })
         .map_err(|source| ReportError::Write {
             path: self.target.clone(),
             source,
         })?;
         self.committed = true;
+        if let Some(aside) = aside {
+            let _ = std::fs::remove_dir_all(&aside);
+        }
         Ok(self.target.clone())
     }
 }

@@ -1,0 +1,96 @@
+//! `sdpa-runner export --shapes ... --seeds ... DIR`: every (shape, seed) problem as NumPy
+//! files any framework reads, and a manifest that describes them (src/exchange/). Written
+//! into a staging folder beside DIR and renamed into place at the end: an interrupted or
+//! failed export leaves DIR as it was.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::Project;
+use crate::cli::ExportArgs;
+use crate::error::{AppError, Outcome};
+use crate::exchange::{self, ExportedProblem, Manifest};
+use crate::outln;
+use crate::problem::Problem;
+use crate::report::{RunDir, probe_nearest_dir};
+use crate::usage::ConfigError;
+
+pub fn export(args: &ExportArgs) -> Result<Outcome, AppError> {
+    let project = Project::load(&args.project)?;
+    let shapes = project.catalog.select(&args.shapes)?;
+    check_target(args)?;
+
+    let staged = RunDir::for_target(&args.dir)?;
+    let mut problems = Vec::new();
+    let mut ids = BTreeSet::new();
+    for shape in &shapes {
+        for &seed in &args.seeds.0 {
+            let p = Problem::new(shape, seed);
+            let mut id = exchange::problem_id(shape, seed);
+            for n in 2.. {
+                if ids.insert(id.clone()) {
+                    break;
+                }
+                id = format!("{}-{n}", exchange::problem_id(shape, seed));
+            }
+            let mut files = BTreeMap::new();
+            for (name, rel, bytes) in exchange::problem_files(&id, &p) {
+                crate::report::write_atomic(&staged.staging().join(&rel), &bytes)?;
+                files.insert(name, rel.to_string_lossy().replace('\\', "/"));
+            }
+            outln!("  {id:<44} {}", shape.inline());
+            problems.push(ExportedProblem::describe(id, &p, files));
+        }
+    }
+    let count = problems.len();
+    staged.write_json(
+        exchange::MANIFEST,
+        &Manifest {
+            format: exchange::FORMAT.into(),
+            conventions: exchange::conventions(),
+            problems,
+        },
+    )?;
+    let dir = staged.commit()?;
+    outln!(
+        "export: {count} problems in {} (manifest: {})",
+        dir.display(),
+        dir.join(exchange::MANIFEST).display()
+    );
+    Ok(Outcome::Pass)
+}
+
+/// DIR must be new, empty, or replaced on purpose (`--force`), and its parent writable.
+fn check_target(args: &ExportArgs) -> Result<(), ConfigError> {
+    let dir = &args.dir;
+    if dir.exists() {
+        if !dir.is_dir() {
+            return Err(ConfigError::Usage(format!(
+                "{} is a file, not a folder; choose a folder to export into",
+                dir.display()
+            )));
+        }
+        let non_empty = std::fs::read_dir(dir)
+            .map_err(|source| ConfigError::Read {
+                path: dir.clone(),
+                source,
+            })?
+            .next()
+            .is_some();
+        if non_empty && !args.force {
+            return Err(ConfigError::Usage(format!(
+                "{} exists and is not empty; choose a new folder, or pass --force to replace it",
+                dir.display()
+            )));
+        }
+    }
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    probe_nearest_dir(parent).map_err(|e| {
+        ConfigError::Usage(format!(
+            "cannot export into {}: {e}; choose a folder in a writable place",
+            dir.display()
+        ))
+    })
+}

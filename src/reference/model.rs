@@ -1,0 +1,388 @@
+//! Which error model bounds an output, and how an implementation read its inputs
+//! (docs/DESIGN.md "Grading other implementations").
+//!
+//! Two families of models share the references and their sums:
+//! - [`Model::StageC`]: the kernel under test's own algorithm, step for step
+//!   ([`super::bound::element`]); the runner's gates.
+//! - [`Model::Implementation`]: any attention implementation that read its inputs in one
+//!   [`Precision`] and wrote its output in one [`OutputFormat`] (`sdpa-runner check`). It
+//!   knows nothing of the implementation's tiles, so every step is bounded for the worst
+//!   algorithm of its class:
+//!   - scores: f32 accumulation, (D + 8) u32 of the magnitudes' sum at 16-bit inputs
+//!     (products exact, as on tensor cores), (2D + 8) u32 at fp32 (products rounded); at FP8
+//!     add (⌈D / 32⌉ + 2) · 2^-13: Hopper's FP8 tensor cores keep about 14 bits while they
+//!     accumulate (DeepSeek-V3, §3.3.2), one truncation per 32-deep step. With Cauchy-Schwarz
+//!     the exponent is off by δ = that · qk_scale_log2 · ‖q̂_i‖ · max_j ‖k̂_j‖.
+//!   - exp: 2^-21 relative (two f32 ulps: `ex2.approx` or `expf`).
+//!   - P rounded to the precision's format for the second GEMM (FP8: e4m3 without a scale,
+//!     the coarsest of the conventions in use; a P scaled by 448, as cuDNN's, rounds finer):
+//!     relative half-ulp u_P, and each weight below the format's smallest normal is off by at
+//!     most half its subnormal step h_P: ρ = (2^δ − 1) + 2^-21 + u_P moves the output by
+//!     ρ (A + |O|), the small weights by n_small · h_P · (max |v̂| + |O|) / l.
+//!   - P·V: f32 accumulation over the row's n keys with a rescale per tile,
+//!     (1.0625 n + 16) u32 · A; at FP8 plus (⌈n / 32⌉ + 2) · 2^-13 · A (the same 14-bit
+//!     accumulation).
+//!   - the row sum l in f32: (n + 16) u32 · |O|.
+//!   - the output's rounding ([`OutputFormat`]): relative u_O · |O| plus half its smallest
+//!     subnormal step (times the output's scale for e4m3).
+//!   - end to end, the inputs' own rounding to the precision: each v̂ within u_in |v| + h_in of
+//!     v (FP8: 2^-4 and 2^-10 of the head's scale; fp16 2^-11 and 2^-25; bf16 2^-8; fp32
+//!     none), and the scores' measured shift Δ_i, as in the kernel's model.
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+use crate::fp8::Fp8Tensor;
+
+const U32: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// What an implementation read and computed in (`check --precision`): FP8 reads the e4m3
+/// codes and their descale factors; the others the f32 originals cast to that type.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp8,
+    Fp16,
+    Bf16,
+    Fp32,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp8 => "fp8",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+            Precision::Fp32 => "fp32",
+        }
+    }
+
+    /// The format P is rounded to before P·V.
+    fn p_format(self) -> Format {
+        match self {
+            Precision::Fp8 => E4M3,
+            Precision::Fp16 => F16,
+            Precision::Bf16 => BF16,
+            Precision::Fp32 => F32,
+        }
+    }
+
+    /// The inputs' own rounding, (relative, absolute): the absolute part in units of the
+    /// head's scale at FP8.
+    fn input_rounding(self, head_scale: f64) -> (f64, f64) {
+        match self {
+            Precision::Fp8 => (E4M3.rel, E4M3.sub_half * head_scale),
+            Precision::Fp16 => (F16.rel, F16.sub_half),
+            Precision::Bf16 => (BF16.rel, BF16.sub_half),
+            Precision::Fp32 => (0.0, 0.0),
+        }
+    }
+
+    /// Relative error of a score's dot product of length `d`, of the sum of magnitudes.
+    fn score_accumulation(self, d: usize) -> f64 {
+        match self {
+            Precision::Fp8 => (d as f64 + 8.0) * U32 + fp8_accumulation(d),
+            Precision::Fp16 | Precision::Bf16 => (d as f64 + 8.0) * U32,
+            Precision::Fp32 => (2.0 * d as f64 + 8.0) * U32,
+        }
+    }
+
+    /// Relative error of P·V over `n` keys, of Σ p |v̂|.
+    fn pv_accumulation(self, n: usize) -> f64 {
+        let f32_chain = (1.0625 * n as f64 + 16.0) * U32;
+        match self {
+            Precision::Fp8 => f32_chain + fp8_accumulation(n),
+            _ => f32_chain,
+        }
+    }
+}
+
+/// Hopper's FP8 tensor cores: about 14 bits kept while accumulating, one truncation per
+/// 32-deep step, over `len` products.
+fn fp8_accumulation(len: usize) -> f64 {
+    (len.div_ceil(32) as f64 + 2.0) * 2f64.powi(-13)
+}
+
+/// A floating-point format's rounding.
+#[derive(Debug, Clone, Copy)]
+struct Format {
+    /// Half an ulp of a normal value, relative.
+    rel: f64,
+    /// The smallest normal value.
+    min_normal: f64,
+    /// Half the subnormal step.
+    sub_half: f64,
+}
+
+const E4M3: Format = Format {
+    rel: 1.0 / 16.0,
+    min_normal: 1.0 / 64.0,
+    sub_half: 1.0 / 1024.0,
+};
+const F16: Format = Format {
+    rel: 1.0 / 2048.0,
+    min_normal: 1.0 / 16384.0,
+    sub_half: 1.0 / (1u64 << 25) as f64,
+};
+const BF16: Format = Format {
+    rel: 1.0 / 256.0,
+    min_normal: f32::MIN_POSITIVE as f64,
+    sub_half: 1.0e-40,
+};
+const F32: Format = Format {
+    rel: U32,
+    min_normal: f32::MIN_POSITIVE as f64,
+    sub_half: 1.0e-45,
+};
+
+/// How an implementation's output is stored (`check`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "dtype")]
+pub enum OutputFormat {
+    F16,
+    Bf16,
+    F32,
+    /// e4m3 codes times `scale` (cuDNN's FP8 output on Hopper).
+    E4m3 {
+        scale: f64,
+    },
+}
+
+impl OutputFormat {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OutputFormat::F16 => "f16",
+            OutputFormat::Bf16 => "bf16",
+            OutputFormat::F32 => "f32",
+            OutputFormat::E4m3 { .. } => "e4m3",
+        }
+    }
+
+    /// (relative, absolute) rounding of one output element.
+    fn rounding(&self) -> (f64, f64) {
+        match *self {
+            OutputFormat::F16 => (F16.rel, F16.sub_half),
+            OutputFormat::Bf16 => (BF16.rel, BF16.sub_half),
+            OutputFormat::F32 => (F32.rel, F32.sub_half),
+            OutputFormat::E4m3 { scale } => (E4M3.rel, E4M3.sub_half * scale),
+        }
+    }
+}
+
+/// An implementation graded by `check`: what it read and what it wrote.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Implementation {
+    pub precision: Precision,
+    pub output: OutputFormat,
+}
+
+/// The error model that bounds an output.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Model {
+    /// The kernel under test (Stage C), with its KV split.
+    StageC {
+        kv_split: usize,
+    },
+    Implementation(Implementation),
+}
+
+impl Model {
+    /// What the references read, and below which weight a weight is counted small.
+    pub fn reading(&self) -> Reading {
+        match self {
+            Model::StageC { .. } => Reading {
+                precision: Precision::Fp8,
+                small_weight: super::bound::F16_MIN_NORMAL,
+            },
+            Model::Implementation(i) => Reading {
+                precision: i.precision,
+                small_weight: i.precision.p_format().min_normal,
+            },
+        }
+    }
+}
+
+/// How the kernel reference reads the inputs, and the threshold of the small weights it
+/// counts per row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub precision: Precision,
+    pub small_weight: f64,
+}
+
+impl Reading {
+    /// The runner's: FP8 codes, weights below f16's smallest normal.
+    pub const STAGE_C: Reading = Reading {
+        precision: Precision::Fp8,
+        small_weight: super::bound::F16_MIN_NORMAL,
+    };
+}
+
+/// Reads tensor elements as an implementation of one precision took them.
+pub(crate) struct Reader {
+    precision: Precision,
+    table: [f64; 256],
+}
+
+impl Reader {
+    pub fn new(precision: Precision) -> Self {
+        Reader {
+            precision,
+            table: crate::fp8::decode_table_f64(),
+        }
+    }
+
+    /// Elements `range` of `t` (whose originals are `orig`), all in slice `slice` (the index
+    /// of its scale).
+    pub fn values<'a>(
+        &'a self,
+        t: &'a Fp8Tensor,
+        orig: &'a [f32],
+        slice: usize,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = f64> + 'a {
+        let scale = t.scales[slice] as f64;
+        t.codes[range.clone()]
+            .iter()
+            .zip(&orig[range])
+            .map(move |(&c, &x)| match self.precision {
+                Precision::Fp8 => self.table[c as usize] * scale,
+                Precision::Fp16 => f16::from_f32(x).to_f64(),
+                Precision::Bf16 => bf16::from_f32(x).to_f64(),
+                Precision::Fp32 => x as f64,
+            })
+    }
+}
+
+/// The two bounds of one element under an [`Implementation`]'s model: `a` = Σ p̂|v̂| / Σ p̂,
+/// `o_k` and `o_e` the two references, `l` = Σ p̂ (weights relative to the row's maximum).
+pub fn implementation_element(
+    imp: &Implementation,
+    head: &super::bound::HeadFacts,
+    row: &super::bound::RowFacts,
+    (a, o_k, o_e, l): (f64, f64, f64, f64),
+) -> (f64, f64) {
+    let prec = imp.precision;
+    let n = row.keys;
+    let p = prec.p_format();
+    let delta =
+        prec.score_accumulation(head.head_dim) * head.qk_scale_log2 * row.q_norm * head.k_norm_max;
+    let rho = (delta.exp2() - 1.0) + 2f64.powi(-21) + p.rel;
+    let (ok, oe) = (o_k.abs(), o_e.abs());
+    let (out_rel, out_abs) = imp.output.rounding();
+    let kernel = rho * (a + ok)
+        + row.subnormal_weights as f64 * p.sub_half * (head.v_abs_max + ok) / l.max(1.0)
+        + prec.pv_accumulation(n) * a
+        + (n as f64 + 16.0) * U32 * ok
+        + out_rel * ok
+        + out_abs;
+    let (in_rel, in_abs) = prec.input_rounding(head.v_scale);
+    let shrink = 1.0 - in_rel;
+    let v_term = (in_rel * a + in_abs) / shrink;
+    let a_orig = (a + in_abs) / shrink;
+    let score_term = (2.0 * row.score_shift).exp_m1() * (a_orig + oe);
+    (kernel, kernel + v_term + score_term)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bound::{HeadFacts, RowFacts};
+    use super::*;
+
+    const HEAD: HeadFacts = HeadFacts {
+        qk_scale_log2: 0.125 * std::f64::consts::LOG2_E,
+        head_dim: 64,
+        k_norm_max: 10.0,
+        v_abs_max: 4.0,
+        v_scale: 4.0 / 448.0,
+        kv_split: 1,
+    };
+    const ROW: RowFacts = RowFacts {
+        q_norm: 8.0,
+        keys: 4096,
+        subnormal_weights: 0,
+        score_shift: 0.0,
+    };
+
+    fn bounds(precision: Precision, output: OutputFormat, row: &RowFacts) -> (f64, f64) {
+        let imp = Implementation { precision, output };
+        implementation_element(&imp, &HEAD, row, (0.8, 0.3, 0.3, 100.0))
+    }
+
+    #[test]
+    fn coarser_precisions_get_wider_bounds_in_the_order_of_their_p_rounding() {
+        let f32_ = bounds(Precision::Fp32, OutputFormat::F32, &ROW).0;
+        let f16_ = bounds(Precision::Fp16, OutputFormat::F32, &ROW).0;
+        let bf = bounds(Precision::Bf16, OutputFormat::F32, &ROW).0;
+        let fp8 = bounds(Precision::Fp8, OutputFormat::F32, &ROW).0;
+        assert!(
+            f32_ < f16_ && f16_ < bf && bf < fp8,
+            "{f32_} {f16_} {bf} {fp8}"
+        );
+        // FP8's P alone: 2^-4 of A + |O|.
+        assert!(fp8 > (0.8 + 0.3) / 16.0, "{fp8}");
+        // fp32: thousands of u32 at 4096 keys, still far below a 1% change of O.
+        assert!(f32_ < 0.3 * 0.01 / 5.0, "{f32_}");
+    }
+
+    #[test]
+    fn the_output_format_adds_its_own_rounding() {
+        let f32_out = bounds(Precision::Fp16, OutputFormat::F32, &ROW).0;
+        let f16_out = bounds(Precision::Fp16, OutputFormat::F16, &ROW).0;
+        let e4m3_out = bounds(Precision::Fp16, OutputFormat::E4m3 { scale: 0.01 }, &ROW).0;
+        let f16_rounding = 0.3 / 2048.0 + F16.sub_half;
+        let f32_rounding = 0.3 * U32 + F32.sub_half;
+        assert!((f16_out - f32_out - (f16_rounding - f32_rounding)).abs() < 1e-12);
+        assert!(e4m3_out > f32_out + 0.3 / 16.0);
+    }
+
+    #[test]
+    fn end_to_end_adds_the_input_rounding_only_below_fp32() {
+        let (k, e) = bounds(Precision::Fp32, OutputFormat::F32, &ROW);
+        assert_eq!(k, e);
+        let (k, e) = bounds(Precision::Fp16, OutputFormat::F32, &ROW);
+        assert!(e - k >= 0.8 / 2048.0, "{}", e - k);
+    }
+
+    #[test]
+    fn small_weights_count_against_the_row_total() {
+        let many = RowFacts {
+            subnormal_weights: 1000,
+            ..ROW
+        };
+        let (few, _) = bounds(Precision::Fp8, OutputFormat::F32, &ROW);
+        let (lots, _) = bounds(Precision::Fp8, OutputFormat::F32, &many);
+        // 1000 · 2^-10 · (4 + 0.3) / 100.
+        let expected = 1000.0 / 1024.0 * 4.3 / 100.0;
+        assert!((lots - few - expected).abs() < 1e-12, "{}", lots - few);
+    }
+
+    #[test]
+    fn each_precision_reads_the_originals_or_the_codes() {
+        let orig = [1.0f32 / 3.0, -2.7, 1e-3];
+        let t = Fp8Tensor::quantize(&orig, 3);
+        let read = |p| -> Vec<f64> { Reader::new(p).values(&t, &orig, 0, 0..3).collect() };
+        assert_eq!(read(Precision::Fp32), orig.map(|x| x as f64).to_vec());
+        assert_eq!(
+            read(Precision::Fp16),
+            orig.map(|x| f16::from_f32(x).to_f64()).to_vec()
+        );
+        assert_eq!(
+            read(Precision::Bf16),
+            orig.map(|x| bf16::from_f32(x).to_f64()).to_vec()
+        );
+        assert_eq!(read(Precision::Fp8), t.dequantize_f64());
+    }
+}

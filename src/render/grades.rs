@@ -1,0 +1,80 @@
+//! COMPARE.md of `sdpa-runner check`: per problem, every implementation's grade side by side.
+//! Formats what src/grade.rs decided.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::gates::CorrectnessGates;
+use crate::grade::{CheckedProblem, Grade};
+
+pub fn markdown(dir: &Path, problems: &[CheckedProblem], gates: &CorrectnessGates) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "# Implementations graded on {}\n", dir.display());
+    let _ = writeln!(
+        t,
+        "Each output is held to the f64 reference on the inputs as it read them (kernel) and \
+         on the original f32 inputs (end to end), element by element against the error model \
+         of its precision and output format (docs/DESIGN.md \"Grading other \
+         implementations\"); PASS needs the kernel and end-to-end max error over bound at most {} and {}, and no NaN or Inf. \
+         RMSE is against the end-to-end reference. Worst row: `[b, h, s]` of the largest error \
+         over its bound.\n",
+        gates.kernel.max_err_over_bound, gates.end_to_end.max_err_over_bound
+    );
+    for c in problems {
+        let p = &c.problem;
+        let _ = writeln!(
+            t,
+            "## {} ({}: B {} Hq {} Hkv {} Sq {} Sk {} D {}{}, {}, seed {})\n",
+            p.id,
+            p.shape,
+            p.b,
+            p.hq,
+            p.hkv,
+            p.sq,
+            p.sk,
+            p.d,
+            if p.causal { ", causal" } else { "" },
+            p.distribution.name(),
+            p.seed
+        );
+        let _ = writeln!(t, "Rows checked: {} ({}).\n", c.rows_checked, c.row_rule);
+        let _ = writeln!(
+            t,
+            "| implementation | read | output | verdict | err/bound kernel | err/bound end to end | RMSE | max abs err | worst row | p50 µs |"
+        );
+        let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|");
+        for g in &c.grades {
+            let _ = writeln!(t, "{}", row(g));
+        }
+        let faults: Vec<&Grade> = c.grades.iter().filter(|g| !g.pass).collect();
+        if !faults.is_empty() {
+            t.push('\n');
+            for g in faults {
+                let _ = writeln!(t, "- **{}**: {}", g.implementation, g.failures.join("; "));
+            }
+        }
+        t.push('\n');
+    }
+    t
+}
+
+fn row(g: &Grade) -> String {
+    let metric = |m: &Option<crate::metrics::ErrorMetrics>,
+                  f: fn(&crate::metrics::ErrorMetrics) -> String| {
+        m.as_ref().map_or("-".to_string(), f)
+    };
+    format!(
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        g.implementation,
+        g.precision.name(),
+        g.output.as_deref().unwrap_or("-"),
+        if g.pass { "PASS" } else { "**FAIL**" },
+        metric(&g.kernel, |m| format!("{:.3}", m.max_err_over_bound)),
+        metric(&g.end_to_end, |m| format!("{:.3}", m.max_err_over_bound)),
+        metric(&g.end_to_end, |m| format!("{:.2e}", m.rmse)),
+        metric(&g.end_to_end, |m| format!("{:.2e}", m.max_abs_err)),
+        g.worst_row
+            .map_or("-".to_string(), |[b, h, s]| format!("[{b}, {h}, {s}]")),
+        g.p50_us.map_or("-".to_string(), |t| format!("{t:.1}")),
+    )
+}

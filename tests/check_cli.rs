@@ -1,0 +1,350 @@
+//! `export` and `check` end to end, without a GPU: problems exported, outputs computed by an
+//! attention written here (textbook f64 on the exported f32 files, sharing no code with the
+//! runner's references), and graded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{output, read_json, run_dirs, runner};
+
+/// The problems: `small` and a causal GQA problem with S_q != S_k and rows that see no key.
+const SHAPES: &str = "small,1x4x40x64:sk=30:hkv=2:causal";
+
+fn export(dir: &Path) {
+    let (code, out, err) = output(
+        runner()
+            .args(["export", "--shapes", SHAPES, "--seeds", "0"])
+            .arg(dir),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// A `.npy` file's shape and f32 data (the header is numpy's dict; data follows it).
+fn read_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..6], b"\x93NUMPY");
+    let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + len]).unwrap();
+    assert!(header.contains("'descr': '<f4'"), "{header}");
+    let shape_text = header.split("'shape': (").nth(1).unwrap();
+    let shape = shape_text[..shape_text.find(')').unwrap()]
+        .split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| t.trim().parse().unwrap())
+        .collect();
+    let data = bytes[10 + len..]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (shape, data)
+}
+
+fn write_f32(path: &Path, shape: &[usize], data: &[f32]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}",
+        dims.join(", ")
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend(data.iter().flat_map(|x| x.to_le_bytes()));
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Textbook attention of every exported problem, in f64 on the f32 originals, written as
+/// f32 to `out/<id>.npy`; `scale_row` multiplies one row `(id, h, s)` by 1.05.
+fn attention_outputs(dir: &Path, out: &Path, scale_row: Option<(&str, usize, usize)>) {
+    std::fs::create_dir_all(out).unwrap();
+    let manifest = read_json(&dir.join("manifest.json"));
+    for p in manifest["problems"].as_array().unwrap() {
+        let id = p["id"].as_str().unwrap();
+        let n = |k: &str| p[k].as_u64().unwrap() as usize;
+        let (b, hq, hkv, sq, sk, d) = (n("B"), n("Hq"), n("Hkv"), n("Sq"), n("Sk"), n("D"));
+        let causal = p["causal"].as_bool().unwrap();
+        let scale = p["softmax_scale"].as_f64().unwrap();
+        let file = |name: &str| dir.join(p["files"][name].as_str().unwrap());
+        let (qs, q) = read_f32(&file("q"));
+        let (ks, k) = read_f32(&file("k"));
+        let (_, v) = read_f32(&file("v"));
+        assert_eq!(qs, [b, hq, sq, d]);
+        assert_eq!(ks, [b, hkv, sk, d]);
+        let mut o = vec![0f32; q.len()];
+        for bi in 0..b {
+            for h in 0..hq {
+                let kvh = bi * hkv + h / (hq / hkv);
+                for i in 0..sq {
+                    let seen = if causal {
+                        (i + sk + 1).saturating_sub(sq).min(sk)
+                    } else {
+                        sk
+                    };
+                    let qrow = &q[((bi * hq + h) * sq + i) * d..][..d];
+                    let scores: Vec<f64> = (0..seen)
+                        .map(|j| {
+                            let krow = &k[(kvh * sk + j) * d..][..d];
+                            scale
+                                * qrow
+                                    .iter()
+                                    .zip(krow)
+                                    .map(|(&a, &b)| a as f64 * b as f64)
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let l: f64 = w.iter().sum();
+                    let factor = match scale_row {
+                        Some((sid, sh, ss)) if sid == id && sh == h && ss == i => 1.05,
+                        _ => 1.0,
+                    };
+                    for x in 0..d {
+                        let acc: f64 = (0..seen)
+                            .map(|j| w[j] * v[(kvh * sk + j) * d + x] as f64)
+                            .sum();
+                        o[((bi * hq + h) * sq + i) * d + x] = if seen == 0 {
+                            0.0
+                        } else {
+                            (acc / l * factor) as f32
+                        };
+                    }
+                }
+            }
+        }
+        write_f32(&out.join(format!("{id}.npy")), &[b, hq, sq, d], &o);
+    }
+}
+
+fn check(dir: &Path, outs: &[&Path], extra: &[&str], results: &Path) -> (i32, String, String) {
+    let mut cmd = runner();
+    cmd.arg("check").arg(dir);
+    for o in outs {
+        cmd.arg("--outputs").arg(o);
+    }
+    cmd.args(extra).arg("--results-dir").arg(results);
+    output(&mut cmd)
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    results: PathBuf,
+    root: PathBuf,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let dir = root.join("problems");
+    export(&dir);
+    Setup {
+        dir,
+        results: root.join("results"),
+        root,
+        _tmp: tmp,
+    }
+}
+
+#[test]
+fn export_writes_a_manifest_with_every_problem_and_its_files() {
+    let s = setup();
+    let m = read_json(&s.dir.join("manifest.json"));
+    assert_eq!(m["format"], "sdpa-runner export v1");
+    let problems = m["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 2);
+    let gqa = &problems[1];
+    assert_eq!(gqa["id"], "1x4x40x64_sk_30_hkv_2_causal-seed0");
+    for (key, value) in [("Hq", 4), ("Hkv", 2), ("Sq", 40), ("Sk", 30), ("D", 64)] {
+        assert_eq!(gqa[key], value, "{key}");
+    }
+    assert_eq!(gqa["causal"], true);
+    assert_eq!(gqa["distribution"], "normal");
+    for name in [
+        "q", "k", "v", "q_fp8", "k_fp8", "v_fp8", "q_scale", "k_scale", "v_scale",
+    ] {
+        let rel = gqa["files"][name].as_str().unwrap();
+        assert!(s.dir.join(rel).is_file(), "{name}: {rel}");
+    }
+    let (shape, scales) = read_f32(&s.dir.join(gqa["files"]["k_scale"].as_str().unwrap()));
+    assert_eq!(shape, [1, 2]);
+    assert!(scales.iter().all(|&x| x > 0.0));
+}
+
+#[test]
+fn independent_fp32_outputs_pass_and_one_row_scaled_by_1_05_fails_naming_problem_and_row() {
+    let s = setup();
+    let good = s.root.join("good");
+    attention_outputs(&s.dir, &good, None);
+    let (code, out, err) = check(&s.dir, &[&good], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.matches("PASS").count(), 3, "{out}");
+    let run = &run_dirs(&s.results)[0];
+    let record = read_json(&run.join("correctness.json"));
+    assert_eq!(record["pass"], true);
+    assert!(
+        std::fs::read_to_string(run.join("COMPARE.md"))
+            .unwrap()
+            .contains("| good | fp32 | f32 | PASS")
+    );
+
+    let bad = s.root.join("bad");
+    let id = "1x4x40x64_sk_30_hkv_2_causal-seed0";
+    attention_outputs(&s.dir, &bad, Some((id, 3, 27)));
+    let (code, out, err) = check(&s.dir, &[&bad], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 1, "{out}{err}");
+    let fail = out.lines().find(|l| l.contains("FAIL")).unwrap();
+    assert!(fail.contains(id), "{out}");
+    assert!(out.contains("at row [b 0, h 3, s 27]"), "{out}");
+    assert!(
+        out.lines().filter(|l| l.contains("PASS")).count() == 1,
+        "{out}"
+    );
+}
+
+#[test]
+fn a_missing_output_file_fails_naming_it_and_the_others_are_still_graded() {
+    let s = setup();
+    let out_dir = s.root.join("partial");
+    attention_outputs(&s.dir, &out_dir, None);
+    std::fs::remove_file(out_dir.join("small-seed0.npy")).unwrap();
+    let (code, out, err) = check(&s.dir, &[&out_dir], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("small-seed0.npy: missing"), "{out}");
+    assert!(
+        out.contains("PASS  1x4x40x64_sk_30_hkv_2_causal-seed0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_misshaped_or_nan_output_is_a_fail_naming_the_file_not_a_crash() {
+    let s = setup();
+    let o = s.root.join("odd");
+    attention_outputs(&s.dir, &o, None);
+    write_f32(&o.join("small-seed0.npy"), &[1, 1, 64, 32], &[0.5; 2048]);
+    let id = "1x4x40x64_sk_30_hkv_2_causal-seed0";
+    let path = o.join(format!("{id}.npy"));
+    let (shape, mut data) = read_f32(&path);
+    data[700] = f32::NAN;
+    write_f32(&path, &shape, &data);
+    let (code, out, err) = check(&s.dir, &[&o], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("small-seed0.npy: shape [1, 1, 64, 32], expected"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("{id}.npy holds 1 NaN or Inf values")),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_check_requests_exit_2_naming_the_fix_and_write_nothing() {
+    let s = setup();
+    let o = s.root.join("o");
+    attention_outputs(&s.dir, &o, None);
+    let empty = s.root.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let cases: Vec<(Vec<PathBuf>, PathBuf, Vec<&str>, &str)> = vec![
+        (
+            vec![o.clone()],
+            s.dir.clone(),
+            vec![],
+            "--precision fp8|fp16|bf16|fp32",
+        ),
+        (
+            vec![o.clone()],
+            empty.clone(),
+            vec!["--precision", "fp32"],
+            "no manifest.json",
+        ),
+        (
+            vec![s.root.join("nope")],
+            s.dir.clone(),
+            vec!["--precision", "fp32"],
+            "not a folder",
+        ),
+    ];
+    for (outs, dir, extra, needle) in cases {
+        let outs: Vec<&Path> = outs.iter().map(|p| p.as_path()).collect();
+        let (code, out, err) = check(&dir, &outs, &extra, &s.results);
+        assert_eq!(code, 2, "{needle}: {out}{err}");
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    // A manifest whose inputs are not what its seed draws.
+    let manifest = s.dir.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    m["problems"][0]["checksum"] = "00".into();
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let (code, _, err) = check(&s.dir, &[&o], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("export it again"), "{err}");
+    // precision in implementation.json that contradicts the flag.
+    std::fs::write(&manifest, text).unwrap();
+    std::fs::write(o.join("implementation.json"), r#"{"precision": "fp16"}"#).unwrap();
+    let (code, _, err) = check(&s.dir, &[&o], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("drop one"), "{err}");
+    assert!(run_dirs(&s.results).is_empty());
+}
+
+#[test]
+fn export_refuses_a_non_empty_folder_unless_forced_and_then_replaces_it_whole() {
+    let s = setup();
+    let before = std::fs::read(s.dir.join("manifest.json")).unwrap();
+    std::fs::write(s.dir.join("stray.txt"), "x").unwrap();
+    let (code, _, err) = output(
+        runner()
+            .args(["export", "--shapes", "mission", "--seeds", "1"])
+            .arg(&s.dir),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--force"), "{err}");
+    assert_eq!(std::fs::read(s.dir.join("manifest.json")).unwrap(), before);
+    let (code, out, err) = output(
+        runner()
+            .args(["export", "--shapes", "mission", "--seeds", "1", "--force"])
+            .arg(&s.dir),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!s.dir.join("stray.txt").exists());
+    assert_eq!(
+        read_json(&s.dir.join("manifest.json"))["problems"][0]["id"],
+        "mission-seed1"
+    );
+    let left: Vec<_> = std::fs::read_dir(&s.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn ours_on_the_cpu_backend_is_graded_beside_the_others_with_its_median_time() {
+    let s = setup();
+    let o = s.root.join("o");
+    attention_outputs(&s.dir, &o, None);
+    let (code, out, err) = check(
+        &s.dir,
+        &[&o],
+        &["--precision", "fp32", "--ours", "cpu"],
+        &s.results,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.matches("PASS").count(), 5, "{out}");
+    let run = &run_dirs(&s.results)[0];
+    let record = read_json(&run.join("correctness.json"));
+    let grades = record["problems"][1]["grades"].as_array().unwrap();
+    assert_eq!(grades[0]["implementation"], "sdpa-runner cpu-emu");
+    assert_eq!(grades[0]["precision"], "fp8");
+    assert_eq!(grades[0]["output"], "f16");
+    assert!(grades[0]["p50_us"].as_f64().unwrap() > 0.0);
+}
