@@ -46,6 +46,8 @@ pub struct CheckedProblem {
     pub problem: ExportedProblem,
     pub rows_checked: usize,
     pub row_rule: String,
+    /// How the exported codes used E4M3's range.
+    pub input_range: crate::quantizer::InputRange,
     pub grades: Vec<Grade>,
 }
 

@@ -105,6 +105,15 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
                 t.iter_mut().for_each(|x| *x *= f);
             }
         }
+        Dist::Fa3Outliers => {
+            // N(0, 100) has variance 100: standard deviation 10.
+            for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                if rng.random::<f32>() < 0.001 {
+                    let z: f32 = StandardNormal.sample(&mut *rng);
+                    *x += 10.0 * z;
+                }
+            }
+        }
     }
 }
 
@@ -237,6 +246,19 @@ mod tests {
             assert_ne!(a.checksum, normal.checksum, "{dist:?}");
             assert_ne!(a.checksum, generate(&sh, 5).checksum, "{dist:?}");
         }
+    }
+
+    #[test]
+    fn fa3_outliers_add_a_wide_normal_to_about_one_element_in_a_thousand() {
+        let mut sh = shape(2048);
+        sh.dist = Dist::Fa3Outliers;
+        let a = generate(&sh, 1);
+        let all: Vec<f32> = a.q.iter().chain(&a.k).chain(&a.v).copied().collect();
+        // |N(0,1)| > 6 has probability 2e-9; |N(0,1) + N(0,100)| > 6 about 0.55: expect
+        // 0.001 · 0.55 of the elements, within a few standard deviations.
+        let wide = all.iter().filter(|x| x.abs() > 6.0).count() as f64 / all.len() as f64;
+        assert!((0.0004..0.0007).contains(&wide), "{wide}");
+        assert!(all.iter().any(|x| x.abs() > 20.0));
     }
 
     #[test]

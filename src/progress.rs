@@ -52,6 +52,9 @@ impl Progress for ConsoleProgress {
     fn record(&mut self, r: &CorrectnessRecord) {
         let line = console::correctness_row(r, &self.widths);
         self.println(&format!("{line}{}", self.on_gpu(r.gpu.as_ref())));
+        if let Some(lost) = r.input_range.summary() {
+            self.println(&format!("      inputs in E4M3: {lost}"));
+        }
     }
 
     fn rows_chosen(&mut self, shape: &Shape, seed: u64, rows: &RowSet) {

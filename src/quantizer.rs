@@ -64,6 +64,93 @@ pub fn audit(values: &[f32], t: &Fp8Tensor) -> Audit {
         .reduce(Audit::default, Audit::add)
 }
 
+/// How one tensor's values landed in E4M3's range: not a gate (a distribution with
+/// outliers pushes most values low on purpose), a fact to show beside the errors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeUse {
+    /// `|x / scale|` beyond 464, where rounding alone would not reach ±448: clipped.
+    pub saturated: usize,
+    /// Non-zero values whose code is zero.
+    pub flushed_to_zero: usize,
+    /// Codes among E4M3's subnormals (`|x / scale|` below 2^-6, not zero).
+    pub subnormal: usize,
+}
+
+impl RangeUse {
+    fn add(self, o: RangeUse) -> RangeUse {
+        RangeUse {
+            saturated: self.saturated + o.saturated,
+            flushed_to_zero: self.flushed_to_zero + o.flushed_to_zero,
+            subnormal: self.subnormal + o.subnormal,
+        }
+    }
+
+    /// Whether anything was clipped or flushed.
+    pub fn lost_values(&self) -> bool {
+        self.saturated + self.flushed_to_zero > 0
+    }
+}
+
+/// [`RangeUse`] of Q, K and V.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRange {
+    pub q: RangeUse,
+    pub k: RangeUse,
+    pub v: RangeUse,
+}
+
+impl InputRange {
+    /// The range use of a problem's three tensors.
+    pub fn of(p: &crate::problem::Problem) -> Self {
+        InputRange {
+            q: range_use(&p.inputs.q, &p.q),
+            k: range_use(&p.inputs.k, &p.k),
+            v: range_use(&p.inputs.v, &p.v),
+        }
+    }
+
+    /// One line for the console, e.g. `K: 3 saturated, V: 12 flushed to zero`; `None` when
+    /// nothing was clipped or flushed.
+    pub fn summary(&self) -> Option<String> {
+        let parts: Vec<String> = [("Q", &self.q), ("K", &self.k), ("V", &self.v)]
+            .into_iter()
+            .filter(|(_, r)| r.lost_values())
+            .map(|(n, r)| {
+                format!(
+                    "{n}: {} saturated, {} flushed to zero, {} subnormal",
+                    r.saturated, r.flushed_to_zero, r.subnormal
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
+/// Counts how `values`, quantized as `t`, used E4M3's range.
+pub fn range_use(values: &[f32], t: &Fp8Tensor) -> RangeUse {
+    use rayon::prelude::*;
+    values
+        .par_chunks(t.head_len)
+        .zip(t.codes.par_chunks(t.head_len))
+        .zip(t.scales.par_iter())
+        .map(|((slice, codes), &scale)| {
+            let mut r = RangeUse::default();
+            for (&x, &c) in slice.iter().zip(codes) {
+                let magnitude = c & 0x7F;
+                if (x / scale).abs() > 464.0 {
+                    r.saturated += 1;
+                }
+                if magnitude == 0 && x != 0.0 {
+                    r.flushed_to_zero += 1;
+                } else if magnitude != 0 && magnitude >> 3 == 0 {
+                    r.subnormal += 1;
+                }
+            }
+            r
+        })
+        .reduce(RangeUse::default, RangeUse::add)
+}
+
 /// The finite non-negative E4M3 values, ascending.
 fn finite_magnitudes() -> Vec<f32> {
     let mut m: Vec<f32> = (0..=0x7Eu8).map(fp8::decode).collect();
@@ -85,6 +172,35 @@ fn nearest_distance(magnitudes: &[f32], t: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn range_use_counts_clipped_flushed_and_subnormal_values() {
+        // scale 1: 500 clips (and 460 only rounds), 1e-4 flushes to zero, 2^-8 is subnormal.
+        let values = [500.0f32, 460.0, 1e-4, 2f32.powi(-8), 1.0, 0.0];
+        let t = Fp8Tensor {
+            codes: values.iter().map(|&x| fp8::encode(x)).collect(),
+            scales: vec![1.0],
+            head_len: values.len(),
+        };
+        let r = range_use(&values, &t);
+        assert_eq!(
+            r,
+            RangeUse {
+                saturated: 1,
+                flushed_to_zero: 1,
+                subnormal: 1
+            }
+        );
+        let range = InputRange {
+            k: r,
+            ..Default::default()
+        };
+        assert_eq!(
+            range.summary().unwrap(),
+            "K: 1 saturated, 1 flushed to zero, 1 subnormal"
+        );
+        assert!(InputRange::default().summary().is_none());
+    }
 
     fn values() -> Vec<f32> {
         // Two slices of 64 with different ranges, covering subnormals and ties.

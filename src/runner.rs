@@ -34,6 +34,8 @@ pub struct Yardsticks {
     /// Where `emulation_out` was computed: `host` or `device` (the same bits either way).
     pub emulation_engine: &'static str,
     pub facts: ProblemFacts,
+    /// How the inputs used E4M3's range (recorded, not a gate).
+    pub input_range: quantizer::InputRange,
 }
 
 impl Yardsticks {
@@ -138,6 +140,7 @@ impl Yardsticks {
         .into_iter()
         .map(|(x, t)| quantizer::audit(x, t))
         .fold(Audit::default(), Audit::add);
+        let input_range = quantizer::InputRange::of(p);
         let n = refs.kernel.len().max(1) as f64;
         let facts = ProblemFacts {
             quantizer,
@@ -152,6 +155,7 @@ impl Yardsticks {
             emulation,
             emulation_engine,
             facts,
+            input_range,
         }
     }
 }
@@ -249,6 +253,7 @@ pub fn judge_output(
         row_rule: y.rows.rule().to_string(),
         references: y.engine.to_string(),
         emulation: y.emulation_engine.to_string(),
+        input_range: y.input_range,
         pass: v.pass(),
         gates: v.checks,
         device: None,

@@ -166,6 +166,10 @@ pub struct CorrectnessRecord {
     /// Where the emulation was computed: `host` or `device` (`--emulation`; the same bits).
     #[serde(default = "host")]
     pub emulation: String,
+    /// How Q, K and V used E4M3's range: values clipped, flushed to zero, subnormal (absent
+    /// in older files).
+    #[serde(default)]
+    pub input_range: crate::quantizer::InputRange,
     /// The GPU model (or CPU) it ran on, where a file holds rows of several (`merge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
@@ -647,6 +651,7 @@ pub(crate) mod fixtures {
             row_rule: "all".into(),
             references: "host".into(),
             emulation: "host".into(),
+            input_range: Default::default(),
             device: None,
             gpu: None,
         }

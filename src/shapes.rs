@@ -171,15 +171,20 @@ pub enum Dist {
     /// Each (b, h) slice of Q, K and V scaled by its own factor in [1/30, 30]: per-head scales
     /// that differ by orders of magnitude.
     HeadScale,
+    /// FlashAttention-3's outliers (its paper, §4.3): every element of Q, K and V is
+    /// N(0, 1) + N(0, 100)·Bernoulli(0.001), one element in a thousand gets a normal draw of
+    /// standard deviation 10 added, so each head's scale follows a few large values.
+    Fa3Outliers,
 }
 
 impl Dist {
-    pub const ALL: [Dist; 5] = [
+    pub const ALL: [Dist; 6] = [
         Dist::Normal,
         Dist::Outliers,
         Dist::ConstantRows,
         Dist::Spike,
         Dist::HeadScale,
+        Dist::Fa3Outliers,
     ];
 
     pub fn is_normal(&self) -> bool {
@@ -193,6 +198,7 @@ impl Dist {
             Dist::ConstantRows => "constant_rows",
             Dist::Spike => "spike",
             Dist::HeadScale => "head_scale",
+            Dist::Fa3Outliers => "fa3_outliers",
         }
     }
 

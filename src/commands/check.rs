@@ -76,6 +76,9 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
         }
         let rows = RowSet::choose(args.check_rows, &shape, exported.seed, &[64, 128]);
         let truth = ProblemTruth::new(&p, &rows, &precisions);
+        if let Some(lost) = crate::quantizer::InputRange::of(&p).summary() {
+            outln!("  {}: inputs in E4M3: {lost}", exported.id);
+        }
         let mut grades = Vec::new();
         if let Some(backend) = ours.as_deref_mut() {
             for grade in run_ours(backend, &p, &truth, gates)? {
@@ -107,6 +110,7 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
         checked.push(CheckedProblem {
             problem: exported.clone(),
             rows_checked: rows.count(),
+            input_range: crate::quantizer::InputRange::of(&p),
             row_rule: rows.rule().to_string(),
             grades,
         });
