@@ -106,12 +106,16 @@ class CudnnFp8:
         scalar = dict(dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=f32)
         names = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
         s = {n: g.tensor(name=n, **scalar) for n in names}
-        extra = {}
+        # Bottom-right needs its own flag: with use_causal_mask set, cuDNN keeps the top-left
+        # diagonal whatever diagonal_alignment says (a first version of this script passed
+        # both, and `check` failed its S_q != S_k causal rows at 41-45x the bound).
         if causal and sq != sk:
-            extra["diagonal_alignment"] = cudnn.diagonal_alignment.BOTTOM_RIGHT
+            mask = {"use_causal_mask_bottom_right": True}
+        else:
+            mask = {"use_causal_mask": causal}
         o, _, amax_s, amax_o = g.sdpa_fp8(
             q=t["q"], k=t["k"], v=t["v"], **{n: s[n] for n in names},
-            is_inference=True, attn_scale=scale, use_causal_mask=causal, name="sdpa_fp8", **extra)
+            is_inference=True, attn_scale=scale, name="sdpa_fp8", **mask)
         o.set_output(True).set_dim(dims["q"]).set_stride(strides["q"]).set_data_type(e4m3)
         for a in (amax_s, amax_o):
             a.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(f32)
@@ -160,8 +164,13 @@ class CudnnFp8:
         ones = {"descale_q": 1, "descale_k": 1, "descale_v": 1, "descale_s": 1 / 448.0,
                 "scale_s": 448.0, "scale_o": 1}
         scratch = torch.empty_like(out)
-        p50 = timed(timer, self.run(whole, codes, ones, scratch), args.warmup, args.iters)
-        return out.view(torch.uint8).cpu().numpy(), p50, {"o_scale": o_scale}
+        extra = {"o_scale": o_scale}
+        try:
+            p50 = timed(timer, self.run(whole, codes, ones, scratch), args.warmup, args.iters)
+        except Exception as e:  # noqa: BLE001 — the output stands; say why there is no time
+            p50 = None
+            extra["note"] = "not timed: " + (str(e).strip().splitlines() or ["?"])[0][:200]
+        return out.view(torch.uint8).cpu().numpy(), p50, extra
 
 
 def main():
@@ -202,7 +211,8 @@ def main():
                 np.save(os.path.join(out, p["id"] + ".npy"), o)
                 facts[p["id"]] = {"p50_us": p50, **extra}
                 flop = 4 * p["D"] * pairs(p)
-                print(f"{peer:<22} {p['id']:<44} p50 {p50:9.1f} us {flop / p50 / 1e6:7.1f} TFLOP/s")
+                rate = f"p50 {p50:9.1f} us {flop / p50 / 1e6:7.1f} TFLOP/s" if p50 else extra.get("note")
+                print(f"{peer:<22} {p['id']:<44} {rate}")
             except Exception as e:  # noqa: BLE001 — a peer that cannot run says why
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                 facts[p["id"]] = {"note": f"not run: {first}"}
