@@ -238,6 +238,9 @@ pub struct VariantMeta {
     /// Of the PTX without line information and comments: equal when two builds' code is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_code_sha256: Option<String>,
+    /// What it compiled, by content: source texts, defines, options (GPU runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<CodeIdentity>,
 }
 
 impl VariantMeta {
@@ -246,6 +249,61 @@ impl VariantMeta {
         self.kernel
             .as_ref()
             .is_some_and(|k| k.role == KernelRole::Base)
+    }
+}
+
+/// What a build compiled, by content (src/backend/cuda/code.rs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeIdentity {
+    /// Of everything below: equal means the same code.
+    pub sha256: String,
+    /// (file name, sha256 of its text): the kernel file first, then each local header it
+    /// includes, in the order first reached.
+    pub files: Vec<(String, String)>,
+    /// `NAME=VALUE`, sorted.
+    pub defines: Vec<String>,
+    /// NVRTC options other than defines and include folders.
+    pub options: Vec<String>,
+}
+
+impl CodeIdentity {
+    /// What differs from `base`, in words: each file whose text differs, each define or
+    /// option only one side has. Empty when the code is the same.
+    pub fn differences(&self, base: &CodeIdentity) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, (name, sha)) in self.files.iter().enumerate() {
+            let theirs = if i == 0 {
+                base.files.first()
+            } else {
+                base.files.iter().find(|(n, _)| n == name)
+            };
+            match theirs {
+                Some((_, s)) if s == sha => {}
+                Some(_) => out.push(format!("source: {name} differs")),
+                None => out.push(format!("source: {name} is included only here")),
+            }
+        }
+        for (name, _) in base.files.iter().skip(1) {
+            if !self.files.iter().skip(1).any(|(n, _)| n == name) {
+                out.push(format!("source: {name} is included only by the base"));
+            }
+        }
+        let only = |a: &[String], b: &[String]| -> Vec<String> {
+            a.iter().filter(|x| !b.contains(x)).cloned().collect()
+        };
+        for d in only(&self.defines, &base.defines) {
+            out.push(format!("define {d} only here"));
+        }
+        for d in only(&base.defines, &self.defines) {
+            out.push(format!("define {d} only in the base"));
+        }
+        for o in only(&self.options, &base.options) {
+            out.push(format!("option {o} only here"));
+        }
+        for o in only(&base.options, &self.options) {
+            out.push(format!("option {o} only in the base"));
+        }
+        out
     }
 }
 

@@ -44,8 +44,8 @@ fn the_kernel_against_itself_builds_four_variants_of_the_same_code_and_passes() 
     let (code, stdout, stderr) = gate("small,mission", dir.path(), &[]);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.contains("cp0 vs base-cp0: the same code")
-            && stdout.contains("cp1 vs base-cp1: the same code"),
+        stdout.contains("cp0 vs base-cp0: SAME CODE")
+            && stdout.contains("cp1 vs base-cp1: SAME CODE"),
         "{stdout}"
     );
     let run = &run_dirs(dir.path())[0];
@@ -81,7 +81,7 @@ fn the_kernel_against_itself_builds_four_variants_of_the_same_code_and_passes() 
     let md = std::fs::read_to_string(run.join("COMPARE.md")).unwrap();
     assert!(
         md.contains("the kernel under test vs the base kernel")
-            && md.contains("compiles to the same code as the base kernel"),
+            && md.contains("SAME CODE: the kernel under test compiles to the same code"),
         "{md}"
     );
     // Every block was released by the host (no expired hold kept) and has an SM clock.
@@ -94,6 +94,28 @@ fn the_kernel_against_itself_builds_four_variants_of_the_same_code_and_passes() 
             assert!((300.0..4000.0).contains(&mhz), "{mhz} MHz");
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_byte_identical_copy_at_another_path_is_the_same_code_and_passes_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("elsewhere/copy_of_kernel.cu");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(project_root().join(KERNEL), &copy).unwrap();
+    let results = dir.path().join("results");
+    let (code, stdout, stderr) = gate(
+        "small,mission",
+        &results,
+        &["--kernel".as_ref(), copy.as_os_str()],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("cp0 vs base-cp0: SAME CODE")
+            && stdout.contains("cp1 vs base-cp1: SAME CODE")
+            && !stdout.contains("first source difference"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -113,7 +135,11 @@ fn a_candidate_made_much_slower_fails_the_gate_with_exit_1() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("cp0 vs base-cp0: the code differs"),
+        stdout.contains("cp0 vs base-cp0: the code differs: source: slow.cu differs")
+            && stdout.contains(
+                "first source difference: slow.cu line 1: base `// sdpa_fp8_stage_c_mma.cu",
+            )
+            && stdout.contains("-> `#define SDPA_DELAY_CYCLES 40000`"),
         "{stdout}"
     );
     let run = &run_dirs(&results)[0];

@@ -60,6 +60,20 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     Ok(analysis.decision.outcome())
 }
 
+/// The first line where the kernel under test's sources differ from the base's (both were
+/// read and built already; a failure to read them again only drops the line).
+fn first_source_difference(
+    project: &Project,
+    kernel: &crate::cli::KernelArgs,
+    base: &crate::backend::cuda::kernel::KernelLocation,
+) -> Option<String> {
+    use crate::backend::cuda::kernel::KernelSource;
+    let cuda_dir = project.root.cuda_dir();
+    let ours = KernelSource::load(&project.kernel_path(kernel), &cuda_dir).ok()?;
+    let theirs = KernelSource::locate(base, project.root.path(), &cuda_dir).ok()?;
+    crate::backend::cuda::code::first_difference(&ours, &theirs)
+}
+
 /// A run with everything checked: the project, shapes, timing plan, the backend with its
 /// variants, and where every output goes.
 struct Job {
@@ -73,6 +87,8 @@ struct Job {
     results_root: std::path::PathBuf,
     extras: Extras,
     widths: Widths,
+    /// With `--base-kernel`: the first line where the two kernels' sources differ.
+    source_difference: Option<String>,
 }
 
 impl Job {
@@ -114,6 +130,11 @@ impl Job {
             &project,
             &crate::shapes::Entry::of(&shapes),
         )?;
+        let source_difference = args
+            .base_kernel
+            .as_ref()
+            .filter(|_| args.setup.backend == BackendKind::Cuda)
+            .and_then(|base| first_source_difference(&project, &args.setup.kernel, base));
         let backend = &backends[0];
         if args.require_speedup && (backend.variants().len() < 2 || !plan.enabled()) {
             return Err(ConfigError::Usage(
@@ -136,6 +157,7 @@ impl Job {
             results_root,
             extras,
             widths,
+            source_difference,
         })
     }
 
@@ -152,15 +174,20 @@ impl Job {
         if variants.iter().any(|v| v.ptx_sha256.is_some()) {
             let resources = self.backend().resource_verdicts(&self.project.gates.gates);
             out!("{}", console::identity_table(&variants, &resources));
-            for (name, same) in crate::render::markdown::same_code_as_base(&variants) {
+            for (name, differences) in crate::render::markdown::code_against_base(&variants) {
                 outln!(
                     "{name} vs base-{name}: {}",
-                    if same {
-                        "the same code (PTX without line information): the change does not touch this variant"
+                    if differences.is_empty() {
+                        "SAME CODE (the same source texts, defines and options): the change does \
+                         not touch this variant"
+                            .to_string()
                     } else {
-                        "the code differs"
+                        format!("the code differs: {}", differences.join("; "))
                     }
                 );
+            }
+            if let Some(hunk) = &self.source_difference {
+                outln!("first source difference: {hunk}");
             }
         }
     }

@@ -278,6 +278,7 @@ pub(crate) mod fixtures {
                     blocks_per_sm: None,
                     kernel: None,
                     ptx_code_sha256: None,
+                    code: None,
                 })
                 .collect(),
             measurements,

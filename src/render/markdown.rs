@@ -56,6 +56,8 @@ pub fn render(doc: &CompareDoc) -> String {
     header(&mut s, doc);
     if against_base {
         kernels(&mut s, &sides);
+    } else if let Some(line) = same_code_line(b.variant, c.variant) {
+        let _ = writeln!(s, "{line}\n");
     }
     variants(&mut s, &sides);
     timings(&mut s, doc);
@@ -102,32 +104,35 @@ fn kernels(s: &mut String, sides: &[&Side]) {
         }
     }
     let metas: Vec<VariantMeta> = sides.iter().map(|side| side.variant.clone()).collect();
-    let twins = same_code_as_base(&metas);
-    if !twins.is_empty() && twins.iter().all(|(_, same)| *same) {
+    let twins = code_against_base(&metas);
+    if !twins.is_empty() && twins.iter().all(|(_, d)| d.is_empty()) {
         let _ = writeln!(
             s,
-            "\n**The kernel under test compiles to the same code as the base kernel** (PTX \
-             without line information, every variant): this change does not touch the kernel, \
-             and a verdict other than SAME against the base would be noise."
+            "\n**SAME CODE: the kernel under test compiles to the same code as the base kernel** \
+             (the same source texts, defines and options, every variant, wherever the files \
+             lie): this change does not touch the kernel, and a verdict other than SAME against \
+             the base would be noise."
         );
     } else {
-        for (name, same) in twins {
+        for (name, differences) in twins {
             let _ = writeln!(
                 s,
                 "\n- `{name}`: {}",
-                if same {
-                    "same code as the base (PTX without line information)"
+                if differences.is_empty() {
+                    "same code as the base".to_string()
                 } else {
-                    "the code differs from the base"
+                    format!("the code differs from the base: {}", differences.join("; "))
                 }
             );
         }
     }
 }
 
-/// For each variant of the kernel under test with a twin from the base kernel: whether the
-/// two compile to the same code (PTX without line information); unknown counts as differing.
-pub fn same_code_as_base(variants: &[VariantMeta]) -> Vec<(String, bool)> {
+/// For each variant of the kernel under test with a twin from the base kernel: what differs
+/// between the two, in words (empty: the same code), by content (source texts, defines,
+/// options: src/backend/cuda/code.rs) where both runs recorded it, else by the PTX without
+/// line information; unknown counts as differing.
+pub fn code_against_base(variants: &[VariantMeta]) -> Vec<(String, Vec<String>)> {
     variants
         .iter()
         .filter(|v| !v.is_base())
@@ -135,10 +140,45 @@ pub fn same_code_as_base(variants: &[VariantMeta]) -> Vec<(String, bool)> {
             let twin = variants
                 .iter()
                 .find(|b| b.is_base() && b.name == format!("{BASE_PREFIX}{}", v.name))?;
-            let same = v.ptx_code_sha256.is_some() && v.ptx_code_sha256 == twin.ptx_code_sha256;
-            Some((v.name.clone(), same))
+            let differences = match (&v.code, &twin.code) {
+                (Some(ours), Some(base)) if ours.sha256 == base.sha256 => Vec::new(),
+                (Some(ours), Some(base)) => {
+                    let named = ours.differences(base);
+                    if named.is_empty() {
+                        vec!["the code identity differs".to_string()]
+                    } else {
+                        named
+                    }
+                }
+                _ if v.ptx_code_sha256.is_some() && v.ptx_code_sha256 == twin.ptx_code_sha256 => {
+                    Vec::new()
+                }
+                _ => vec!["the PTX differs (no code identity recorded)".to_string()],
+            };
+            Some((v.name.clone(), differences))
         })
         .collect()
+}
+
+/// `compare` of two saved runs: whether the two variants are the same code by content
+/// (both runs recorded it), and what differs if not.
+fn same_code_line(base: &VariantMeta, cand: &VariantMeta) -> Option<String> {
+    let (b, c) = (base.code.as_ref()?, cand.code.as_ref()?);
+    Some(if b.sha256 == c.sha256 {
+        "**SAME CODE**: both runs compiled the same source texts, defines and options, wherever \
+         their files lay; a verdict other than SAME is noise."
+            .to_string()
+    } else {
+        let named = c.differences(b);
+        format!(
+            "The code differs: {}.",
+            if named.is_empty() {
+                "the code identity".to_string()
+            } else {
+                named.join("; ")
+            }
+        )
+    })
 }
 
 fn header(s: &mut String, doc: &CompareDoc) {
@@ -253,6 +293,11 @@ fn variants(s: &mut String, sides: &[&Side]) {
     {
         s.push_str(&row("code sha256 (no line info)", &|v| {
             hash(&v.ptx_code_sha256)
+        }));
+    }
+    if sides.iter().any(|side| side.variant.code.is_some()) {
+        s.push_str(&row("code identity (sources, defines, options)", &|v| {
+            hash(&v.code.as_ref().map(|c| c.sha256.clone()))
         }));
     }
     type Field = fn(&VariantMeta) -> Option<u32>;
@@ -513,7 +558,7 @@ mod tests {
             "# COMPARE: the kernel under test vs the base kernel",
             "| base | `git:main (0123456789ab):cuda/k.cu` |",
             "| under test | `cuda/k.cu` |",
-            "**The kernel under test compiles to the same code as the base kernel**",
+            "**SAME CODE: the kernel under test compiles to the same code as the base kernel**",
             "base kernel `base-cp1`",
             "| mission | cp0 vs base-cp0 | 1 | 20/20 |",
             "| mission | cp1 vs cp0 |",
@@ -527,6 +572,29 @@ mod tests {
             md.contains("- `cp1`: the code differs from the base")
                 && md.contains("- `cp0`: same code as the base")
                 && !md.contains("compiles to the same code as the base kernel"),
+            "{md}"
+        );
+        // Recorded code identities decide over the PTX, and name what differs.
+        for v in &mut file.variants {
+            let cp = v.name.trim_start_matches("base-").to_string();
+            v.code = Some(crate::schema::CodeIdentity {
+                sha256: format!("same-{cp}"),
+                files: vec![("k.cu".into(), "s".into())],
+                defines: vec![format!("USE_CP_ASYNC={}", &cp[2..])],
+                options: vec!["-lineinfo".into()],
+            });
+        }
+        let md = render_with(&file);
+        assert!(
+            md.contains("**SAME CODE"),
+            "the PTX differs, the code does not: {md}"
+        );
+        let cand = file.variants[1].code.as_mut().unwrap();
+        cand.sha256 = "other".into();
+        cand.defines.push("X=1".into());
+        let md = render_with(&file);
+        assert!(
+            md.contains("- `cp1`: the code differs from the base: define X=1 only here"),
             "{md}"
         );
     }

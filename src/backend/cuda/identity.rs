@@ -207,6 +207,9 @@ pub struct VariantIdentity {
     /// Of the PTX without line information and comments ([`ptx_code`]): equal for two
     /// builds whose code is the same although a comment or a file name moved.
     pub ptx_code_sha256: String,
+    /// What it compiled, by content (src/backend/cuda/code.rs): the same code wherever the
+    /// files lie.
+    pub code: crate::schema::CodeIdentity,
 }
 
 impl From<&VariantIdentity> for VariantMeta {
@@ -222,6 +225,7 @@ impl From<&VariantIdentity> for VariantMeta {
             blocks_per_sm: id.driver.as_ref().map(|d| d.max_blocks_per_sm),
             kernel: Some(id.kernel.clone()),
             ptx_code_sha256: Some(id.ptx_code_sha256.clone()),
+            code: Some(id.code.clone()),
         }
     }
 }
@@ -485,6 +489,12 @@ ptxas info    : Used 96 registers, used 1 barriers
                 sha256: String::new(),
             },
             ptx_code_sha256: String::new(),
+            code: crate::schema::CodeIdentity {
+                sha256: String::new(),
+                files: Vec::new(),
+                defines: Vec::new(),
+                options: Vec::new(),
+            },
         }
     }
 

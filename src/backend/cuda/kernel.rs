@@ -185,6 +185,11 @@ pub fn build_variant(
     let refuse = |msg: String| {
         BackendError::Kernel(format!("variant {} of {}: {msg}", spec.name, src.origin))
     };
+    let code = super::code::identity_of(
+        src,
+        &spec.define_strings(),
+        &entry_options(src, cuda_include, arch, spec, Entry::BASE),
+    );
     let constants = KernelConstants::from_ptx(&compiled.ptx).map_err(refuse)?;
     if constants.block_n as usize != KV_TILE {
         return Err(refuse(format!(
@@ -244,6 +249,7 @@ pub fn build_variant(
             sha256: src.sha256.clone(),
         },
         ptx_code_sha256: sha256_hex(ptx_code(&compiled.ptx).as_bytes()),
+        code,
     };
     identity
         .check_toggle(spec.use_cp_async)
@@ -256,6 +262,22 @@ pub fn build_variant(
     })
 }
 
+/// The NVRTC options of the module of one variant that holds entry `e` alone.
+fn entry_options(
+    src: &KernelSource,
+    cuda_include: &Path,
+    arch: &str,
+    spec: &VariantSpec,
+    e: Entry,
+) -> Vec<String> {
+    let mut dirs: Vec<&Path> = vec![cuda_include];
+    dirs.extend(src.include_dirs.iter().map(PathBuf::as_path));
+    let mut defines = spec.defines.clone();
+    defines.push(("SDPA_D".into(), e.d.to_string()));
+    defines.push(("SDPA_CAUSAL".into(), u8::from(e.causal).to_string()));
+    nvrtc::build_options(arch, &dirs, &defines)
+}
+
 /// Compiles the module of one variant that holds entry `e` alone (`SDPA_D`, `SDPA_CAUSAL`),
 /// and checks that it has that entry.
 fn compile_entry(
@@ -265,12 +287,7 @@ fn compile_entry(
     spec: &VariantSpec,
     e: Entry,
 ) -> Result<Compiled, BackendError> {
-    let mut dirs: Vec<&Path> = vec![cuda_include];
-    dirs.extend(src.include_dirs.iter().map(PathBuf::as_path));
-    let mut defines = spec.defines.clone();
-    defines.push(("SDPA_D".into(), e.d.to_string()));
-    defines.push(("SDPA_CAUSAL".into(), u8::from(e.causal).to_string()));
-    let options = nvrtc::build_options(arch, &dirs, &defines);
+    let options = entry_options(src, cuda_include, arch, spec, e);
     let name = src
         .path
         .file_name()

@@ -4,6 +4,7 @@
 mod build;
 pub mod device;
 pub use build::finish_background;
+pub mod code;
 pub mod emulation;
 pub mod groups;
 pub mod headers;
