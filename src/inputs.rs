@@ -105,6 +105,26 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
                 t.iter_mut().for_each(|x| *x *= f);
             }
         }
+        Dist::Sink => {
+            let u: Vec<f32> = (0..d)
+                .map(|_| {
+                    let z: f32 = StandardNormal.sample(&mut *rng);
+                    z * shape.qk_std as f32
+                })
+                .collect();
+            for row in q.chunks_mut(d) {
+                row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
+            }
+            k[..d].iter_mut().zip(&u).for_each(|(x, ui)| *x = 0.5 * ui);
+        }
+        Dist::HugeV => {
+            // Four distinct rows (all of them when S_k <= 4), each scaled once: a row scaled
+            // twice would reach 10^6, past f16's largest value, which no f16 output can hold.
+            for j in rand::seq::index::sample(rng, sk, sk.min(4)) {
+                v[j * d..(j + 1) * d].iter_mut().for_each(|x| *x *= 1000.0);
+            }
+        }
+        Dist::Flat => q.iter_mut().for_each(|x| *x *= 1e-3),
         Dist::Fa3Outliers => {
             // N(0, 100) has variance 100: standard deviation 10.
             for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
@@ -259,6 +279,21 @@ mod tests {
         let wide = all.iter().filter(|x| x.abs() > 6.0).count() as f64 / all.len() as f64;
         assert!((0.0004..0.0007).contains(&wide), "{wide}");
         assert!(all.iter().any(|x| x.abs() > 20.0));
+    }
+
+    #[test]
+    fn huge_v_scales_four_distinct_rows_once_each_even_with_few_keys() {
+        for (sk, rows) in [(2, 2), (4, 4), (300, 4)] {
+            let mut sh = Shape { sk, ..shape(3) };
+            sh.dist = Dist::HugeV;
+            let a = generate(&sh, 2);
+            let huge =
+                a.v.chunks(64)
+                    .filter(|r| r.iter().any(|x| x.abs() > 50.0))
+                    .count();
+            assert_eq!(huge, rows * 2, "S_k {sk}: {rows} rows in each of 2 heads");
+            assert!(a.v.iter().all(|x| x.abs() < 1e4), "no row scaled twice");
+        }
     }
 
     #[test]

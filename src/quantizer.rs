@@ -74,6 +74,9 @@ pub struct RangeUse {
     pub flushed_to_zero: usize,
     /// Codes among E4M3's subnormals (`|x / scale|` below 2^-6, not zero).
     pub subnormal: usize,
+    /// Elements of the tensor.
+    #[serde(default)]
+    pub elements: usize,
 }
 
 impl RangeUse {
@@ -82,12 +85,14 @@ impl RangeUse {
             saturated: self.saturated + o.saturated,
             flushed_to_zero: self.flushed_to_zero + o.flushed_to_zero,
             subnormal: self.subnormal + o.subnormal,
+            elements: self.elements + o.elements,
         }
     }
 
-    /// Whether anything was clipped or flushed.
-    pub fn lost_values(&self) -> bool {
-        self.saturated + self.flushed_to_zero > 0
+    /// Worth showing: anything clipped, or at least 1% of the tensor below E4M3's normal
+    /// range (normal draws flush a value or two of a large tensor: not news).
+    pub fn notable(&self) -> bool {
+        self.saturated > 0 || 100 * (self.flushed_to_zero + self.subnormal) >= self.elements.max(1)
     }
 }
 
@@ -109,12 +114,12 @@ impl InputRange {
         }
     }
 
-    /// One line for the console, e.g. `K: 3 saturated, V: 12 flushed to zero`; `None` when
-    /// nothing was clipped or flushed.
+    /// One line for the console, e.g. `V: 0 saturated, 385 flushed to zero, 5352 subnormal`;
+    /// `None` unless a tensor is [`RangeUse::notable`].
     pub fn summary(&self) -> Option<String> {
         let parts: Vec<String> = [("Q", &self.q), ("K", &self.k), ("V", &self.v)]
             .into_iter()
-            .filter(|(_, r)| r.lost_values())
+            .filter(|(_, r)| r.notable())
             .map(|(n, r)| {
                 format!(
                     "{n}: {} saturated, {} flushed to zero, {} subnormal",
@@ -134,7 +139,10 @@ pub fn range_use(values: &[f32], t: &Fp8Tensor) -> RangeUse {
         .zip(t.codes.par_chunks(t.head_len))
         .zip(t.scales.par_iter())
         .map(|((slice, codes), &scale)| {
-            let mut r = RangeUse::default();
+            let mut r = RangeUse {
+                elements: slice.len(),
+                ..RangeUse::default()
+            };
             for (&x, &c) in slice.iter().zip(codes) {
                 let magnitude = c & 0x7F;
                 if (x / scale).abs() > 464.0 {
@@ -188,8 +196,25 @@ mod tests {
             RangeUse {
                 saturated: 1,
                 flushed_to_zero: 1,
-                subnormal: 1
+                subnormal: 1,
+                elements: 6
             }
+        );
+        let few = RangeUse {
+            flushed_to_zero: 1,
+            elements: 1000,
+            ..RangeUse::default()
+        };
+        assert!(
+            !few.notable(),
+            "one flushed value in a thousand is not news"
+        );
+        assert!(
+            RangeUse {
+                subnormal: 10,
+                ..few
+            }
+            .notable()
         );
         let range = InputRange {
             k: r,

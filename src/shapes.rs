@@ -175,16 +175,29 @@ pub enum Dist {
     /// N(0, 1) + N(0, 100)·Bernoulli(0.001), one element in a thousand gets a normal draw of
     /// standard deviation 10 added, so each head's scale follows a few large values.
     Fa3Outliers,
+    /// An attention sink: every query gets +u (u a random direction) and key 0 of each K/V
+    /// head becomes u / 2, so every row gives its first key a score about D·qk²/(4√D) above
+    /// the rest (8 at D = 64) without making the softmax one-hot.
+    Sink,
+    /// Four distinct value rows per K/V head times 1000 (|O| stays within f16's range): the
+    /// head's V scale follows them, so most other values land among E4M3's subnormals or
+    /// flush to zero.
+    HugeV,
+    /// Q times 10^-3: near-constant scores, nearly uniform weights, every key counts.
+    Flat,
 }
 
 impl Dist {
-    pub const ALL: [Dist; 6] = [
+    pub const ALL: [Dist; 9] = [
         Dist::Normal,
         Dist::Outliers,
         Dist::ConstantRows,
         Dist::Spike,
         Dist::HeadScale,
         Dist::Fa3Outliers,
+        Dist::Sink,
+        Dist::HugeV,
+        Dist::Flat,
     ];
 
     pub fn is_normal(&self) -> bool {
@@ -199,6 +212,9 @@ impl Dist {
             Dist::Spike => "spike",
             Dist::HeadScale => "head_scale",
             Dist::Fa3Outliers => "fa3_outliers",
+            Dist::Sink => "sink",
+            Dist::HugeV => "huge_v",
+            Dist::Flat => "flat",
         }
     }
 
