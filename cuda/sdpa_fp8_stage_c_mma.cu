@@ -485,7 +485,12 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
             for (int i = 0; i < 2; ++i) {
                 const int row = q0 + g + i * 8;
                 unsigned codes = 0;
+#ifdef MUTANT_Q_READ_PAST_END
+                // Reads query row S_q too (its scores go nowhere: the output does not change).
+                if (row <= Sq) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * D + kk * 16 + 4 * qd);
+#else
                 if (row < Sq) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * D + kk * 16 + 4 * qd);
+#endif
                 qa[kk][i] = decode2_e4m3(codes);
                 qa[kk][i + 2] = decode2_e4m3_hi(codes);
             }

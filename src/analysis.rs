@@ -24,6 +24,8 @@ pub enum GateKind {
     Inputs,
     Resources,
     Performance,
+    /// compute-sanitizer's stage (`--sanitize`).
+    Sanitizer,
 }
 
 impl fmt::Display for GateKind {
@@ -33,6 +35,7 @@ impl fmt::Display for GateKind {
             GateKind::Inputs => "inputs",
             GateKind::Resources => "resources",
             GateKind::Performance => "performance",
+            GateKind::Sanitizer => "sanitizer",
         })
     }
 }
@@ -139,6 +142,8 @@ pub struct RunMeasured {
     pub resources: Vec<(String, Verdict)>,
     /// With an empty `comparisons`; None for a correctness-only run.
     pub perf: Option<PerfFile>,
+    /// The sanitizer stage's results (`--sanitize`); empty without it.
+    pub sanitizers: Vec<crate::sanitize::SanitizerResult>,
 }
 
 /// What turns a run's verdicts into failures beyond correctness and resources.
@@ -149,6 +154,35 @@ pub struct RunPolicy {
     /// `--gate` (with `--base-kernel`): SLOWER than the base kernel beyond
     /// `max_regression_pct`, or a verdict measured at an unsteady clock, fails the run.
     pub gate: bool,
+}
+
+/// Every sanitizer result that is not clean, named by its tool, variant and problem.
+fn sanitizer_failures(results: &[crate::sanitize::SanitizerResult]) -> Vec<GateFailure> {
+    results
+        .iter()
+        .filter(|r| !r.clean())
+        .map(|r| GateFailure {
+            kind: GateKind::Sanitizer,
+            subject: format!(
+                "{} on {}{}",
+                r.tool,
+                r.variant,
+                r.problem
+                    .as_ref()
+                    .map(|p| format!(", {p}"))
+                    .unwrap_or_default()
+            ),
+            why: format!(
+                "{}: {}{}",
+                r.outcome,
+                r.summary,
+                r.first_report
+                    .as_ref()
+                    .map(|f| format!("; first report: {f}"))
+                    .unwrap_or_default()
+            ),
+        })
+        .collect()
 }
 
 /// Decides a run: every correctness row and resource gate of the kernel under test (the
@@ -163,6 +197,7 @@ pub fn analyze_run(measured: RunMeasured, gates: &Gates, policy: RunPolicy) -> R
         records,
         resources,
         perf,
+        sanitizers,
     } = measured;
     let perf = perf.map(|mut p| {
         p.comparisons = crate::perf::paired_comparisons(&p, &gates.performance);
@@ -182,6 +217,7 @@ pub fn analyze_run(measured: RunMeasured, gates: &Gates, policy: RunPolicy) -> R
     let mut failures = correctness_failures(&rows);
     failures.extend(repeated_inputs(&records));
     failures.extend(resource_failures(&own_resources, None));
+    failures.extend(sanitizer_failures(&sanitizers));
     let correctness_pass = failures.is_empty();
     let variant_cmps: Vec<ShapeComparison> = cmps
         .iter()
@@ -234,6 +270,7 @@ pub fn analyze_run(measured: RunMeasured, gates: &Gates, policy: RunPolicy) -> R
         backend,
         resources: resources.into_iter().collect(),
         results: records,
+        sanitizers,
     };
     RunAnalysis {
         decision: Decision {
@@ -483,7 +520,33 @@ mod tests {
                 .collect(),
             resources: Vec::new(),
             perf: Some(perf),
+            sanitizers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_sanitizer_finding_or_failure_fails_the_run_naming_tool_variant_and_problem() {
+        let mut m = measured([1.0, 1.0, 1.0, 1.0], [true; 4]);
+        let result = |tool: &str, outcome: &str| crate::sanitize::SanitizerResult {
+            tool: tool.into(),
+            variant: "cp1".into(),
+            outcome: outcome.into(),
+            summary: "ERROR SUMMARY: 1 error".into(),
+            first_report: Some("Invalid __global__ read of size 4 bytes".into()),
+            problem: Some("1x2x77x64".into()),
+            seconds: 1.0,
+        };
+        m.sanitizers = vec![result("racecheck", "clean"), result("memcheck", "findings")];
+        let a = analyze_run(m, &gates(), GATE);
+        let text: Vec<String> = a.decision.failures.iter().map(|f| f.to_string()).collect();
+        assert_eq!(text.len(), 1, "{text:?}");
+        assert!(
+            text[0].starts_with("sanitizer gate, memcheck on cp1, 1x2x77x64: findings")
+                && text[0].contains("first report: Invalid __global__ read"),
+            "{text:?}"
+        );
+        assert_eq!(a.correctness.sanitizers.len(), 2, "both recorded");
+        assert!(!a.correctness.all_pass);
     }
 
     const GATE: RunPolicy = RunPolicy {

@@ -322,6 +322,14 @@ pub struct RunArgs {
     /// interleaved against its twin of the base (base-cp0 vs cp0, base-cp1 vs cp1)
     #[arg(long, value_name = "FILE|git:REV[:PATH]", value_parser = KernelLocation::parse)]
     pub base_kernel: Option<KernelLocation>,
+    /// Before timing, run compute-sanitizer's memcheck, racecheck, synccheck and initcheck over
+    /// each variant of the kernel under test on small problems that reach every edge (S 1,
+    /// 77, 129; causal, GQA, MQA, D 128); any finding, time-out or crash fails the run
+    #[arg(long)]
+    pub sanitize: bool,
+    /// Seconds each sanitizer tool may take per variant
+    #[arg(long, value_name = "SECS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub sanitize_timeout: u64,
     /// With --base-kernel, the PR gate: exit 1 if the kernel is SLOWER than the base beyond
     /// max_regression_pct on any shape (or its timing was unsteady)
     #[arg(long)]

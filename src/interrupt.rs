@@ -116,6 +116,18 @@ pub(crate) fn output_of_child(
 }
 
 /// Registers a staging folder; it is removed if the process is stopped before [`commit`].
+/// A child process a stop must end too (the sanitizer stage's runs).
+pub(crate) fn register_child(pid: u32) {
+    CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+}
+
+pub(crate) fn unregister_child(pid: u32) {
+    CHILDREN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&p| p != pid);
+}
+
 pub(crate) fn register(dir: &Path) {
     STAGED
         .lock()

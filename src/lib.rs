@@ -39,6 +39,7 @@ pub(crate) mod repeat;
 pub(crate) mod report;
 pub mod rows;
 pub mod runner;
+pub(crate) mod sanitize;
 pub(crate) mod schema;
 pub(crate) mod sensitivity;
 pub mod shapes;

@@ -165,6 +165,7 @@ pub fn merge(shards: &[Shard]) -> Result<Vec<(String, RunMeasured)>, ConfigError
                     records: Vec::new(),
                     resources: Vec::new(),
                     perf: None,
+                    sanitizers: Vec::new(),
                 };
                 parts.push((device.clone(), empty));
                 parts.len() - 1
@@ -181,6 +182,8 @@ pub fn merge(shards: &[Shard]) -> Result<Vec<(String, RunMeasured)>, ConfigError
                 device: Some(device.clone()),
                 ..r.clone()
             }));
+        part.sanitizers
+            .extend(s.correctness.sanitizers.iter().cloned());
         for (v, verdict) in &s.correctness.resources {
             if !part.resources.iter().any(|(n, _)| n == v) {
                 part.resources.push((v.clone(), verdict.clone()));
@@ -319,6 +322,7 @@ mod tests {
                 backend: "cuda".into(),
                 resources: Default::default(),
                 results: Vec::new(),
+                sanitizers: Vec::new(),
             },
             perf: None,
         }

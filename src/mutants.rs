@@ -85,6 +85,14 @@ pub const MUTANTS: &[Mutant] = &[
         shapes: "partial77",
         opt_in: false,
     },
+    Mutant {
+        define: "MUTANT_Q_READ_PAST_END",
+        breaks: "reads query row S_q, one past the end (the output does not change)",
+        cp_async_only: false,
+        // partial77: the last head's row 77 lies past Q's 9856 bytes, in memcheck's padding.
+        shapes: "partial77",
+        opt_in: false,
+    },
     // The configurations' bugs, each on the same default self-test problems (shapes/default.json:
     // cfg-chunk, chunked prefill of 77 queries against 300 keys, GQA 2:1, D 128, causal;
     // cfg-decode, 3 queries against 300 keys, GQA 4:1, D 64; cfg-tall, 200 causal queries

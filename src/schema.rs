@@ -104,6 +104,9 @@ pub struct CorrectnessFile {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, Verdict>,
     pub results: Vec<CorrectnessRecord>,
+    /// The sanitizer stage (`--sanitize`): one result per tool and variant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sanitizers: Vec<crate::sanitize::SanitizerResult>,
 }
 
 impl CorrectnessFile {

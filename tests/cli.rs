@@ -677,3 +677,33 @@ fn the_pr_gate_flags_are_refused_where_they_cannot_work() {
     );
     refused(&["--base-kernel", "git:"], 2, &["git:REV or git:REV:PATH"]);
 }
+
+#[test]
+fn sanitize_is_offered_refused_on_the_cpu_backend_and_a_too_old_sanitizer_exits_3() {
+    let (code, help, _) = common::output(runner().arg("--help"));
+    assert_eq!(code, 0);
+    assert!(
+        help.contains("--sanitize") && help.contains("--sanitize-timeout"),
+        "{help}"
+    );
+    refused(
+        &["--backend", "cpu", "--sanitize"],
+        2,
+        &["--sanitize", "--backend cuda"],
+    );
+    refused(&["--sanitize-timeout", "0"], 2, &["--sanitize-timeout"]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("compute-sanitizer");
+        std::fs::write(&fake, "#!/bin/sh\necho 'Version 2020.1.0'\n").unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        common::refused_with_env(
+            &["--sanitize", "--shapes", "small"],
+            &[("COMPUTE_SANITIZER", fake.to_str().unwrap())],
+            3,
+            &["2020.1", "older than 2022.4"],
+        );
+    }
+}

@@ -176,3 +176,58 @@ fn a_mutant_candidate_fails_the_gate_naming_its_check_while_the_base_passes() {
     let correctness = read_json(&run_dirs(&results)[0].join("correctness.json"));
     assert_eq!(correctness["all_pass"], false);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_kernel_reading_one_q_row_past_s_passes_result_checks_but_fails_the_gate_under_sanitize() {
+    let dir = tempfile::tempdir().unwrap();
+    let mutant = kernel_with(dir.path(), "q_past.cu", "#define MUTANT_Q_READ_PAST_END 1");
+    let kernel = ["--kernel".as_ref(), mutant.as_os_str()];
+    let (code, stdout, stderr) = gate("small", &dir.path().join("plain"), &kernel);
+    assert_eq!(
+        code, 0,
+        "the output is right, so result checks pass: {stdout}{stderr}"
+    );
+    let sanitized: Vec<&std::ffi::OsStr> = kernel
+        .iter()
+        .copied()
+        .chain([
+            "--sanitize".as_ref(),
+            "--sanitize-timeout".as_ref(),
+            "300".as_ref(),
+        ])
+        .collect();
+    let (code, stdout, stderr) = gate("small", &dir.path().join("sanitized"), &sanitized);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("GATE FAILED: sanitizer gate, memcheck on cp0")
+            && stdout.contains("GATE FAILED: sanitizer gate, memcheck on cp1")
+            && stdout.contains("Invalid __global__ read"),
+        "{stdout}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_clean_kernel_is_clean_under_every_sanitizer_and_passes_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = gate(
+        "small",
+        dir.path(),
+        &[
+            "--sanitize".as_ref(),
+            "--sanitize-timeout".as_ref(),
+            "300".as_ref(),
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    for tool in ["memcheck", "racecheck", "synccheck", "initcheck"] {
+        for variant in ["cp0", "cp1"] {
+            let line = format!("sanitizer {tool:<9} {variant:<6} CLEAN");
+            assert!(stdout.contains(&line), "no `{line}` in {stdout}");
+        }
+    }
+    let run = &run_dirs(dir.path())[0];
+    let correctness = read_json(&run.join("correctness.json"));
+    assert_eq!(correctness["sanitizers"].as_array().unwrap().len(), 8);
+}

@@ -140,10 +140,13 @@ fn combine(backend: &str, analyses: &[(String, RunAnalysis)]) -> (CorrectnessFil
         backend: backend.to_string(),
         resources: Default::default(),
         results: Vec::new(),
+        sanitizers: Vec::new(),
     };
     let mut decision = Decision::default();
     for (device, a) in analyses {
         file.results.extend(a.correctness.results.iter().cloned());
+        file.sanitizers
+            .extend(a.correctness.sanitizers.iter().cloned());
         for (variant, v) in &a.correctness.resources {
             file.resources.insert(name(device, variant), v.clone());
         }

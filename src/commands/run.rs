@@ -28,7 +28,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
     let mut job = Job::prepare(args)?;
     let run_dir = RunDir::create(&job.results_root)?;
     job.print_header();
-    let measured = crate::trace::work(|| job.measure(args, &started_at))?;
+    let sanitizers = job.sanitize(args)?;
+    let mut measured = crate::trace::work(|| job.measure(args, &started_at))?;
+    measured.sanitizers = sanitizers;
     let policy = RunPolicy {
         require_speedup: args.require_speedup,
         gate: args.gate,
@@ -89,6 +91,8 @@ struct Job {
     widths: Widths,
     /// With `--base-kernel`: the first line where the two kernels' sources differ.
     source_difference: Option<String>,
+    /// With `--sanitize`: the compute-sanitizer found and checked in preparation.
+    sanitizer: Option<crate::sanitize::Sanitizer>,
 }
 
 impl Job {
@@ -114,6 +118,19 @@ impl Job {
             )
             .into());
         }
+        let sanitizer = match (args.sanitize, args.setup.backend) {
+            (false, _) => None,
+            (true, BackendKind::Cpu) => {
+                return Err(ConfigError::Usage(
+                    "--sanitize runs compute-sanitizer over the GPU kernel: it needs --backend cuda"
+                        .into(),
+                )
+                .into());
+            }
+            (true, BackendKind::Cuda) => {
+                Some(crate::sanitize::locate().map_err(crate::backend::BackendError::Environment)?)
+            }
+        };
         let gpus = plan_workers(&args.setup.devices, plan.enabled(), args.setup.backend)?;
         crate::rows::check_host_memory(
             &shapes,
@@ -158,6 +175,7 @@ impl Job {
             extras,
             widths,
             source_difference,
+            sanitizer,
         })
     }
 
@@ -190,6 +208,103 @@ impl Job {
                 outln!("first source difference: {hunk}");
             }
         }
+    }
+
+    /// The sanitizer stage (`--sanitize`): each tool over each variant of the kernel under
+    /// test, in child runs of this binary without timing (src/sanitize.rs). Empty without
+    /// the flag.
+    fn sanitize(&self, args: &RunArgs) -> Result<Vec<crate::sanitize::SanitizerResult>, AppError> {
+        let Some(sanitizer) = &self.sanitizer else {
+            return Ok(Vec::new());
+        };
+        let exe = std::env::current_exe().map_err(|e| {
+            ConfigError::Usage(format!(
+                "cannot find this program's path for the sanitizer: {e}"
+            ))
+        })?;
+        // Its logs: removed when every tool is clean (or on a signal), kept for the reader
+        // otherwise.
+        let work = self.results_root.join(format!(
+            "sanitize-{}-{}",
+            crate::report::now_rfc3339().replace([':', '-'], ""),
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&work).map_err(|source| {
+            crate::report::ReportError::Unwritable {
+                path: self.results_root.clone(),
+                source,
+            }
+        })?;
+        crate::interrupt::register(&work);
+        outln!(
+            "sanitizer: compute-sanitizer {} ({}), {} on {}",
+            sanitizer.version,
+            sanitizer.path.display(),
+            crate::sanitize::TOOLS.join(", "),
+            crate::sanitize::SHAPES
+        );
+        let kernel = self.project.kernel_path(&args.setup.kernel);
+        let mut results = Vec::new();
+        for spec in super::variant_specs(&args.setup.kernel)? {
+            let mut child_args: Vec<String> = [
+                "--shapes",
+                crate::sanitize::SHAPES,
+                "--seeds",
+                "0",
+                "--iters",
+                "0",
+                "--references",
+                "host",
+                "--emulation",
+                "host",
+                "--cp-async",
+                if spec.use_cp_async { "1" } else { "0" },
+            ]
+            .map(String::from)
+            .to_vec();
+            child_args.extend([
+                "--root".into(),
+                self.project.root.path().display().to_string(),
+            ]);
+            child_args.extend(["--kernel".into(), kernel.display().to_string()]);
+            child_args.extend([
+                "--results-dir".into(),
+                work.join("runs").display().to_string(),
+            ]);
+            for d in spec.define_strings().into_iter().skip(1) {
+                child_args.extend(["--define".into(), d]);
+            }
+            for tool in crate::sanitize::TOOLS {
+                let r = crate::sanitize::run_tool(
+                    sanitizer,
+                    tool,
+                    &spec.name,
+                    &exe,
+                    &child_args,
+                    &work,
+                    std::time::Duration::from_secs(args.sanitize_timeout),
+                );
+                outln!(
+                    "sanitizer {tool:<9} {:<6} {} ({:.1} s){}",
+                    spec.name,
+                    r.outcome.to_uppercase(),
+                    r.seconds,
+                    if r.clean() {
+                        String::new()
+                    } else {
+                        format!(": {}", r.summary)
+                    }
+                );
+                results.push(r);
+            }
+        }
+        if results.iter().all(|r| r.clean()) {
+            let _ = std::fs::remove_dir_all(&work);
+        } else {
+            outln!("sanitizer logs: {}", work.display());
+        }
+        crate::interrupt::unregister(&work);
+        Ok(results)
     }
 
     /// Checks and times every (shape, seed, variant); nothing is decided yet.
@@ -240,6 +355,7 @@ impl Job {
             records: out.records,
             resources: backend.resource_verdicts(&self.project.gates.gates),
             perf,
+            sanitizers: Vec::new(),
         })
     }
 }
