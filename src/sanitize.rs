@@ -248,12 +248,19 @@ fn interpret(tool: &str, variant: &str, code: Option<i32>, text: &str) -> Saniti
     });
     // The run prints a problem's record after its launches: the first record after the
     // report names the problem it came from.
+    // Under memcheck a stray access faults the launch, and the run's error names the problem
+    // (`error: variant cp0 on shape NAME (...) seed 0 ...`).
     let problem = report_at.and_then(|i| {
-        lines[i..]
-            .iter()
-            .find(|l| l.starts_with('[') && l.contains("seed="))
-            .and_then(|l| l.split(']').next())
-            .map(|p| p.trim_start_matches('[').trim().to_string())
+        lines[i..].iter().find_map(|l| {
+            if l.starts_with('[') && l.contains("seed=") {
+                l.split(']')
+                    .next()
+                    .map(|p| p.trim_start_matches('[').trim().to_string())
+            } else {
+                let rest = l.split_once(" on shape ")?.1;
+                Some(rest.split([' ', '(']).next()?.to_string())
+            }
+        })
     });
     let outcome = if outcome == "clean" && first_report.is_some() {
         "findings"
@@ -299,6 +306,17 @@ mod tests {
                 .starts_with("Invalid __global__ read of size 4 bytes | at sdpa")
         );
         assert_eq!(r.summary, "ERROR SUMMARY: 1 error");
+        // memcheck on an H100: the stray read faults the launch, the run names the problem.
+        let faulted = "========= Invalid __global__ read of size 4 bytes\n\
+                       =========     at void sdpa_body<(int)64, (bool)0>(...)+0x7c0 in q.cu:491\n\
+                       ========= Program hit CUDA_ERROR_LAUNCH_FAILED (error 719)\n\
+                       error: variant cp0 on shape 1x2x1x64 (1x2x1x64) seed 0 on GPU 0 failed\n\
+                       ========= ERROR SUMMARY: 5 errors\n";
+        let r = interpret("memcheck", "cp0", Some(FINDINGS_EXIT), faulted);
+        assert_eq!(
+            (r.outcome.as_str(), r.problem.as_deref()),
+            ("findings", Some("1x2x1x64"))
+        );
         let no_verdict = interpret("racecheck", "cp0", Some(4), "error: kernel fault");
         assert_eq!(no_verdict.outcome, "failed");
         assert!(no_verdict.summary.contains("exit 4"));

@@ -200,8 +200,8 @@ fn a_kernel_reading_one_q_row_past_s_passes_result_checks_but_fails_the_gate_und
     let (code, stdout, stderr) = gate("small", &dir.path().join("sanitized"), &sanitized);
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
-        stdout.contains("GATE FAILED: sanitizer gate, memcheck on cp0")
-            && stdout.contains("GATE FAILED: sanitizer gate, memcheck on cp1")
+        stdout.contains("GATE FAILED: sanitizer gate, memcheck on cp0, 1x2x1x64: findings")
+            && stdout.contains("GATE FAILED: sanitizer gate, memcheck on cp1, 1x2x1x64: findings")
             && stdout.contains("Invalid __global__ read"),
         "{stdout}"
     );
