@@ -92,6 +92,9 @@ pub enum Command {
     Export(ExportArgs),
     /// Grade other implementations' outputs of an exported folder against the f64 references
     Check(CheckArgs),
+    /// Measure this GPU model's noise floors: time one variant in separate processes and
+    /// record how far they drift apart, per shape, for `compare`
+    Noise(NoiseArgs),
 }
 
 /// A comma-separated seed list (`0,1,2`, `0-4`).
@@ -407,6 +410,11 @@ pub struct CompareArgs {
     /// Variant of CAND to compare
     #[arg(long, value_name = "NAME")]
     pub cand_variant: Option<String>,
+    /// Noise floors measured per GPU model (`sdpa-runner noise`) [default:
+    /// <root>/gates/noise_floors.json]; a GPU model or shape it lacks gets a conservative
+    /// default, and COMPARE.md says which floor each shape used
+    #[arg(long, value_name = "FILE")]
+    pub floors: Option<PathBuf>,
     #[command(flatten)]
     pub ci: CiArgs,
     #[command(flatten)]
@@ -543,6 +551,28 @@ pub struct SelftestArgs {
         default_value = "0"
     )]
     pub devices: DeviceChoice,
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct NoiseArgs {
+    /// Shapes to measure
+    #[arg(long, default_value = "small,mission,long")]
+    pub shapes: String,
+    /// Separate processes (at least 3; each times every shape once)
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(3..=1000))]
+    pub processes: u32,
+    /// The variant timed
+    #[arg(long, value_enum, default_value = "0", value_name = "0|1")]
+    pub cp_async: CpAsyncChoice,
+    /// cuda times the kernel; cpu the emulation (for trying the command without a GPU)
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub backend: BackendKind,
+    /// The floors file to update (this GPU model's entry is replaced, the others kept)
+    /// [default: <root>/gates/noise_floors.json]
+    #[arg(long, value_name = "FILE")]
+    pub floors: Option<PathBuf>,
     #[command(flatten)]
     pub project: ProjectArgs,
 }

@@ -18,6 +18,7 @@ pub mod devices;
 pub mod emulation;
 pub(crate) mod error;
 pub(crate) mod exchange;
+pub(crate) mod floors;
 pub mod fp8;
 pub mod gates;
 pub(crate) mod grade;

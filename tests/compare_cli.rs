@@ -427,3 +427,86 @@ fn compare_junit_fails_exactly_when_the_gate_does() {
         assert_eq!(failures(&xml), 0, "{xml}");
     }
 }
+
+/// `compare BASE CAND --floors FILE` (and `--out` in `dir`).
+fn compare_with_floors(
+    dir: &Path,
+    base: &Path,
+    cand: &Path,
+    floors: &Path,
+) -> (i32, String, String) {
+    output(
+        runner()
+            .arg("compare")
+            .arg(base)
+            .arg(cand)
+            .arg("--floors")
+            .arg(floors)
+            .arg("--out")
+            .arg(dir.join("COMPARE.md")),
+    )
+}
+
+#[test]
+fn compare_uses_the_floor_measured_by_noise_on_that_device_and_says_where_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let floors = dir.path().join("floors.json");
+    let (code, out, err) = output(
+        runner()
+            .args([
+                "noise",
+                "--backend",
+                "cpu",
+                "--processes",
+                "3",
+                "--shapes",
+                "small",
+            ])
+            .arg("--floors")
+            .arg(&floors),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let file = read_json(&floors);
+    let (device, entry) = file["gpus"].as_object().unwrap().iter().next().unwrap();
+    let floor = entry["shapes"]["small"]["floor_pct"].as_f64().unwrap();
+    assert!(floor > 0.0 && entry["processes"] == 3, "{entry}");
+    let results = dir.path().join("r");
+    let (a, b) = (cpu_run(&results, &[]), cpu_run(&results, &[]));
+    let (code, out, err) = compare_with_floors(dir.path(), &a, &b, &floors);
+    assert_eq!(code, 0, "{out}{err}");
+    let expected = format!("noise floor of small: ±{floor:.2}% (measured on {device}: 3 processes");
+    assert!(out.contains(&expected), "`{expected}` not in {out}");
+    let md = std::fs::read_to_string(dir.path().join("COMPARE.md")).unwrap();
+    assert!(md.contains(&expected), "{md}");
+
+    // Another GPU model's floors only: the conservative default, said so.
+    let mut other = file.clone();
+    let entry = other["gpus"]
+        .as_object_mut()
+        .unwrap()
+        .remove(device)
+        .unwrap();
+    other["gpus"]["NVIDIA H999"] = entry;
+    std::fs::write(&floors, other.to_string()).unwrap();
+    let (code, out, _) = compare_with_floors(dir.path(), &a, &b, &floors);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(&format!("no floors measured on {device}"))
+            && out.contains("conservative default"),
+        "{out}"
+    );
+    // A missing file says so; a malformed one is refused naming the key (exit 2).
+    let (_, out, _) = compare_with_floors(dir.path(), &a, &b, &dir.path().join("none.json"));
+    assert!(out.contains("no floors file at"), "{out}");
+    std::fs::write(
+        &floors,
+        r#"{"version": 1, "gpus": {"G": {"processes": 3}}}"#,
+    )
+    .unwrap();
+    let (code, _, err) = compare_with_floors(dir.path(), &a, &b, &floors);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("floors.json") && err.contains("gpus.G"),
+        "{err}"
+    );
+}

@@ -181,6 +181,7 @@ fn compare(
         allow_mismatch: false,
         base_variant: None,
         cand_variant: None,
+        floors: None,
         ci: Default::default(),
         project: project.clone(),
     })

@@ -12,7 +12,7 @@ use crate::console::{self, Widths};
 use crate::error::{AppError, Outcome};
 use crate::gates::PerformanceGates;
 use crate::outln;
-use crate::perf::compare::{SavedRun, check_comparable, pick_variants, unpaired_comparisons};
+use crate::perf::compare::{SavedRun, check_comparable, pick_variants};
 use crate::publish::{self, CompareReport, Extras};
 use crate::render::markdown::{CompareDoc, Side};
 use crate::report::write_atomic;
@@ -44,7 +44,37 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
     }
     extras.check()?;
 
-    let cmps = unpaired_comparisons(&base.perf, &cand.perf, (&bv, &cv), gates);
+    let floors_path = args
+        .floors
+        .clone()
+        .unwrap_or_else(|| project.root.path().join(crate::floors::DEFAULT_FILE));
+    let floors = crate::floors::FloorFile::load(&floors_path)?;
+    let gpu = cand.perf.device_name.clone();
+    let choose = |shape: &str| {
+        crate::floors::FloorFile::choose(
+            floors.as_ref(),
+            &floors_path,
+            &gpu,
+            shape,
+            gates.unpaired_floor(shape),
+        )
+    };
+    let notes: Vec<String> = base
+        .perf
+        .shapes()
+        .iter()
+        .map(|shape| {
+            let c = choose(shape);
+            format!("noise floor of {shape}: ±{:.2}% ({})", c.pct, c.source)
+        })
+        .collect();
+    let cmps = crate::perf::compare::unpaired_comparisons_with(
+        &base.perf,
+        &cand.perf,
+        (&bv, &cv),
+        gates,
+        &|shape| choose(shape).pct,
+    );
     let decision = analysis::analyze_compare(&cand, &cv, &cmps, gates);
 
     let report = render(
@@ -52,7 +82,7 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
         (&base, &cand),
         (&bv, &cv),
         (&cmps, &decision, gates),
-        &warnings,
+        (&warnings, &notes),
         &svg_path,
     );
     write_atomic(&svg_path, report.svg.as_bytes())?;
@@ -91,6 +121,9 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
         bv,
         args.base.display()
     );
+    for n in &notes {
+        outln!("{n}");
+    }
     crate::out!("{}", console::verdict_lines(&cmps, &widths));
     for w in &extra_warnings {
         eprintln!("warning: {w}");
@@ -118,7 +151,7 @@ fn render(
     (base, cand): (&SavedRun, &SavedRun),
     (bv, cv): (&str, &str),
     (cmps, decision, gates): (&[ShapeComparison], &Decision, &PerformanceGates),
-    warnings: &[String],
+    (warnings, notes): (&[String], &[String]),
     svg_path: &std::path::Path,
 ) -> CompareReport {
     let meta = |run: &SavedRun, v: &str| {
@@ -154,6 +187,7 @@ fn render(
         decision,
         gate_enforced: args.gate,
         warnings,
+        notes,
         svg: Some(&svg_name),
     };
     CompareReport {

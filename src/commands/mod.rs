@@ -10,6 +10,7 @@ mod compare;
 mod export;
 mod fuzz;
 mod merge;
+mod noise;
 mod run;
 mod selftest;
 mod sensitivity;
@@ -55,6 +56,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Selftest(args)) => selftest::selftest(&args),
         Some(Command::Export(args)) => export::export(&args),
         Some(Command::Check(args)) => check::check(&args),
+        Some(Command::Noise(args)) => noise::noise(&args),
     }
 }
 

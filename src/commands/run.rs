@@ -404,6 +404,7 @@ pub(super) fn compare_report(a: &RunAnalysis, project: &Project) -> Option<Compa
         decision: &a.decision,
         gate_enforced: true,
         warnings: &[],
+        notes: &[],
         svg: Some("latency.svg"),
     };
     Some(CompareReport {

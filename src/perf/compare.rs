@@ -228,11 +228,26 @@ pub fn check_comparable(
 
 /// The verdict per shape of CAND's variant against BASE's, from per-round medians pooled over
 /// seeds (the runs are independent: unpaired), with each shape's unpaired noise floor.
+#[cfg(test)]
 pub fn unpaired_comparisons(
     base: &PerfFile,
     cand: &PerfFile,
     (bv, cv): (&str, &str),
     gates: &PerformanceGates,
+) -> Vec<ShapeComparison> {
+    unpaired_comparisons_with(base, cand, (bv, cv), gates, &|shape| {
+        gates.unpaired_floor(shape)
+    })
+}
+
+/// As [`unpaired_comparisons`], with each shape's noise floor from `floor_of` (the floors
+/// measured on the runs' GPU model: src/floors.rs).
+pub fn unpaired_comparisons_with(
+    base: &PerfFile,
+    cand: &PerfFile,
+    (bv, cv): (&str, &str),
+    gates: &PerformanceGates,
+    floor_of: &dyn Fn(&str) -> f64,
 ) -> Vec<ShapeComparison> {
     base.shapes()
         .iter()
@@ -255,7 +270,7 @@ pub fn unpaired_comparisons(
                 (bv, cv),
                 (&b_all, &c_all),
                 estimate,
-                gates.unpaired_floor(shape),
+                floor_of(shape),
             )
         })
         .collect()

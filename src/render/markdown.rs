@@ -32,6 +32,8 @@ pub struct CompareDoc<'a> {
     /// Whether the decision's failures set the exit code (`compare --gate`, a run).
     pub gate_enforced: bool,
     pub warnings: &'a [String],
+    /// Where each noise floor came from, one line each (`compare`'s measured floors).
+    pub notes: &'a [String],
     /// Relative link to the latency picture, if one was written.
     pub svg: Option<&'a str>,
 }
@@ -54,6 +56,12 @@ pub fn render(doc: &CompareDoc) -> String {
         let _ = writeln!(s, "> **WARNING:** {w}\n");
     }
     header(&mut s, doc);
+    for n in doc.notes {
+        let _ = writeln!(s, "- {n}");
+    }
+    if !doc.notes.is_empty() {
+        s.push('\n');
+    }
     if against_base {
         kernels(&mut s, &sides);
     } else if let Some(line) = same_code_line(b.variant, c.variant) {
@@ -479,6 +487,7 @@ mod tests {
             gate_enforced: true,
             others: vec![],
             warnings: &["compared despite a mismatch".into()],
+            notes: &[],
             svg: Some("latency.svg"),
         };
         let md = render(&doc);
@@ -550,6 +559,7 @@ mod tests {
                 decision: &crate::analysis::Decision::default(),
                 gate_enforced: true,
                 warnings: &[],
+                notes: &[],
                 svg: None,
             })
         };
