@@ -149,11 +149,13 @@ impl FloorFile {
     }
 
     /// The unpaired floor of `shape` on `gpu`: the measured one, else the gates file's
-    /// (`gates_floor`) raised to [`UNMEASURED_MIN_PCT`], each with its source in words.
+    /// (`gates_floor`) raised to [`UNMEASURED_MIN_PCT`], each with its source in words. A floor
+    /// measured with another kernel build than the runs' (`kernel`, its source's sha256) is
+    /// still used (it is the GPU's and the harness's noise, relative to the time), and says so.
     pub fn choose(
         file: Option<&FloorFile>,
         path: &Path,
-        gpu: &str,
+        (gpu, kernel): (&str, Option<&str>),
         shape: &str,
         gates_floor: f64,
     ) -> FloorChoice {
@@ -181,10 +183,18 @@ impl FloorFile {
         let Some(f) = g.shapes.get(shape) else {
             return fallback(format!("no floor measured for {shape} on {gpu}"));
         };
+        let other_kernel = match kernel {
+            Some(k) if k != g.kernel_sha256 => format!(
+                "; measured with kernel {}, these runs' is {}: used, the floor is the GPU's noise",
+                &g.kernel_sha256[..12.min(g.kernel_sha256.len())],
+                &k[..12.min(k.len())]
+            ),
+            _ => String::new(),
+        };
         FloorChoice {
             pct: f.floor_pct,
             source: format!(
-                "measured on {gpu}: {} processes of {} on {} (95% upper bound of their spread), {}",
+                "measured on {gpu}: {} processes of {} on {} (95% upper bound of their spread), {}{other_kernel}",
                 g.processes,
                 g.variant,
                 g.measured_at,
@@ -241,13 +251,28 @@ mod tests {
                 .into(),
             },
         );
-        let got = FloorFile::choose(Some(&file), path, "NVIDIA H100", "mission", 1.0);
+        let h100 = ("NVIDIA H100", Some("k"));
+        let rebuilt = FloorFile::choose(
+            Some(&file),
+            path,
+            ("NVIDIA H100", Some("k2")),
+            "mission",
+            1.0,
+        );
+        assert!(
+            rebuilt
+                .source
+                .contains("measured with kernel k, these runs' is k2"),
+            "{rebuilt:?}"
+        );
+        let got = FloorFile::choose(Some(&file), path, h100, "mission", 1.0);
+        assert!(!got.source.contains("measured with kernel") && rebuilt.pct == got.pct);
         assert!(
             got.source
                 .starts_with("measured on NVIDIA H100: 12 processes"),
             "{got:?}"
         );
-        let other_gpu = FloorFile::choose(Some(&file), path, "NVIDIA H200", "mission", 1.0);
+        let other_gpu = FloorFile::choose(Some(&file), path, ("NVIDIA H200", None), "mission", 1.0);
         assert_eq!(other_gpu.pct, UNMEASURED_MIN_PCT);
         assert!(
             other_gpu
@@ -255,10 +280,10 @@ mod tests {
                 .contains("no floors measured on NVIDIA H200"),
             "{other_gpu:?}"
         );
-        let other_shape = FloorFile::choose(Some(&file), path, "NVIDIA H100", "long", 4.0);
+        let other_shape = FloorFile::choose(Some(&file), path, h100, "long", 4.0);
         assert_eq!(other_shape.pct, 4.0);
         assert!(other_shape.source.contains("no floor measured for long"));
-        let none = FloorFile::choose(None, path, "NVIDIA H100", "mission", 1.0);
+        let none = FloorFile::choose(None, path, h100, "mission", 1.0);
         assert!(none.source.contains("no floors file"));
     }
 

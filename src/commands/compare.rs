@@ -50,11 +50,18 @@ pub fn compare(args: &CompareArgs) -> Result<Outcome, AppError> {
         .unwrap_or_else(|| project.root.path().join(crate::floors::DEFAULT_FILE));
     let floors = crate::floors::FloorFile::load(&floors_path)?;
     let gpu = cand.perf.device_name.clone();
+    let kernel = cand
+        .perf
+        .variants
+        .iter()
+        .find(|v| v.name == cv)
+        .and_then(|v| v.kernel.as_ref())
+        .map(|k| k.sha256.clone());
     let choose = |shape: &str| {
         crate::floors::FloorFile::choose(
             floors.as_ref(),
             &floors_path,
-            &gpu,
+            (&gpu, kernel.as_deref()),
             shape,
             gates.unpaired_floor(shape),
         )
