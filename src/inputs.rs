@@ -105,7 +105,7 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
                 t.iter_mut().for_each(|x| *x *= f);
             }
         }
-        Dist::Sink => {
+        Dist::Sink | Dist::PEdge => {
             let u: Vec<f32> = (0..d)
                 .map(|_| {
                     let z: f32 = StandardNormal.sample(&mut *rng);
@@ -115,7 +115,15 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
             for row in q.chunks_mut(d) {
                 row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
             }
-            k[..d].iter_mut().zip(&u).for_each(|(x, ui)| *x = 0.5 * ui);
+            // Key 0's score above a typical one: softmax_scale · c · |u|², |u|² ≈ D · qk².
+            let c = match shape.dist {
+                Dist::PEdge => {
+                    let u2: f32 = u.iter().map(|x| x * x).sum();
+                    64f32.ln() / (shape.softmax_scale() * u2.max(f32::MIN_POSITIVE))
+                }
+                _ => 0.5,
+            };
+            k[..d].iter_mut().zip(&u).for_each(|(x, ui)| *x = c * ui);
         }
         Dist::HugeV => {
             // Four distinct rows (all of them when S_k <= 4), each scaled once: a row scaled

@@ -185,10 +185,14 @@ pub enum Dist {
     HugeV,
     /// Q times 10^-3: near-constant scores, nearly uniform weights, every key counts.
     Flat,
+    /// Every query gets +u and key 0 becomes c·u, with c set so its score sits ln 64 above
+    /// a typical key's: the other weights land around 2^-6 of the largest, E4M3's smallest
+    /// normal, where a P rounded to e4m3 (FP8 attention's second GEMM) turns subnormal.
+    PEdge,
 }
 
 impl Dist {
-    pub const ALL: [Dist; 9] = [
+    pub const ALL: [Dist; 10] = [
         Dist::Normal,
         Dist::Outliers,
         Dist::ConstantRows,
@@ -198,6 +202,7 @@ impl Dist {
         Dist::Sink,
         Dist::HugeV,
         Dist::Flat,
+        Dist::PEdge,
     ];
 
     pub fn is_normal(&self) -> bool {
@@ -215,6 +220,7 @@ impl Dist {
             Dist::Sink => "sink",
             Dist::HugeV => "huge_v",
             Dist::Flat => "flat",
+            Dist::PEdge => "p_edge",
         }
     }
 
