@@ -95,6 +95,26 @@ fn default_clock_sag_pct() -> f64 {
     3.0
 }
 
+#[cfg(test)]
+impl CorrectnessGates {
+    /// The committed file's correctness gates: the bounds at the model (1), the relative gate
+    /// at twice the emulation's error plus an ulp. For tests of what reads them.
+    pub fn at_the_model() -> Self {
+        CorrectnessGates {
+            kernel: BoundGate {
+                max_err_over_bound: 1.0,
+            },
+            end_to_end: BoundGate {
+                max_err_over_bound: 1.0,
+            },
+            relative: RelativeGate {
+                factor: 2.0,
+                eps_ulps: 1.0,
+            },
+        }
+    }
+}
+
 impl PerformanceGates {
     /// The noise floor of an unpaired comparison of `shape`.
     pub fn unpaired_floor(&self, shape: &str) -> f64 {

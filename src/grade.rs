@@ -202,23 +202,11 @@ impl<'a> ProblemTruth<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gates::{BoundGate, RelativeGate};
     use crate::reference::OutputFormat;
     use crate::shapes::Shape;
 
     fn gates() -> CorrectnessGates {
-        CorrectnessGates {
-            kernel: BoundGate {
-                max_err_over_bound: 1.0,
-            },
-            end_to_end: BoundGate {
-                max_err_over_bound: 1.0,
-            },
-            relative: RelativeGate {
-                factor: 2.0,
-                eps_ulps: 1.0,
-            },
-        }
+        CorrectnessGates::at_the_model()
     }
 
     /// Textbook attention in f64 on the f32 originals, written as f32: what an fp32

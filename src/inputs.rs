@@ -84,15 +84,7 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
         Dist::Spike => {
             // Every query gets +u and one key becomes 3u: its score is about 3·|u|²/8 = 24
             // (|u|² = 64) above a typical one, so each row's softmax is nearly one-hot.
-            let u: Vec<f32> = (0..d)
-                .map(|_| {
-                    let z: f32 = StandardNormal.sample(&mut *rng);
-                    z * shape.qk_std as f32
-                })
-                .collect();
-            for row in q.chunks_mut(d) {
-                row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
-            }
+            let u = shared_query_direction(shape, rng, q);
             let j = rng.random_range(0..sk);
             k[j * d..(j + 1) * d]
                 .iter_mut()
@@ -106,15 +98,7 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
             }
         }
         Dist::Sink | Dist::PEdge => {
-            let u: Vec<f32> = (0..d)
-                .map(|_| {
-                    let z: f32 = StandardNormal.sample(&mut *rng);
-                    z * shape.qk_std as f32
-                })
-                .collect();
-            for row in q.chunks_mut(d) {
-                row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
-            }
+            let u = shared_query_direction(shape, rng, q);
             // Key 0's score above a typical one: softmax_scale · c · |u|², |u|² ≈ D · qk².
             let c = match shape.dist {
                 Dist::PEdge => {
@@ -143,6 +127,21 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
             }
         }
     }
+}
+
+/// Draws a direction u (D normal draws times qk_std), adds it to every query row of `q` and
+/// returns it: the distributions that give one key a score far above the rest build on it.
+fn shared_query_direction(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32]) -> Vec<f32> {
+    let u: Vec<f32> = (0..shape.d)
+        .map(|_| {
+            let z: f32 = StandardNormal.sample(&mut *rng);
+            z * shape.qk_std as f32
+        })
+        .collect();
+    for row in q.chunks_mut(shape.d) {
+        row.iter_mut().zip(&u).for_each(|(x, ui)| *x += ui);
+    }
+    u
 }
 
 /// The seed of the whole problem: the scheme, the dimensions, qk_std, the seed and (for

@@ -178,7 +178,6 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gates::{BoundGate, RelativeGate};
 
     fn metrics(max: f64, mean: f64, ratio: f64) -> ErrorMetrics {
         ErrorMetrics {
@@ -194,18 +193,7 @@ mod tests {
     }
 
     fn gates() -> CorrectnessGates {
-        CorrectnessGates {
-            kernel: BoundGate {
-                max_err_over_bound: 1.0,
-            },
-            end_to_end: BoundGate {
-                max_err_over_bound: 1.0,
-            },
-            relative: RelativeGate {
-                factor: 2.0,
-                eps_ulps: 1.0,
-            },
-        }
+        CorrectnessGates::at_the_model()
     }
 
     const FACTS: ProblemFacts = ProblemFacts {
