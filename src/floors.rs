@@ -136,7 +136,8 @@ impl FloorFile {
         }
         for (gpu, g) in &file.gpus {
             for (shape, f) in &g.shapes {
-                if !(f.floor_pct.is_finite() && f.floor_pct > 0.0 && f.floor_pct < 100.0) {
+                // Any positive percentage: a noisy machine may measure floors above 100%.
+                if !(f.floor_pct.is_finite() && f.floor_pct > 0.0) {
                     return Err(ConfigError::invalid_key(
                         path,
                         format!("gpus.{gpu}.shapes.{shape}.floor_pct"),
