@@ -463,6 +463,15 @@ pub enum PairKind {
 }
 
 impl ShapeComparison {
+    /// The smallest difference this comparison could have called FASTER or SLOWER: the noise
+    /// floor plus the interval's wider half (in time-ratio percent). A verdict needs the whole
+    /// interval beyond the floor, so a true difference below this reads SAME. Power, stated.
+    pub fn mde_pct(&self) -> f64 {
+        let e = &self.estimate;
+        let half = (e.ratio - e.ci_low).max(e.ci_high - e.ratio).max(0.0);
+        self.noise_floor_pct + 100.0 * half
+    }
+
     pub fn new(
         shape: &str,
         seeds: Vec<u64>,
@@ -716,5 +725,25 @@ pub(crate) mod fixtures {
             device: None,
             gpu: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_detectable_difference_is_the_floor_plus_the_wider_half_of_the_interval() {
+        let estimate = crate::stats::RatioEstimate {
+            ratio: 1.0,
+            ci_low: 0.99,
+            ci_high: 1.02,
+            confidence: 0.95,
+            p_value: 0.5,
+            design: "paired".into(),
+            n: 20,
+        };
+        let c = ShapeComparison::new("s", vec![0], ("a", "b"), (&[1.0], &[1.0]), estimate, 1.0);
+        assert!((c.mde_pct() - 3.0).abs() < 1e-9, "{}", c.mde_pct());
     }
 }

@@ -343,7 +343,7 @@ fn timings(s: &mut String, doc: &CompareDoc) {
         head.push_str(" rounds |");
     }
     head.push_str(&format!(
-        " p50 base | p50 cand | p90 base | p90 cand | mean base | mean cand | speedup | {conf:.0}% CI | p | floor | verdict |"
+        " p50 base | p50 cand | p90 base | p90 cand | mean base | mean cand | speedup | {conf:.0}% CI | p | floor | detects | verdict |"
     ));
     let columns = head.matches('|').count() - 1;
     let _ = writeln!(s, "{head}\n|{}", "---|".repeat(columns));
@@ -359,7 +359,7 @@ fn timings(s: &mut String, doc: &CompareDoc) {
         }
         let _ = writeln!(
             s,
-            "{row} {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.1}% | **{}** |",
+            "{row} {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.1}% | ±{:.2}% | **{}** |",
             bs.p50,
             cs.p50,
             bs.p90,
@@ -371,6 +371,7 @@ fn timings(s: &mut String, doc: &CompareDoc) {
             c.speedup_ci_pct[1],
             c.estimate.p_value,
             c.noise_floor_pct,
+            c.mde_pct(),
             c.verdict
         );
     }
