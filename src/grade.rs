@@ -80,6 +80,11 @@ pub struct Grade {
     /// The implementation's own median time, as it reported it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p50_us: Option<f64>,
+    /// Whether an all-zero output would pass the same gates: then the model's bound is wider
+    /// than the output itself on this problem (long FP8 rows, large qk_std) and a PASS says
+    /// little. Shown beside the verdict, never hidden.
+    #[serde(default)]
+    pub zeros_would_pass: bool,
 }
 
 /// The references of one problem's checked rows for each precision graded, computed once and
@@ -137,6 +142,7 @@ impl<'a> ProblemTruth<'a> {
             verdict: Verdict::default(),
             failures: Vec::new(),
             p50_us: None,
+            zeros_would_pass: false,
         };
         let output = match output {
             Ok(o) => o,
@@ -163,6 +169,14 @@ impl<'a> ProblemTruth<'a> {
         };
         let kernel = measure(&refs.kernel, &refs.kernel_bound);
         let end_to_end = measure(&refs.end_to_end, &refs.end_to_end_bound);
+        let zeros = vec![0.0; output.values.len()];
+        let zero = |reference: &[f64], bound: &[f64]| {
+            metrics::measure_values(&zeros, reference, bound, self.rows, shape).max_err_over_bound
+        };
+        grade.zeros_would_pass = zero(&refs.kernel, &refs.kernel_bound)
+            <= gates.kernel.max_err_over_bound
+            && zero(&refs.end_to_end, &refs.end_to_end_bound)
+                <= gates.end_to_end.max_err_over_bound;
         let mut v = Verdict::default();
         v.add("nonfinite", Check::at_most(kernel.nonfinite as f64, 0.0));
         v.add(
@@ -268,6 +282,10 @@ mod tests {
         let good = fp32_output(&p);
         let g = graded(&p, good.clone());
         assert!(g.pass, "{:?}", g.failures);
+        assert!(
+            !g.zeros_would_pass,
+            "fp32 on ordinary inputs tells an output from zeros"
+        );
         let mut bad = good;
         let row = (2 * 40 + 17) * 64;
         for x in &mut bad[row..row + 64] {

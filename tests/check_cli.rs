@@ -348,3 +348,63 @@ fn ours_on_the_cpu_backend_is_graded_beside_the_others_with_its_median_time() {
     assert_eq!(grades[0]["output"], "f16");
     assert!(grades[0]["p50_us"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn a_grade_that_zeros_would_also_pass_is_flagged_not_discriminating() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("p");
+    let (code, out, err) = output(
+        runner()
+            .args([
+                "export",
+                "--shapes",
+                "1x2x1x128:sk=8192,small",
+                "--seeds",
+                "0",
+            ])
+            .arg(&dir),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let zeros = tmp.path().join("zeros");
+    std::fs::create_dir(&zeros).unwrap();
+    write_f32(
+        &zeros.join("1x2x1x128_sk_8192-seed0.npy"),
+        &[1, 2, 1, 128],
+        &[0.0; 256],
+    );
+    write_f32(
+        &zeros.join("small-seed0.npy"),
+        &[1, 1, 32, 64],
+        &[0.0; 2048],
+    );
+    let results = tmp.path().join("r");
+    // At FP8 a decode row's bound is wider than its output: zeros pass, and it says so.
+    let (_, out, _) = check(&dir, &[&zeros], &["--precision", "fp8"], &results);
+    let decode = out
+        .lines()
+        .position(|l| l.contains("1x2x1x128_sk_8192-seed0"))
+        .unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[decode].contains("PASS"), "{out}");
+    assert!(lines[decode + 1].contains("NOT DISCRIMINATING"), "{out}");
+    // At fp32 the bound is tight: zeros fail.
+    let (code, out, _) = check(&dir, &[&zeros], &["--precision", "fp32"], &results);
+    assert_eq!(code, 1, "{out}");
+    assert!(!out.contains("NOT DISCRIMINATING"), "{out}");
+}
+
+#[test]
+fn export_force_replaces_an_earlier_export_but_never_an_unrelated_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let other = tmp.path().join("thesis");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("thesis.tex"), "x").unwrap();
+    let (code, _, err) = output(
+        runner()
+            .args(["export", "--shapes", "small", "--force"])
+            .arg(&other),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("replaces an earlier export only"), "{err}");
+    assert!(other.join("thesis.tex").is_file());
+}

@@ -289,6 +289,13 @@ fn print_grade(id: &str, g: &Grade) {
         ratio(&g.kernel),
         ratio(&g.end_to_end)
     );
+    if g.zeros_would_pass {
+        outln!(
+            "        NOT DISCRIMINATING: an all-zero output would pass too (the {} model's bound is \
+             wider than the output on this problem)",
+            g.precision.name()
+        );
+    }
     if !g.pass {
         let at = g
             .worst_row

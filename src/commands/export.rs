@@ -82,6 +82,15 @@ fn check_target(args: &ExportArgs) -> Result<(), ConfigError> {
                 dir.display()
             )));
         }
+        // --force replaces an earlier export, never an unrelated folder.
+        if non_empty && !dir.join(exchange::MANIFEST).is_file() {
+            return Err(ConfigError::Usage(format!(
+                "{} is not empty and holds no {}: --force replaces an earlier export only; \
+                 choose a new folder",
+                dir.display(),
+                exchange::MANIFEST
+            )));
+        }
     }
     let parent = dir
         .parent()

@@ -46,6 +46,15 @@ pub fn markdown(dir: &Path, problems: &[CheckedProblem], gates: &CorrectnessGate
         for g in &c.grades {
             let _ = writeln!(t, "{}", row(g));
         }
+        for g in c.grades.iter().filter(|g| g.zeros_would_pass) {
+            let _ = writeln!(
+                t,
+                "\n- **{}**: NOT DISCRIMINATING: an all-zero output would pass the same gates here \
+                 (the {} model's bound is wider than the output on this problem); its PASS says little",
+                g.implementation,
+                g.precision.name()
+            );
+        }
         let faults: Vec<&Grade> = c.grades.iter().filter(|g| !g.pass).collect();
         if !faults.is_empty() {
             t.push('\n');
@@ -68,7 +77,11 @@ fn row(g: &Grade) -> String {
         g.implementation,
         g.precision.name(),
         g.output.as_deref().unwrap_or("-"),
-        if g.pass { "PASS" } else { "**FAIL**" },
+        match (g.pass, g.zeros_would_pass) {
+            (false, _) => "**FAIL**",
+            (true, true) => "PASS (zeros would too)",
+            (true, false) => "PASS",
+        },
         metric(&g.kernel, |m| format!("{:.3}", m.max_err_over_bound)),
         metric(&g.end_to_end, |m| format!("{:.3}", m.max_err_over_bound)),
         metric(&g.end_to_end, |m| format!("{:.2e}", m.rmse)),
