@@ -205,7 +205,13 @@ struct Part {
 impl Part {
     fn add(&mut self, err: f64, bound: f64, at: usize) {
         self.max = self.max.max(err);
-        let ratio = err / bound;
+        // An exact answer is 0 whatever its bound (a row that sees no key has bound 0); a NaN
+        // reference or bound (an input a cast overflowed) must not read as a pass.
+        let ratio = match err / bound {
+            _ if err == 0.0 => 0.0,
+            r if r.is_nan() => f64::INFINITY,
+            r => r,
+        };
         if ratio > self.worst_ratio || self.worst.is_none() {
             self.worst_ratio = self.worst_ratio.max(ratio);
             self.worst = Some(at);
@@ -262,6 +268,36 @@ mod tests {
             sk: 1,
             causal: false,
         }
+    }
+
+    #[test]
+    fn a_nan_reference_or_bound_is_an_infinite_ratio_never_a_pass() {
+        let sh = shape();
+        let rows = RowSet::all(&sh);
+        let out = vec![0.5f64; 2 * 64];
+        let mut reference = vec![0.5f64; 2 * 64];
+        let mut bound = vec![1e-3f64; 2 * 64];
+        assert_eq!(
+            measure_values(&out, &reference, &bound, &rows, &sh).max_err_over_bound,
+            0.0
+        );
+        reference[3] = f64::NAN;
+        let m = measure_values(&out, &reference, &bound, &rows, &sh);
+        assert_eq!(m.max_err_over_bound, f64::INFINITY);
+        assert_eq!(m.worst_at, Some([0, 0, 0, 3]));
+        reference[3] = 0.5;
+        bound[70] = f64::NAN;
+        let mut off = out.clone();
+        off[70] = 0.6;
+        assert_eq!(
+            measure_values(&off, &reference, &bound, &rows, &sh).max_err_over_bound,
+            f64::INFINITY
+        );
+        // An exact element passes whatever its bound.
+        assert_eq!(
+            measure_values(&out, &reference, &bound, &rows, &sh).max_err_over_bound,
+            0.0
+        );
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub fn parse_seeds(spec: &str) -> Result<Vec<u64>, String> {
                 "`{spec}` has an empty item; write seeds as 0,1,2 or a range 0-4"
             ));
         }
+        if item.starts_with("--") {
+            return Err(format!(
+                "`{item}` is a flag, not a seed list: give --seeds a value such as 0,1,2 or 0-4"
+            ));
+        }
         if item.starts_with('-') {
             return Err(format!(
                 "`{item}` in `{spec}` is negative; seeds are non-negative integers, e.g. 0,1,2 or 0-4"

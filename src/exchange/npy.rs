@@ -71,8 +71,10 @@ pub enum NpyError {
          uint16 or uint8"
     )]
     Unsupported { path: PathBuf, what: String },
-    #[error("{path} is truncated: its header promises {expected} bytes of data, it has {got}")]
-    Truncated {
+    #[error(
+        "{path} does not hold what its header says: {expected} bytes of data promised, {got} there"
+    )]
+    SizeMismatch {
         path: PathBuf,
         expected: usize,
         got: usize,
@@ -162,7 +164,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Array, NpyError> {
         .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
         .ok_or_else(|| format("its shape overflows"))?;
     if data.len() != expected {
-        return Err(NpyError::Truncated {
+        return Err(NpyError::SizeMismatch {
             path: path.to_path_buf(),
             expected,
             got: data.len(),
@@ -274,7 +276,7 @@ mod tests {
             (b"hello".to_vec(), "not a .npy file"),
             (fortran, "Fortran-order"),
             (big_endian, "`>f4`"),
-            (short, "truncated"),
+            (short, "bytes of data promised"),
         ] {
             let err = decode(p(), &bytes).unwrap_err().to_string();
             assert!(err.contains("x.npy") && err.contains(needle), "{err}");

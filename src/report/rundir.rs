@@ -97,6 +97,13 @@ impl RunDir {
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_else(|| "export".into());
+        // What a killed export left beside its target (its staging or replaced folder).
+        for stale in crate::interrupt::sweep_stale(parent) {
+            eprintln!(
+                "note: removed {}, left by a process that no longer exists",
+                stale.display()
+            );
+        }
         let staging = parent.join(crate::interrupt::staging_name(&name));
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir(&staging).map_err(unwritable)?;
