@@ -115,7 +115,6 @@ pub(crate) fn output_of_child(
     out
 }
 
-/// Registers a staging folder; it is removed if the process is stopped before [`commit`].
 /// A child process a stop must end too (the sanitizer stage's runs).
 pub(crate) fn register_child(pid: u32) {
     CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
@@ -128,6 +127,7 @@ pub(crate) fn unregister_child(pid: u32) {
         .retain(|&p| p != pid);
 }
 
+/// Registers a staging folder; it is removed if the process is stopped before [`commit`].
 pub(crate) fn register(dir: &Path) {
     STAGED
         .lock()

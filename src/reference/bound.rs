@@ -76,7 +76,8 @@ pub struct RowFacts {
     pub q_norm: f64,
     /// Keys the row sees (S_k, or fewer under a causal mask).
     pub keys: usize,
-    /// Keys whose weight is below [`F16_MIN_NORMAL`].
+    /// Keys whose weight is below the reading's small-weight threshold ([`F16_MIN_NORMAL`]
+    /// for the kernel's f16 P; the format's smallest normal for `check`'s models).
     pub subnormal_weights: usize,
     /// max_j |ŝ_ij − s_ij| (natural-log units, scale applied).
     pub score_shift: f64,
