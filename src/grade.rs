@@ -179,17 +179,7 @@ impl<'a> ProblemTruth<'a> {
                 <= gates.end_to_end.max_err_over_bound;
         let mut v = Verdict::default();
         v.add("nonfinite", Check::at_most(kernel.nonfinite as f64, 0.0));
-        v.add(
-            "kernel.max_err_over_bound",
-            Check::at_most(kernel.max_err_over_bound, gates.kernel.max_err_over_bound),
-        );
-        v.add(
-            "end_to_end.max_err_over_bound",
-            Check::at_most(
-                end_to_end.max_err_over_bound,
-                gates.end_to_end.max_err_over_bound,
-            ),
-        );
+        crate::verdict::add_bound_checks(&mut v, &kernel, &end_to_end, gates);
         let worst = match v.checks.get("kernel.max_err_over_bound") {
             Some(c) if !c.pass => kernel.worst_at,
             _ if !v.checks["end_to_end.max_err_over_bound"].pass => end_to_end.worst_at,

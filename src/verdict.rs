@@ -117,6 +117,27 @@ pub fn f16_ulp(x: f64) -> f64 {
     }
 }
 
+/// The two bound gates of an output: its error over the error model's bound against the
+/// kernel reference and the end-to-end reference (`run` and `check` alike).
+pub fn add_bound_checks(
+    v: &mut Verdict,
+    kernel: &ErrorMetrics,
+    end_to_end: &ErrorMetrics,
+    gates: &CorrectnessGates,
+) {
+    v.add(
+        "kernel.max_err_over_bound",
+        Check::at_most(kernel.max_err_over_bound, gates.kernel.max_err_over_bound),
+    );
+    v.add(
+        "end_to_end.max_err_over_bound",
+        Check::at_most(
+            end_to_end.max_err_over_bound,
+            gates.end_to_end.max_err_over_bound,
+        ),
+    );
+}
+
 /// Judges a backend output: `kernel` and `end_to_end` are its metrics against the two
 /// references and their bounds, `emulation` the CPU emulation's metrics against the kernel
 /// reference.
@@ -145,17 +166,7 @@ pub fn judge(
         Check::at_most(q.zero_slices as f64, 0.0),
     );
     // The error model's bounds.
-    v.add(
-        "kernel.max_err_over_bound",
-        Check::at_most(kernel.max_err_over_bound, gates.kernel.max_err_over_bound),
-    );
-    v.add(
-        "end_to_end.max_err_over_bound",
-        Check::at_most(
-            end_to_end.max_err_over_bound,
-            gates.end_to_end.max_err_over_bound,
-        ),
-    );
+    add_bound_checks(&mut v, kernel, end_to_end, gates);
     // FlashAttention's rule against the same-precision emulation.
     let rel = &gates.relative;
     v.add(
