@@ -26,9 +26,12 @@
 //                   docs/PERF.md; R·K <= 16 and a step's codes must split into whole 16-byte
 //                   chunks per thread: R of 1, 2, 4 or 8). K changes the summation order;
 //                   src/emulation/mod.rs follows the published SDPA_KV_SPLIT.
-//   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins
-//                   N clock cycles at the end, a fixed planted slowdown that proves the
-//                   runner's SLOWER verdict. Unset, it compiles to nothing.
+//   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: every CTA waits N clock
+//                   cycles before its first load (thread 0 spins between two barriers), a
+//                   fixed planted slowdown that proves the runner's SLOWER verdict and its
+//                   power (scripts/prove_power.sh). Held before any work, the wait is not
+//                   hidden behind other warps' work, so its cost is the same in every
+//                   process. Unset, it compiles to nothing.
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1  the entry this module holds (the runner builds one module
 //                   per (D, causal), each only when a problem needs it; unset, all four):
 //                   NVRTC's time per module stays that of one entry, and the plain path
@@ -410,6 +413,15 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     const int split = warp / ROW_WARPS;
     const int bh = blockIdx.y;
     if (bh >= B * H) return;
+#if SDPA_DELAY_CYCLES > 0
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < SDPA_DELAY_CYCLES) {
+        }
+    }
+    __syncthreads();
+#endif
     const int bkv = kv_head(bh, H, Hkv);
     const int q0 = warp_row0<CAUSAL>(); // this warp's first row
 
@@ -765,13 +777,6 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 #ifdef MUTANT_K_READ_PAST_END
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         (void)*(volatile const u8*)(k_bh + (size_t)Sk * D); // past the last head's K
-    }
-#endif
-#if SDPA_DELAY_CYCLES > 0
-    if (threadIdx.x == 0) {
-        const long long t0 = clock64();
-        while (clock64() - t0 < SDPA_DELAY_CYCLES) {
-        }
     }
 #endif
 }

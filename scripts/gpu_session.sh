@@ -6,6 +6,8 @@
 #             (restricted run; two runs + compare), batched and cold-L2 timing, a calibration
 #             run (seeds 0-4) summarized by `sdpa-runner calibrate`
 #   verdicts  the A/A and planted-slowdown proof of the performance verdicts
+#   power     (not in the default list: about 15 minutes) the in-run floors measured, then A/A
+#             and planted 0.5%/1% slowdowns judged with them (scripts/prove_power.sh all)
 #   prgate    the PR gate (scripts/prove_pr_gate.sh: A/A, planted 3%, a mutant), then the
 #             workflow's commands (base git:HEAD where the checkout has history)
 #   validate  stress --repeats 1000 on every shape, the mutation self-test, sanitize.sh on the
@@ -52,6 +54,11 @@ check() {
 verdicts() {
   step prove_verdicts scripts/prove_verdicts.sh 20 "$work/verdicts"
   keep+=("$work/prove_verdicts.log")
+}
+
+power() {
+  step prove_power scripts/prove_power.sh all "$work/power"
+  keep+=("$work/prove_power.log")
 }
 
 validate() {

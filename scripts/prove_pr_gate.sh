@@ -16,8 +16,8 @@ mkdir -p "$out/cand"
 gate=(--shapes small,mission --seeds 0,1,2 --base-kernel "$kernel" --gate)
 
 # Size the delay so that mission's cp0 measures 3% slower: first 3% of its p50 in SM cycles,
-# then scaled by what that delay measured against the base (spinning at the end of a CTA shows
-# up as less than its length).
+# then scaled by what that delay measured against the base (a wait at the start of each CTA
+# shows up as about its length per wave, less what the launch's stagger hides).
 "$runner" --shapes mission --seeds 0 --cp-async 0 --results-dir "$out/size" >"$out/size.log" 2>&1 || {
   cat "$out/size.log"
   exit 1

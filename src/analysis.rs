@@ -190,7 +190,12 @@ fn sanitizer_failures(results: &[crate::sanitize::SanitizerResult]) -> Vec<GateF
 /// speedup; with `gate`, every comparison against the base kernel. Regressions of one
 /// variant against another are reported but fail nothing (they are the question the run
 /// answers, not a gate).
-pub fn analyze_run(measured: RunMeasured, gates: &Gates, policy: RunPolicy) -> RunAnalysis {
+pub fn analyze_run(
+    measured: RunMeasured,
+    gates: &Gates,
+    policy: RunPolicy,
+    floor_of: &dyn Fn(&str) -> crate::floors::FloorChoice,
+) -> RunAnalysis {
     let RunMeasured {
         backend,
         variants,
@@ -200,7 +205,7 @@ pub fn analyze_run(measured: RunMeasured, gates: &Gates, policy: RunPolicy) -> R
         sanitizers,
     } = measured;
     let perf = perf.map(|mut p| {
-        p.comparisons = crate::perf::paired_comparisons(&p, &gates.performance);
+        p.comparisons = crate::perf::paired_comparisons(&p, &gates.performance, floor_of);
         p
     });
     let cmps = perf.as_ref().map_or(&[][..], |p| &p.comparisons[..]);
@@ -537,7 +542,7 @@ mod tests {
             seconds: 1.0,
         };
         m.sanitizers = vec![result("racecheck", "clean"), result("memcheck", "findings")];
-        let a = analyze_run(m, &gates(), GATE);
+        let a = analyze_run(m, &gates(), GATE, &crate::perf::fixtures::constant_floor);
         let text: Vec<String> = a.decision.failures.iter().map(|f| f.to_string()).collect();
         assert_eq!(text.len(), 1, "{text:?}");
         assert!(
@@ -557,7 +562,12 @@ mod tests {
     #[test]
     fn with_the_gate_a_kernel_slower_than_its_base_fails_and_without_it_is_only_reported() {
         let slow = [1.05, 1.05, 1.0, 1.0];
-        let gated = analyze_run(measured(slow, [true; 4]), &gates(), GATE);
+        let gated = analyze_run(
+            measured(slow, [true; 4]),
+            &gates(),
+            GATE,
+            &crate::perf::fixtures::constant_floor,
+        );
         let subjects: Vec<&str> = gated
             .decision
             .failures
@@ -575,20 +585,35 @@ mod tests {
             "mission: cp0 vs base-cp0"
         );
         assert!(gated.correctness.all_pass, "slow, but correct");
-        let reported = analyze_run(measured(slow, [true; 4]), &gates(), RunPolicy::default());
+        let reported = analyze_run(
+            measured(slow, [true; 4]),
+            &gates(),
+            RunPolicy::default(),
+            &crate::perf::fixtures::constant_floor,
+        );
         assert!(reported.decision.failures.is_empty());
         assert_eq!(reported.decision.regressions.len(), 2);
     }
 
     #[test]
     fn a_slowdown_within_the_allowed_regression_passes_the_gate() {
-        let a = analyze_run(measured([1.015, 1.0, 1.0, 1.0], [true; 4]), &gates(), GATE);
+        let a = analyze_run(
+            measured([1.015, 1.0, 1.0, 1.0], [true; 4]),
+            &gates(),
+            GATE,
+            &crate::perf::fixtures::constant_floor,
+        );
         assert!(a.decision.failures.is_empty(), "{:?}", a.decision.failures);
     }
 
     #[test]
     fn cp1_slower_than_cp0_is_the_question_of_the_run_not_a_failure_of_the_gate() {
-        let a = analyze_run(measured([1.0, 1.2, 1.0, 1.2], [true; 4]), &gates(), GATE);
+        let a = analyze_run(
+            measured([1.0, 1.2, 1.0, 1.2], [true; 4]),
+            &gates(),
+            GATE,
+            &crate::perf::fixtures::constant_floor,
+        );
         assert!(a.decision.failures.is_empty(), "{:?}", a.decision.failures);
         assert_eq!(a.decision.regressions[0].pair, PairKind::Variants);
     }
@@ -599,6 +624,7 @@ mod tests {
             measured([1.0; 4], [true, true, false, true]),
             &gates(),
             GATE,
+            &crate::perf::fixtures::constant_floor,
         );
         assert!(base_broken.decision.failures.is_empty());
         assert!(base_broken.correctness.all_pass);
@@ -612,6 +638,7 @@ mod tests {
             measured([1.0; 4], [true, false, true, true]),
             &gates(),
             GATE,
+            &crate::perf::fixtures::constant_floor,
         );
         assert_eq!(cand_broken.decision.failures.len(), 1);
         assert!(cand_broken.decision.failures[0].subject.contains("cp1"));
@@ -624,6 +651,7 @@ mod tests {
             measured([1.05, 1.0, 1.0, 1.0], [true, true, false, true]),
             &gates(),
             GATE,
+            &crate::perf::fixtures::constant_floor,
         );
         assert!(a.decision.failures.is_empty(), "{:?}", a.decision.failures);
         assert!(
@@ -644,7 +672,7 @@ mod tests {
         p.measurements
             .iter_mut()
             .for_each(|x| x.round_sm_mhz = vec![None; 20]);
-        let a = analyze_run(m, &gates(), GATE);
+        let a = analyze_run(m, &gates(), GATE, &crate::perf::fixtures::constant_floor);
         let n = a.decision.notices.join("\n");
         assert!(
             n.contains("2 timed blocks were kept although their hold expired")
@@ -661,7 +689,7 @@ mod tests {
                 x.round_sm_mhz[..18].fill(Some(1500.0));
             }
         }
-        let a = analyze_run(m, &gates(), GATE);
+        let a = analyze_run(m, &gates(), GATE, &crate::perf::fixtures::constant_floor);
         let why: Vec<String> = a.decision.failures.iter().map(|f| f.to_string()).collect();
         assert!(
             why.iter().any(|w| w.contains(
@@ -676,7 +704,12 @@ mod tests {
                 x.round_sm_mhz[..18].fill(Some(1500.0));
             }
         }
-        let a = analyze_run(m, &gates(), RunPolicy::default());
+        let a = analyze_run(
+            m,
+            &gates(),
+            RunPolicy::default(),
+            &crate::perf::fixtures::constant_floor,
+        );
         assert!(a.decision.failures.is_empty());
         assert_eq!(a.decision.notices.len(), 1, "{:?}", a.decision.notices);
     }

@@ -330,6 +330,11 @@ pub struct RunArgs {
     /// 77, 129; causal, GQA, MQA, D 128); any finding, time-out or crash fails the run
     #[arg(long)]
     pub sanitize: bool,
+    /// Noise floors measured per GPU model (`sdpa-runner noise --paired`) [default:
+    /// <root>/gates/noise_floors.json]: each in-run verdict uses its shape's floor measured
+    /// on this GPU model, else the gates file's constant, and says which
+    #[arg(long, value_name = "FILE")]
+    pub floors: Option<PathBuf>,
     /// Seconds each sanitizer tool may take per variant
     #[arg(long, value_name = "SECS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub sanitize_timeout: u64,
@@ -429,6 +434,10 @@ pub struct MergeArgs {
     /// Where the merged run directory goes [default: <root>/results]
     #[arg(long, value_name = "DIR")]
     pub results_dir: Option<PathBuf>,
+    /// Noise floors measured per GPU model [default: <root>/gates/noise_floors.json]: each
+    /// GPU model's in-run verdicts use its measured in-run floors, as a run does
+    #[arg(long, value_name = "FILE")]
+    pub floors: Option<PathBuf>,
     #[command(flatten)]
     pub project: ProjectArgs,
 }
@@ -563,9 +572,14 @@ pub struct NoiseArgs {
     /// Separate processes (at least 3; each times every shape once)
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(3..=1000))]
     pub processes: u32,
-    /// The variant timed
-    #[arg(long, value_enum, default_value = "0", value_name = "0|1")]
-    pub cp_async: CpAsyncChoice,
+    /// The variant timed between processes [default: 0]
+    #[arg(long, value_enum, value_name = "0|1")]
+    pub cp_async: Option<CpAsyncChoice>,
+    /// Measure the in-run (paired) floors instead: each process runs the PR gate with the
+    /// kernel as its own base (`--base-kernel`, seeds 0,1,2), and every comparison against
+    /// the base is an A/A; at least 10 comparisons per shape (5 processes)
+    #[arg(long)]
+    pub paired: bool,
     /// cuda times the kernel; cpu the emulation (for trying the command without a GPU)
     #[arg(long, value_enum, default_value = "cuda")]
     pub backend: BackendKind,

@@ -198,7 +198,7 @@ pub fn verdict_lines(cmps: &[ShapeComparison], w: &Widths) -> String {
     cmps.iter()
         .map(|c| {
             format!(
-                "[{:<ws$}] {} vs {}: speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e} {} (noise floor ±{:.1}%, detects ±{:.1}%)\n",
+                "[{:<ws$}] {} vs {}: speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e} {} (noise floor ±{:.2}%, detects ±{:.2}%)\n",
                 c.shape,
                 c.candidate,
                 c.baseline,

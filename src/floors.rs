@@ -1,6 +1,8 @@
 //! Noise floors measured per GPU model (docs/DESIGN.md "Measured noise floors"): how far two
 //! separate processes timing the same kernel on the same shape drift apart, measured by
-//! `sdpa-runner noise` and used by `compare` instead of a constant tuned on one GPU.
+//! `sdpa-runner noise` and used by `compare` instead of a constant tuned on one GPU; and how
+//! far two arms of the same code drift apart inside one run (`noise --paired`), the in-run
+//! floor every paired verdict of that GPU model uses.
 //!
 //! From N processes' medians of one shape, s is the standard deviation of their logarithms;
 //! its one-sided 95% upper bound from N − 1 degrees of freedom is σ_U = s·√((N − 1) / χ²₀.₀₅)
@@ -26,14 +28,83 @@ const VERSION: u32 = 1;
 /// mission reached 2.35% against the 1.0% tuned on an H200.
 pub const UNMEASURED_MIN_PCT: f64 = 3.0;
 
+/// The in-run floor is never below this: a difference under 0.2% is not called a change,
+/// whatever the A/A runs sampled (the timer's 32 ns step is 0.3% of a 10 µs kernel).
+pub const PAIRED_MIN_PCT: f64 = 0.2;
+
+/// Fewest in-run A/A comparisons a paired floor may rest on.
+pub const PAIRED_MIN_COMPARISONS: usize = 10;
+
 /// `gates/noise_floors.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FloorFile {
     pub version: u32,
-    /// GPU model (as perf.json's `device_name`) -> its floors.
+    /// GPU model (as perf.json's `device_name`) -> its floors between processes.
     pub gpus: BTreeMap<String, GpuFloors>,
+    /// GPU model -> its in-run (paired) floors (`noise --paired`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub paired: BTreeMap<String, PairedFloors>,
 }
+
+/// The in-run floors of one GPU model: runs of the PR gate whose base kernel is the kernel
+/// under test, so that every comparison against the base is an A/A of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairedFloors {
+    pub measured_at: String,
+    /// Runs (separate processes), and the seeds each timed.
+    pub runs: usize,
+    pub seeds: Vec<u64>,
+    pub kernel_sha256: String,
+    /// shape -> its floor.
+    pub shapes: BTreeMap<String, PairedShapeFloor>,
+}
+
+/// The in-run floor of one shape, and the A/A differences it was computed from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairedShapeFloor {
+    pub floor_pct: f64,
+    /// r (the root mean square of the A/A log ratios about zero: a bias counts) and its 95%
+    /// upper bound, in percent.
+    pub rms_pct: f64,
+    pub rms_upper_pct: f64,
+    /// The largest A/A difference seen, percent.
+    pub max_abs_pct: f64,
+    /// Each A/A comparison's speedup, percent (every variant of every run).
+    pub speedups_pct: Vec<f64>,
+}
+
+impl PairedShapeFloor {
+    /// The floor from in-run A/A speedups (at least [`PAIRED_MIN_COMPARISONS`]): each is one
+    /// run's estimate of a difference that is zero, so with r their root mean square about
+    /// zero (n degrees of freedom) and r_U = r·√(n / χ²₀.₀₅,n), an A/A comparison exceeds
+    /// z₀.₉₇₅·r_U one time in twenty at most. The verdict also needs its interval beyond the
+    /// floor, so its false rate stays below that. Never below [`PAIRED_MIN_PCT`].
+    pub fn from_speedups(speedups_pct: &[f64]) -> Option<Self> {
+        let n = speedups_pct.len();
+        if n < PAIRED_MIN_COMPARISONS
+            || speedups_pct.iter().any(|x| !(x.is_finite() && *x > -100.0))
+        {
+            return None;
+        }
+        let logs: Vec<f64> = speedups_pct.iter().map(|x| (x / 100.0).ln_1p()).collect();
+        let rms = (logs.iter().map(|x| x * x).sum::<f64>() / n as f64).sqrt();
+        let chi = ChiSquared::new(n as f64).ok()?.inverse_cdf(0.05);
+        let upper = rms * (n as f64 / chi).sqrt();
+        let pct = |x: f64| 100.0 * x.exp_m1();
+        Some(PairedShapeFloor {
+            floor_pct: pct(Z_975 * upper).max(PAIRED_MIN_PCT),
+            rms_pct: pct(rms),
+            rms_upper_pct: pct(upper),
+            max_abs_pct: speedups_pct.iter().fold(0f64, |m, x| m.max(x.abs())),
+            speedups_pct: speedups_pct.to_vec(),
+        })
+    }
+}
+
+const Z_975: f64 = 1.959_963_984_540_054;
 
 /// The floors of one GPU model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,7 +148,7 @@ impl ShapeFloor {
         let dof = (n - 1) as f64;
         let chi = ChiSquared::new(dof).ok()?.inverse_cdf(0.05);
         let upper = s * (dof / chi).sqrt();
-        let z = 1.959_963_984_540_054;
+        let z = Z_975;
         let pct = |x: f64| 100.0 * x.exp_m1();
         let mut max_pair = 0f64;
         for (i, a) in p50s.iter().enumerate() {
@@ -100,6 +171,25 @@ impl ShapeFloor {
 pub struct FloorChoice {
     pub pct: f64,
     pub source: String,
+}
+
+/// The floors file as a run or merge reads it: where it is, and what it holds (None when
+/// there is no file there).
+pub struct Floors {
+    pub path: std::path::PathBuf,
+    pub file: Option<FloorFile>,
+}
+
+impl Floors {
+    pub fn load(path: std::path::PathBuf) -> Result<Self, ConfigError> {
+        let file = FloorFile::load(&path)?;
+        Ok(Floors { path, file })
+    }
+
+    /// The in-run floor of `shape` on `gpu` ([`FloorFile::choose_paired`]).
+    pub fn paired(&self, gpu: &str, shape: &str, gates_floor: f64) -> FloorChoice {
+        FloorFile::choose_paired(self.file.as_ref(), &self.path, gpu, shape, gates_floor)
+    }
 }
 
 impl FloorFile {
@@ -146,7 +236,59 @@ impl FloorFile {
                 }
             }
         }
+        for (gpu, g) in &file.paired {
+            for (shape, f) in &g.shapes {
+                if !(f.floor_pct.is_finite() && f.floor_pct >= PAIRED_MIN_PCT) {
+                    return Err(ConfigError::invalid_key(
+                        path,
+                        format!("paired.{gpu}.shapes.{shape}.floor_pct"),
+                        format!(
+                            "{} is not a percentage of at least {PAIRED_MIN_PCT}",
+                            f.floor_pct
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(Some(file))
+    }
+
+    /// The in-run (paired) floor of `shape` on `gpu`: the measured one (`noise --paired`),
+    /// else the gates file's constant (`gates_floor`), each with its source in words.
+    pub fn choose_paired(
+        file: Option<&FloorFile>,
+        path: &Path,
+        gpu: &str,
+        shape: &str,
+        gates_floor: f64,
+    ) -> FloorChoice {
+        let fallback = |why: String| FloorChoice {
+            pct: gates_floor,
+            source: format!("{why}: the gates file's constant {gates_floor}%"),
+        };
+        let Some(file) = file else {
+            return fallback(format!("no floors file at {}", path.display()));
+        };
+        let Some(g) = file.paired.get(gpu) else {
+            return fallback(format!(
+                "no in-run floors measured on {gpu} in {} (`sdpa-runner noise --paired`)",
+                path.display()
+            ));
+        };
+        let Some(f) = g.shapes.get(shape) else {
+            return fallback(format!("no in-run floor measured for {shape} on {gpu}"));
+        };
+        FloorChoice {
+            pct: f.floor_pct,
+            source: format!(
+                "measured on {gpu}: {} in-run A/A comparisons in {} runs (95% upper bound of \
+                 their spread, at least {PAIRED_MIN_PCT}%), {}, {}",
+                f.speedups_pct.len(),
+                g.runs,
+                g.measured_at,
+                path.display()
+            ),
+        }
     }
 
     /// The unpaired floor of `shape` on `gpu`: the measured one, else the gates file's
@@ -232,11 +374,83 @@ mod tests {
     }
 
     #[test]
+    fn the_in_run_floor_is_the_a_a_quantile_from_an_upper_bound_of_the_rms_never_below_the_minimum()
+    {
+        // A/A differences of ±0.3% around a bias of +0.1%: the rms about zero counts the bias.
+        let aa: Vec<f64> = (0..20)
+            .map(|i| 0.1 + if i % 2 == 0 { 0.3 } else { -0.3 })
+            .collect();
+        let f = PairedShapeFloor::from_speedups(&aa).unwrap();
+        let rms = ((0.4f64.powi(2) + 0.2f64.powi(2)) / 2.0).sqrt();
+        assert!((f.rms_pct - rms).abs() < 0.002, "{f:?}");
+        let chi = ChiSquared::new(20.0).unwrap().inverse_cdf(0.05);
+        let expected = 100.0 * (Z_975 * (f.rms_upper_pct / 100.0).ln_1p()).exp_m1();
+        assert!(
+            (f.rms_upper_pct / f.rms_pct - (20.0 / chi).sqrt()).abs() < 0.01,
+            "{f:?}"
+        );
+        assert!((f.floor_pct - expected).abs() < 1e-9, "{f:?}");
+        assert!(f.floor_pct > 0.8 && f.floor_pct < 0.9, "{f:?}");
+        assert!((f.max_abs_pct - 0.4).abs() < 1e-12);
+        // A/A differences far below the minimum: the minimum.
+        let tight = PairedShapeFloor::from_speedups(&[0.01; 12]).unwrap();
+        assert_eq!(tight.floor_pct, PAIRED_MIN_PCT);
+        // Too few comparisons, or a non-finite one: no floor.
+        assert!(PairedShapeFloor::from_speedups(&aa[..PAIRED_MIN_COMPARISONS - 1]).is_none());
+        let mut bad = aa.clone();
+        bad[3] = f64::NAN;
+        assert!(PairedShapeFloor::from_speedups(&bad).is_none());
+    }
+
+    #[test]
+    fn a_run_uses_the_in_run_floor_measured_on_its_gpu_model_else_the_gates_constant_saying_why() {
+        let path = Path::new("gates/noise_floors.json");
+        let mut file = FloorFile {
+            version: 1,
+            ..FloorFile::default()
+        };
+        file.paired.insert(
+            "NVIDIA H100".into(),
+            PairedFloors {
+                measured_at: "2026-11-25".into(),
+                runs: 20,
+                seeds: vec![0, 1, 2],
+                kernel_sha256: "k".into(),
+                shapes: [(
+                    "large".to_string(),
+                    PairedShapeFloor::from_speedups(&[0.05; 40]).unwrap(),
+                )]
+                .into(),
+            },
+        );
+        let got = FloorFile::choose_paired(Some(&file), path, "NVIDIA H100", "large", 1.0);
+        assert_eq!(got.pct, PAIRED_MIN_PCT);
+        assert!(
+            got.source
+                .starts_with("measured on NVIDIA H100: 40 in-run A/A comparisons in 20 runs"),
+            "{got:?}"
+        );
+        let other_gpu = FloorFile::choose_paired(Some(&file), path, "NVIDIA H200", "large", 1.0);
+        assert_eq!(other_gpu.pct, 1.0);
+        assert!(
+            other_gpu
+                .source
+                .contains("no in-run floors measured on NVIDIA H200")
+                && other_gpu.source.contains("constant 1%"),
+            "{other_gpu:?}"
+        );
+        let other_shape = FloorFile::choose_paired(Some(&file), path, "NVIDIA H100", "small", 1.0);
+        assert!(other_shape.pct == 1.0 && other_shape.source.contains("for small on NVIDIA H100"));
+        let none = FloorFile::choose_paired(None, path, "NVIDIA H100", "large", 1.0);
+        assert!(none.pct == 1.0 && none.source.contains("no floors file"));
+    }
+
+    #[test]
     fn compare_uses_the_measured_floor_and_otherwise_a_conservative_default_saying_why() {
         let path = Path::new("gates/noise_floors.json");
         let mut file = FloorFile {
             version: 1,
-            gpus: BTreeMap::new(),
+            ..FloorFile::default()
         };
         file.gpus.insert(
             "NVIDIA H100".into(),
@@ -289,7 +503,8 @@ mod tests {
     }
 
     #[test]
-    fn the_committed_floors_name_both_gpu_models_and_every_measured_shape() {
+    fn the_committed_floors_name_both_gpu_models_and_every_measured_shape_in_run_and_across_processes()
+     {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_FILE);
         let file = FloorFile::load(&path)
             .unwrap()
@@ -301,6 +516,18 @@ mod tests {
                 let f = &g.shapes[shape];
                 assert_eq!(f.p50_us.len(), g.processes, "{gpu} {shape}");
                 let again = ShapeFloor::from_medians(&f.p50_us).unwrap();
+                assert!(
+                    (again.floor_pct - f.floor_pct).abs() < 1e-9,
+                    "{gpu} {shape}: recomputed"
+                );
+            }
+            // The in-run floors of the shapes the PR gate's power was proven on
+            // (scripts/prove_power.sh), two A/A comparisons per run.
+            let p = &file.paired[gpu];
+            for shape in ["mission", "large", "llama-prefill"] {
+                let f = &p.shapes[shape];
+                assert_eq!(f.speedups_pct.len(), 2 * p.runs, "{gpu} {shape}");
+                let again = PairedShapeFloor::from_speedups(&f.speedups_pct).unwrap();
                 assert!(
                     (again.floor_pct - f.floor_pct).abs() < 1e-9,
                     "{gpu} {shape}: recomputed"
@@ -321,6 +548,10 @@ mod tests {
             (
                 r#"{"version": 1, "gpus": {"G": {"measured_at": "x", "processes": 3, "variant": "cp0", "kernel_sha256": "k", "shapes": {"s": {"floor_pct": -1, "sd_pct": 0, "sd_upper_pct": 0, "max_pair_pct": 0, "p50_us": []}}}}}"#,
                 "floor_pct",
+            ),
+            (
+                r#"{"version": 1, "gpus": {}, "paired": {"G": {"measured_at": "x", "runs": 5, "seeds": [0], "kernel_sha256": "k", "shapes": {"s": {"floor_pct": 0.05, "rms_pct": 0, "rms_upper_pct": 0, "max_abs_pct": 0, "speedups_pct": []}}}}}"#,
+                "paired.G.shapes.s.floor_pct",
             ),
         ] {
             std::fs::write(&p, text).unwrap();

@@ -434,8 +434,11 @@ pub struct ShapeComparison {
     pub estimate: RatioEstimate,
     pub speedup_pct: f64,
     pub speedup_ci_pct: [f64; 2],
-    /// The noise floor the verdict used, percent.
+    /// The noise floor the verdict used, percent, and where it came from in words (in-run
+    /// floors: src/floors.rs `choose_paired`); empty in files written before it was recorded.
     pub noise_floor_pct: f64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub noise_floor_source: String,
     pub verdict: PerfVerdict,
     /// What is compared: two variants of the kernel under test, or a variant of it against
     /// the same variant of the base kernel.
@@ -491,6 +494,7 @@ impl ShapeComparison {
             speedup_pct: estimate.speedup_pct(),
             speedup_ci_pct: [lo, hi],
             noise_floor_pct,
+            noise_floor_source: String::new(),
             verdict: crate::stats::verdict(&estimate, noise_floor_pct),
             estimate,
             pair: PairKind::Variants,

@@ -510,3 +510,29 @@ fn compare_uses_the_floor_measured_by_noise_on_that_device_and_says_where_it_cam
         "{err}"
     );
 }
+
+#[test]
+fn noise_paired_needs_a_gpu_kernel_and_enough_runs_and_touches_no_file_when_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let floors = dir.path().join("floors.json");
+    std::fs::write(&floors, "{\"version\": 1, \"gpus\": {}}").unwrap();
+    for (extra, needle) in [
+        (&["--backend", "cpu"][..], "use --backend cuda"),
+        (&["--processes", "4"][..], "use --processes 5 or more"),
+        (&["--cp-async", "1"][..], "drop --cp-async"),
+    ] {
+        let (code, out, err) = output(
+            runner()
+                .args(["noise", "--paired", "--shapes", "small"])
+                .args(extra)
+                .arg("--floors")
+                .arg(&floors),
+        );
+        assert_eq!(code, 2, "{extra:?}: {out}{err}");
+        assert!(err.contains(needle), "{extra:?}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(&floors).unwrap(),
+            "{\"version\": 1, \"gpus\": {}}"
+        );
+    }
+}

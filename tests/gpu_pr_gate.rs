@@ -231,3 +231,51 @@ fn the_clean_kernel_is_clean_under_every_sanitizer_and_passes_the_gate() {
     let correctness = read_json(&run.join("correctness.json"));
     assert_eq!(correctness["sanitizers"].as_array().unwrap().len(), 8);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn noise_paired_records_this_gpus_in_run_floor_and_the_gate_judges_with_it_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let floors = dir.path().join("floors.json");
+    let (code, out, err) = output(
+        runner()
+            .args([
+                "noise",
+                "--paired",
+                "--processes",
+                "5",
+                "--shapes",
+                "mission",
+            ])
+            .arg("--floors")
+            .arg(&floors),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let file = read_json(&floors);
+    let (gpu, entry) = file["paired"].as_object().unwrap().iter().next().unwrap();
+    let mission = &entry["shapes"]["mission"];
+    // Five runs, cp0 and cp1 each against its base twin: ten A/A comparisons.
+    assert_eq!(
+        mission["speedups_pct"].as_array().unwrap().len(),
+        10,
+        "{entry}"
+    );
+    let floor = mission["floor_pct"].as_f64().unwrap();
+    assert!(floor >= 0.2, "{entry}");
+
+    let (code, out, err) = gate(
+        "mission",
+        &dir.path().join("r"),
+        &["--floors".as_ref(), floors.as_os_str()],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let expected = format!(
+        "noise floor of mission: ±{floor:.2}% (measured on {gpu}: 10 in-run A/A comparisons in 5 runs"
+    );
+    assert!(out.contains(&expected), "`{expected}` not in {out}");
+    let run = &run_dirs(&dir.path().join("r"))[0];
+    let perf = read_json(&run.join("perf.json"));
+    for c in perf["comparisons"].as_array().unwrap() {
+        assert_eq!(c["noise_floor_pct"].as_f64().unwrap(), floor, "{c}");
+    }
+}

@@ -31,10 +31,21 @@ pub fn merge(args: &MergeArgs) -> Result<Outcome, AppError> {
     let started_at = report::now_rfc3339();
 
     let gates = &project.gates.gates;
+    let floors = crate::floors::Floors::load(
+        args.floors
+            .clone()
+            .unwrap_or_else(|| project.root.path().join(crate::floors::DEFAULT_FILE)),
+    )?;
     let analyses: Vec<(String, RunAnalysis)> = parts
         .into_iter()
         .map(|(device, measured)| {
-            let analysis = analysis::analyze_run(measured, gates, RunPolicy::default());
+            let gpu = measured
+                .perf
+                .as_ref()
+                .map_or_else(|| device.clone(), |p| p.device_name.clone());
+            let floor_of =
+                |shape: &str| floors.paired(&gpu, shape, gates.performance.noise_floor_pct);
+            let analysis = analysis::analyze_run(measured, gates, RunPolicy::default(), &floor_of);
             (device, analysis)
         })
         .collect();

@@ -1,11 +1,15 @@
-//! `sdpa-runner noise`: measures this GPU model's unpaired noise floors (src/floors.rs). It
-//! times one variant on each shape in `--processes` separate child runs of this binary (each
-//! a process of its own, as two CI runs are), takes each process's median per shape, and
-//! records the floor those medians imply in the floors file under the GPU model's name, the
-//! other models' entries kept. The file is written atomically, once, at the end.
+//! `sdpa-runner noise`: measures this GPU model's noise floors (src/floors.rs) in separate
+//! child runs of this binary, and records them in the floors file under the GPU model's name,
+//! the other entries kept. The file is written atomically, once, at the end.
+//!
+//! - Between processes (the default): one variant timed on each shape in `--processes` child
+//!   runs (each a process of its own, as two CI runs are); each process's median per shape.
+//! - In-run (`--paired`, GPU only): `--processes` child runs of the PR gate whose base kernel
+//!   is the kernel under test, three seeds each; every comparison against the base (cp0 and
+//!   cp1) is an A/A of one run.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::Project;
@@ -13,10 +17,14 @@ use crate::backend::BackendKind;
 use crate::backend::cuda::variant::CpAsyncChoice;
 use crate::cli::NoiseArgs;
 use crate::error::{AppError, Outcome};
-use crate::floors::{FloorFile, GpuFloors, ShapeFloor};
+use crate::floors::{FloorFile, GpuFloors, PairedFloors, PairedShapeFloor, ShapeFloor};
 use crate::outln;
 use crate::perf::compare::SavedRun;
+use crate::schema::PairKind;
 use crate::usage::ConfigError;
+
+/// The seeds of each in-run A/A child: the PR gate's default.
+const PAIRED_SEEDS: [u64; 3] = [0, 1, 2];
 
 pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
@@ -27,91 +35,176 @@ pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
         .unwrap_or_else(|| project.root.path().join(crate::floors::DEFAULT_FILE));
     let mut file = FloorFile::load(&path)?.unwrap_or(FloorFile {
         version: 1,
-        gpus: BTreeMap::new(),
+        ..FloorFile::default()
     });
     crate::publish::check_writable(&path)?;
-    let variant = match args.cp_async {
-        CpAsyncChoice::Off => "0",
-        CpAsyncChoice::On => "1",
-        CpAsyncChoice::Both => {
-            return Err(
-                ConfigError::Usage("noise times one variant: --cp-async 0 or 1".into()).into(),
-            );
-        }
+    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+    let backend = match args.backend {
+        BackendKind::Cuda => "cuda",
+        BackendKind::Cpu => "cpu",
     };
+    let mut child: Vec<String> = vec![
+        "--shapes".into(),
+        names.join(","),
+        "--backend".into(),
+        backend.into(),
+    ];
+    let gpu = if args.paired {
+        if args.cp_async.is_some() {
+            return Err(ConfigError::Usage(
+                "noise --paired times both variants against their base twins; drop --cp-async"
+                    .into(),
+            )
+            .into());
+        }
+        if args.backend == BackendKind::Cpu {
+            return Err(ConfigError::Usage(
+                "noise --paired times two arms of one GPU kernel in each run (the PR gate \
+                 against itself); the cpu backend has one variant: use --backend cuda"
+                    .into(),
+            )
+            .into());
+        }
+        if (args.processes as usize) * 2 < crate::floors::PAIRED_MIN_COMPARISONS {
+            return Err(ConfigError::Usage(format!(
+                "noise --paired needs at least {} A/A comparisons per shape, two per run: \
+                 use --processes {} or more",
+                crate::floors::PAIRED_MIN_COMPARISONS,
+                crate::floors::PAIRED_MIN_COMPARISONS.div_ceil(2)
+            ))
+            .into());
+        }
+        let seeds: Vec<String> = PAIRED_SEEDS.iter().map(u64::to_string).collect();
+        let kernel = project.kernel_path(&crate::cli::KernelArgs::default());
+        child.extend([
+            "--seeds".into(),
+            seeds.join(","),
+            "--base-kernel".into(),
+            kernel.display().to_string(),
+        ]);
+        let runs = child_runs(args, &project, &child)?;
+        record_paired(&mut file, &runs, args.processes as usize)?
+    } else {
+        let variant = match args.cp_async {
+            Some(CpAsyncChoice::Off) | None => "0",
+            Some(CpAsyncChoice::On) => "1",
+            Some(CpAsyncChoice::Both) => {
+                return Err(ConfigError::Usage(
+                    "noise times one variant: --cp-async 0 or 1".into(),
+                )
+                .into());
+            }
+        };
+        child.extend([
+            "--seeds".into(),
+            "0".into(),
+            "--cp-async".into(),
+            variant.into(),
+        ]);
+        let runs = child_runs(args, &project, &child)?;
+        record_processes(&mut file, &runs, args.processes as usize)
+    };
+    let mut text = serde_json::to_string_pretty(&file).expect("floors serialize");
+    text.push('\n');
+    crate::report::write_atomic(&path, text.as_bytes())?;
+    outln!("floors: {} (entry {gpu})", path.display());
+    Ok(Outcome::Pass)
+}
+
+/// Runs `--processes` children of this binary with `child` arguments, each into a folder of
+/// its own under a temporary work folder (removed at the end, or on a signal), and loads each
+/// one's run. A child that does not pass ends the measurement, naming its exit and stderr.
+fn child_runs(
+    args: &NoiseArgs,
+    project: &Project,
+    child: &[String],
+) -> Result<Vec<SavedRun>, AppError> {
     let exe = std::env::current_exe()
         .map_err(|e| ConfigError::Usage(format!("cannot find this program's path: {e}")))?;
     let work = std::env::temp_dir().join(format!("sdpa-noise-{}", std::process::id()));
     crate::interrupt::register(&work);
-    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
-    let mut medians: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let (mut gpu, mut variant_name, mut kernel) = (String::new(), String::new(), String::new());
-    for i in 0..args.processes {
-        let results = work.join(format!("p{i}"));
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "--shapes",
-            &names.join(","),
-            "--seeds",
-            "0",
-            "--cp-async",
-            variant,
-        ])
-        .arg("--backend")
-        .arg(match args.backend {
-            BackendKind::Cuda => "cuda",
-            BackendKind::Cpu => "cpu",
-        })
+    let result = (|| {
+        let mut runs = Vec::new();
+        for i in 0..args.processes {
+            runs.push(
+                child_run(&exe, project, child, &work.join(format!("p{i}"))).map_err(|why| {
+                    ConfigError::Usage(format!(
+                        "process {} of {}: {why}; a noise floor needs passing runs",
+                        i + 1,
+                        args.processes
+                    ))
+                })?,
+            );
+            outln!("process {}/{} done", i + 1, args.processes);
+        }
+        Ok(runs)
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    crate::interrupt::unregister(&work);
+    result
+}
+
+fn child_run(
+    exe: &Path,
+    project: &Project,
+    child: &[String],
+    results: &Path,
+) -> Result<SavedRun, String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(child)
         .arg("--root")
         .arg(project.root.path())
         .arg("--results-dir")
-        .arg(&results)
+        .arg(results)
         .env_remove("USE_CP_ASYNC");
-        let out = crate::interrupt::output_of_child(&mut cmd)
-            .map_err(|e| ConfigError::Usage(format!("cannot start {}: {e}", exe.display())))?;
-        let code = out.status.code().unwrap_or(-1);
-        if code != 0 {
-            let _ = std::fs::remove_dir_all(&work);
-            crate::interrupt::unregister(&work);
-            return Err(ConfigError::Usage(format!(
-                "process {} of {} ended with exit {code}, not a pass; a noise floor needs \
-                 passing runs: {}",
-                i + 1,
-                args.processes,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-            .into());
-        }
-        let run: PathBuf = std::fs::read_dir(&results)
-            .ok()
-            .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path())))
-            .ok_or_else(|| ConfigError::Usage(format!("process {} wrote no run", i + 1)))?;
-        let saved = SavedRun::load(&run)?;
-        gpu = saved.perf.device_name.clone();
-        let v = saved.perf.variants.first().cloned();
-        variant_name = v.as_ref().map_or_else(String::new, |v| v.name.clone());
-        kernel = v
-            .and_then(|v| v.kernel)
-            .map_or_else(|| "emulation".into(), |k| k.sha256);
-        for m in &saved.perf.measurements {
+    let out = crate::interrupt::output_of_child(&mut cmd)
+        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let code = out.status.code().unwrap_or(-1);
+    if code != 0 {
+        return Err(format!(
+            "ended with exit {code}, not a pass: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let run: PathBuf = std::fs::read_dir(results)
+        .ok()
+        .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path())))
+        .ok_or("wrote no run")?;
+    SavedRun::load(&run).map_err(|e| e.to_string())
+}
+
+/// The kernel a run timed: its first variant's source sha256 ("emulation" on the cpu).
+fn kernel_of(run: &SavedRun) -> String {
+    run.perf
+        .variants
+        .first()
+        .and_then(|v| v.kernel.clone())
+        .map_or_else(|| "emulation".into(), |k| k.sha256)
+}
+
+/// Records the floors between processes; returns the GPU model.
+fn record_processes(file: &mut FloorFile, runs: &[SavedRun], processes: usize) -> String {
+    let mut medians: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for run in runs {
+        for m in &run.perf.measurements {
             medians
                 .entry(m.shape.clone())
                 .or_default()
                 .push(m.summary.p50);
         }
-        outln!("process {}/{} done", i + 1, args.processes);
     }
-    let _ = std::fs::remove_dir_all(&work);
-    crate::interrupt::unregister(&work);
-
+    let last = runs.last().expect("at least 3 processes");
+    let gpu = last.perf.device_name.clone();
+    let variant = last
+        .perf
+        .variants
+        .first()
+        .map_or_else(String::new, |v| v.name.clone());
     let floors: BTreeMap<String, ShapeFloor> = medians
         .iter()
         .filter_map(|(shape, p50s)| ShapeFloor::from_medians(p50s).map(|f| (shape.clone(), f)))
         .collect();
-    outln!(
-        "noise floors on {gpu} ({} processes of {variant_name}):",
-        args.processes
-    );
+    outln!("noise floors on {gpu} ({processes} processes of {variant}):");
     outln!("shape            median µs   sd %   sd upper %   max pair %   floor %");
     for (shape, f) in &floors {
         let mut sorted = f.p50_us.clone();
@@ -129,15 +222,75 @@ pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
         gpu.clone(),
         GpuFloors {
             measured_at: crate::report::now_rfc3339(),
-            processes: args.processes as usize,
-            variant: variant_name,
-            kernel_sha256: kernel,
+            processes,
+            variant,
+            kernel_sha256: kernel_of(last),
             shapes: floors,
         },
     );
-    let mut text = serde_json::to_string_pretty(&file).expect("floors serialize");
-    text.push('\n');
-    crate::report::write_atomic(&path, text.as_bytes())?;
-    outln!("floors: {} (entry {gpu})", path.display());
-    Ok(Outcome::Pass)
+    gpu
+}
+
+/// Records the in-run floors from every A/A comparison of every run; returns the GPU model.
+fn record_paired(
+    file: &mut FloorFile,
+    runs: &[SavedRun],
+    processes: usize,
+) -> Result<String, ConfigError> {
+    let mut speedups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for run in runs {
+        for c in run
+            .perf
+            .comparisons
+            .iter()
+            .filter(|c| c.pair == PairKind::BaseKernel)
+        {
+            speedups
+                .entry(c.shape.clone())
+                .or_default()
+                .push(c.speedup_pct);
+        }
+    }
+    let last = runs.last().expect("at least 3 processes");
+    let gpu = last.perf.device_name.clone();
+    let floors: BTreeMap<String, PairedShapeFloor> = speedups
+        .iter()
+        .filter_map(|(shape, s)| PairedShapeFloor::from_speedups(s).map(|f| (shape.clone(), f)))
+        .collect();
+    outln!("in-run noise floors on {gpu} ({processes} runs, A/A against the base kernel):");
+    outln!("shape            comparisons   rms %   rms upper %   max |A/A| %   floor %");
+    for (shape, f) in &floors {
+        outln!(
+            "{shape:<16} {:>11} {:>7.3} {:>13.3} {:>13.3} {:>9.3}",
+            f.speedups_pct.len(),
+            f.rms_pct,
+            f.rms_upper_pct,
+            f.max_abs_pct,
+            f.floor_pct
+        );
+    }
+    for (shape, s) in speedups.iter().filter(|(s, _)| !floors.contains_key(*s)) {
+        outln!(
+            "{shape:<16} {} comparisons: fewer than {} (use more --processes), not recorded",
+            s.len(),
+            crate::floors::PAIRED_MIN_COMPARISONS
+        );
+    }
+    if floors.is_empty() {
+        return Err(ConfigError::Usage(format!(
+            "no shape had {} A/A comparisons against the base kernel; nothing recorded",
+            crate::floors::PAIRED_MIN_COMPARISONS
+        )));
+    }
+    file.paired.insert(
+        gpu.clone(),
+        PairedFloors {
+            measured_at: crate::report::now_rfc3339(),
+            runs: processes,
+            seeds: PAIRED_SEEDS.to_vec(),
+            kernel_sha256: kernel_of(last),
+            shapes: floors,
+        },
+    );
+    Ok(gpu)
 }

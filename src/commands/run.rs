@@ -35,7 +35,16 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
         require_speedup: args.require_speedup,
         gate: args.gate,
     };
-    let analysis = analysis::analyze_run(measured, &job.project.gates.gates, policy);
+    let gates = &job.project.gates.gates;
+    let gpu = measured
+        .perf
+        .as_ref()
+        .map_or_else(String::new, |p| p.device_name.clone());
+    let floor_of = |shape: &str| {
+        job.floors
+            .paired(&gpu, shape, gates.performance.noise_floor_pct)
+    };
+    let analysis = analysis::analyze_run(measured, gates, policy, &floor_of);
     let report = compare_report(&analysis, &job.project);
     let meta = build_meta(&job.project, &job.backends, started_at);
     let path = publish::commit_run(run_dir, &meta, &analysis, report.as_ref())?;
@@ -93,6 +102,8 @@ struct Job {
     source_difference: Option<String>,
     /// With `--sanitize`: the compute-sanitizer found and checked in preparation.
     sanitizer: Option<crate::sanitize::Sanitizer>,
+    /// The measured noise floors (`--floors`): the in-run floor of each shape on this GPU model.
+    floors: crate::floors::Floors,
 }
 
 impl Job {
@@ -104,6 +115,11 @@ impl Job {
         plan.validate()?;
         let results_root = args.setup.results_root(project.root.path());
         RunDir::check_root(&results_root)?;
+        let floors = crate::floors::Floors::load(
+            args.floors
+                .clone()
+                .unwrap_or_else(|| project.root.path().join(crate::floors::DEFAULT_FILE)),
+        )?;
         let extras = Extras {
             junit: args.ci.junit.clone(),
             latest_compare: Some(results_root.join("COMPARE.md")),
@@ -176,6 +192,7 @@ impl Job {
             widths,
             source_difference,
             sanitizer,
+            floors,
         })
     }
 
@@ -386,6 +403,7 @@ pub(super) fn compare_report(a: &RunAnalysis, project: &Project) -> Option<Compa
         .filter(|v| v.name != base.name && v.name != cand.name)
         .map(|v| side(p, v, counts(&v.name)))
         .collect();
+    let notes = crate::perf::floor_notes(&p.comparisons);
     let design = match p.gpus.len() {
         0 | 1 => "paired: every variant on the same inputs in one process, interleaved in rounds"
             .to_string(),
@@ -404,7 +422,7 @@ pub(super) fn compare_report(a: &RunAnalysis, project: &Project) -> Option<Compa
         decision: &a.decision,
         gate_enforced: true,
         warnings: &[],
-        notes: &[],
+        notes: &notes,
         svg: Some("latency.svg"),
     };
     Some(CompareReport {
@@ -432,6 +450,9 @@ fn print_outcome(a: &RunAnalysis, job: &Job, warnings: &[String], path: &std::pa
                 job.project.gates.gates.performance.confidence
             );
             out!("{}", console::verdict_lines(&p.comparisons, &job.widths));
+            for n in crate::perf::floor_notes(&p.comparisons) {
+                outln!("{n}");
+            }
         }
     }
     outln!("{}", console::summary(&a.correctness.results));

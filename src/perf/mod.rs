@@ -4,6 +4,7 @@
 
 pub mod compare;
 
+use crate::floors::FloorChoice;
 use crate::gates::PerformanceGates;
 use crate::schema::{BASE_PREFIX, Measurement, PairKind, PerfFile, ShapeComparison, VariantMeta};
 use crate::timing::MIN_ROUNDS;
@@ -89,7 +90,13 @@ struct PairedRound<'a> {
 /// medians of the same seed and round. Rounds whose baseline block ran while the SM clock
 /// sagged are left out (counted in `rounds_dropped_for_clock`), unless too few would remain
 /// ([`enough_rounds`]): then all are used and the comparison is unsteady ([`unsteady`]).
-pub fn paired_comparisons(file: &PerfFile, gates: &PerformanceGates) -> Vec<ShapeComparison> {
+/// Each shape's noise floor comes from `floor_of` (the in-run floors measured on the run's
+/// GPU model: src/floors.rs `choose_paired`), with its source recorded.
+pub fn paired_comparisons(
+    file: &PerfFile,
+    gates: &PerformanceGates,
+    floor_of: &dyn Fn(&str) -> FloorChoice,
+) -> Vec<ShapeComparison> {
     let mut out = Vec::new();
     for (kind, base, cand) in pairs(&file.variants) {
         for shape in file.shapes() {
@@ -138,18 +145,36 @@ pub fn paired_comparisons(file: &PerfFile, gates: &PerformanceGates) -> Vec<Shap
                 .flat_map(|r| r.samples.1.iter().copied())
                 .collect();
             let estimate = crate::stats::paired_ratio(&b_rounds, &c_rounds, gates.confidence);
+            let floor = floor_of(&shape);
             let mut cmp = ShapeComparison::new(
                 &shape,
                 seeds,
                 (&base, &cand),
                 (&b_all, &c_all),
                 estimate,
-                gates.noise_floor_pct,
+                floor.pct,
             );
+            cmp.noise_floor_source = floor.source;
             cmp.pair = kind;
             cmp.rounds_dropped_for_clock = sagged;
             cmp.rounds_total = rounds.len();
             out.push(cmp);
+        }
+    }
+    out
+}
+
+/// Where each shape's noise floor came from, one line per shape in order, e.g. `noise floor of
+/// mission: ±0.20% (measured on NVIDIA H100 ...)`; comparisons that carry no source add none.
+pub fn floor_notes(cmps: &[ShapeComparison]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for c in cmps.iter().filter(|c| !c.noise_floor_source.is_empty()) {
+        let line = format!(
+            "noise floor of {}: ±{:.2}% ({})",
+            c.shape, c.noise_floor_pct, c.noise_floor_source
+        );
+        if !out.contains(&line) {
+            out.push(line);
         }
     }
     out
@@ -170,6 +195,14 @@ pub(crate) mod fixtures {
     use crate::timing::{L2Mode, TimingPlan};
 
     /// The performance gates of gates/default.json's shape, with a 1% paired floor.
+    /// The gates file's constant in-run floor, as a run without measured floors uses it.
+    pub fn constant_floor(_shape: &str) -> crate::floors::FloorChoice {
+        crate::floors::FloorChoice {
+            pct: gates().noise_floor_pct,
+            source: "the gates file's constant".into(),
+        }
+    }
+
     pub fn gates() -> crate::gates::PerformanceGates {
         crate::gates::PerformanceGates {
             min_speedup_pct: 10.0,
@@ -293,6 +326,39 @@ mod tests {
     use crate::stats::PerfVerdict;
 
     #[test]
+    fn each_shape_is_judged_against_the_floor_chosen_for_it_and_records_where_it_came_from() {
+        let file = fixtures::perf_file(
+            "GPU",
+            &["mission", "large"],
+            &[0, 1, 2],
+            &[("cp0", 1.0), ("cp1", 1.008)],
+        );
+        let measured = |shape: &str| FloorChoice {
+            pct: if shape == "large" { 0.2 } else { 1.0 },
+            source: format!("floor of {shape}"),
+        };
+        let cmps = paired_comparisons(&file, &fixtures::gates(), &measured);
+        let got: Vec<(&str, PerfVerdict, &str)> = cmps
+            .iter()
+            .map(|c| (c.shape.as_str(), c.verdict, c.noise_floor_source.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("mission", PerfVerdict::Same, "floor of mission"),
+                ("large", PerfVerdict::Slower, "floor of large"),
+            ]
+        );
+        assert_eq!(
+            floor_notes(&cmps),
+            [
+                "noise floor of mission: ±1.00% (floor of mission)",
+                "noise floor of large: ±0.20% (floor of large)",
+            ]
+        );
+    }
+
+    #[test]
     fn in_run_comparisons_judge_the_second_variant_against_the_first_per_shape() {
         let file = fixtures::perf_file(
             "GPU",
@@ -300,7 +366,7 @@ mod tests {
             &[0, 1, 2],
             &[("cp0", 1.0), ("cp1", 0.8)],
         );
-        let cmp = paired_comparisons(&file, &fixtures::gates());
+        let cmp = paired_comparisons(&file, &fixtures::gates(), &fixtures::constant_floor);
         assert_eq!(cmp.len(), 2);
         assert_eq!(
             (
@@ -363,7 +429,7 @@ mod tests {
             ],
         );
         fixtures::mark_base(&mut file);
-        let cmps = paired_comparisons(&file, &fixtures::gates());
+        let cmps = paired_comparisons(&file, &fixtures::gates(), &fixtures::constant_floor);
         let find = |b: &str| cmps.iter().find(|c| c.baseline == b).unwrap();
         assert_eq!(find("base-cp0").verdict, PerfVerdict::Same);
         assert_eq!(find("base-cp1").pair, PairKind::BaseKernel);
@@ -391,11 +457,19 @@ mod tests {
     fn rounds_whose_baseline_ran_at_a_sagging_clock_are_left_out_of_the_paired_verdict() {
         let g = fixtures::gates();
         // 9 of 20 baseline blocks 30% slower at a steady clock: measured as is.
-        let steady = &paired_comparisons(&sagging(9, 1.3, 1980.0, true), &g)[0];
+        let steady = &paired_comparisons(
+            &sagging(9, 1.3, 1980.0, true),
+            &g,
+            &fixtures::constant_floor,
+        )[0];
         assert_eq!(steady.rounds_dropped_for_clock, 0);
         assert_eq!(steady.estimate.n, 40);
         // The same rounds at 1500 MHz: left out; 22 of 40 remain, and only steady samples.
-        let sagged = &paired_comparisons(&sagging(9, 1.3, 1500.0, true), &g)[0];
+        let sagged = &paired_comparisons(
+            &sagging(9, 1.3, 1500.0, true),
+            &g,
+            &fixtures::constant_floor,
+        )[0];
         assert_eq!(
             (sagged.rounds_dropped_for_clock, sagged.rounds_total),
             (18, 40)
@@ -410,7 +484,11 @@ mod tests {
 
     #[test]
     fn a_candidate_at_a_lower_clock_is_kept_because_it_may_be_its_own_doing() {
-        let c = &paired_comparisons(&sagging(16, 1.3, 1500.0, false), &fixtures::gates())[0];
+        let c = &paired_comparisons(
+            &sagging(16, 1.3, 1500.0, false),
+            &fixtures::gates(),
+            &fixtures::constant_floor,
+        )[0];
         assert_eq!((c.rounds_dropped_for_clock, c.estimate.n), (0, 40));
         assert_eq!(c.verdict, PerfVerdict::Slower);
     }
@@ -418,7 +496,11 @@ mod tests {
     #[test]
     fn too_few_steady_rounds_keep_them_all_and_mark_the_comparison_unsteady() {
         // 11 of 20 sagged: 18 of 40 would remain, under half.
-        let c = &paired_comparisons(&sagging(11, 1.3, 1500.0, true), &fixtures::gates())[0];
+        let c = &paired_comparisons(
+            &sagging(11, 1.3, 1500.0, true),
+            &fixtures::gates(),
+            &fixtures::constant_floor,
+        )[0];
         assert_eq!((c.rounds_dropped_for_clock, c.estimate.n), (22, 40));
         assert!(unsteady(c));
         assert!(enough_rounds(6, 12) && !enough_rounds(5, 10) && !enough_rounds(6, 13));
@@ -430,7 +512,7 @@ mod tests {
         file.measurements
             .iter_mut()
             .for_each(|m| m.round_sm_mhz = vec![None; 20]);
-        let c = &paired_comparisons(&file, &fixtures::gates())[0];
+        let c = &paired_comparisons(&file, &fixtures::gates(), &fixtures::constant_floor)[0];
         assert_eq!(
             (c.rounds_dropped_for_clock, c.verdict),
             (0, PerfVerdict::Faster)
@@ -457,6 +539,8 @@ mod tests {
     #[test]
     fn a_single_variant_has_nothing_to_compare() {
         let file = fixtures::perf_file("GPU", &["small"], &[0], &[("cp1", 1.0)]);
-        assert!(paired_comparisons(&file, &fixtures::gates()).is_empty());
+        assert!(
+            paired_comparisons(&file, &fixtures::gates(), &fixtures::constant_floor).is_empty()
+        );
     }
 }

@@ -119,7 +119,11 @@ mod tests {
     #[test]
     fn failing_gates_become_failing_test_cases() {
         let file = perf_file("H200", &["mission"], &[0], &[("cp0", 1.0), ("cp1", 1.1)]);
-        let cmps = paired_comparisons(&file, &crate::perf::fixtures::gates());
+        let cmps = paired_comparisons(
+            &file,
+            &crate::perf::fixtures::gates(),
+            &crate::perf::fixtures::constant_floor,
+        );
         let mut bad = Verdict::default();
         bad.add("resources.spill_bytes", Check::at_most(8.0, 0.0));
         let resources = [("cp0".into(), Verdict::default()), ("cp1".into(), bad)];

@@ -359,7 +359,7 @@ fn timings(s: &mut String, doc: &CompareDoc) {
         }
         let _ = writeln!(
             s,
-            "{row} {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.1}% | ±{:.2}% | **{}** |",
+            "{row} {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.2}% | ±{:.2}% | **{}** |",
             bs.p50,
             cs.p50,
             bs.p90,
@@ -458,7 +458,11 @@ mod tests {
             &[0, 1],
             &[("cp0", 1.0), ("cp1", 0.85)],
         );
-        let cmps = paired_comparisons(&file, &crate::perf::fixtures::gates());
+        let cmps = paired_comparisons(
+            &file,
+            &crate::perf::fixtures::gates(),
+            &crate::perf::fixtures::constant_floor,
+        );
         let gates = PerformanceGates {
             max_regression_pct: 3.0,
             ..crate::perf::fixtures::gates()
@@ -542,7 +546,7 @@ mod tests {
             v.ptx_code_sha256 = Some(format!("code-{}", v.name.trim_start_matches("base-")));
         }
         let gates = crate::perf::fixtures::gates();
-        let cmps = paired_comparisons(&file, &gates);
+        let cmps = paired_comparisons(&file, &gates, &crate::perf::fixtures::constant_floor);
         let render_with = |file: &crate::schema::PerfFile| {
             let side = |i: usize| Side {
                 run: "this run".into(),
