@@ -20,30 +20,38 @@ fn export(dir: &Path) {
     assert_eq!(code, 0, "{out}{err}");
 }
 
-/// A `.npy` file's shape and f32 data (the header is numpy's dict; data follows it).
-fn read_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
+/// A `.npy` file's type string, shape and data bytes (the header is numpy's dict; data
+/// follows it).
+fn read_npy(path: &Path) -> (String, Vec<usize>, Vec<u8>) {
     let bytes = std::fs::read(path).unwrap();
     assert_eq!(&bytes[..6], b"\x93NUMPY");
     let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + len]).unwrap();
-    assert!(header.contains("'descr': '<f4'"), "{header}");
+    let descr = header.split("'descr': '").nth(1).unwrap();
+    let descr = descr[..descr.find('\'').unwrap()].to_string();
     let shape_text = header.split("'shape': (").nth(1).unwrap();
     let shape = shape_text[..shape_text.find(')').unwrap()]
         .split(',')
         .filter(|t| !t.trim().is_empty())
         .map(|t| t.trim().parse().unwrap())
         .collect();
-    let data = bytes[10 + len..]
+    (descr, shape, bytes[10 + len..].to_vec())
+}
+
+fn read_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let (descr, shape, data) = read_npy(path);
+    assert_eq!(descr, "<f4", "{}", path.display());
+    let data = data
         .chunks(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     (shape, data)
 }
 
-fn write_f32(path: &Path, shape: &[usize], data: &[f32]) {
+fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}",
+        "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({}), }}",
         dims.join(", ")
     );
     while (10 + header.len() + 1) % 64 != 0 {
@@ -53,13 +61,84 @@ fn write_f32(path: &Path, shape: &[usize], data: &[f32]) {
     let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
     bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
     bytes.extend_from_slice(header.as_bytes());
-    bytes.extend(data.iter().flat_map(|x| x.to_le_bytes()));
+    bytes.extend_from_slice(data);
     std::fs::write(path, bytes).unwrap();
+}
+
+fn write_f32(path: &Path, shape: &[usize], data: &[f32]) {
+    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    write_npy(path, "<f4", shape, &bytes);
+}
+
+/// An OCP e4m3 code's value, decoded here from its bits (sign, 4 exponent bits of bias 7,
+/// 3 mantissa bits; exponent 0 is subnormal; S.1111.111 is NaN), sharing no code with the
+/// runner's codec.
+fn e4m3(code: u8) -> f64 {
+    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = (i32::from((code >> 3) & 0xf), f64::from(code & 7));
+    match (e, code & 7) {
+        (15, 7) => f64::NAN,
+        (0, _) => sign * m / 8.0 * 2f64.powi(-6),
+        _ => sign * (1.0 + m / 8.0) * 2f64.powi(e - 7),
+    }
+}
+
+/// What an implementation read: the f32 originals, them rounded to f16, or the e4m3 codes
+/// times their per-(b, head) scales; and what it wrote: f32, or f16.
+#[derive(Clone, Copy, PartialEq)]
+enum Read {
+    F32,
+    F16,
+    Fp8,
+}
+
+/// One input tensor of a problem as `read` sees it, in f64.
+fn input(dir: &Path, p: &serde_json::Value, name: &str, read: Read) -> Vec<f64> {
+    let file = |n: &str| dir.join(p["files"][n].as_str().unwrap());
+    match read {
+        Read::F32 => read_f32(&file(name))
+            .1
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect(),
+        Read::F16 => read_f32(&file(name))
+            .1
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_f64())
+            .collect(),
+        Read::Fp8 => {
+            let (descr, shape, codes) = read_npy(&file(&format!("{name}_fp8")));
+            assert_eq!(descr, "|u1");
+            let (_, scales) = read_f32(&file(&format!("{name}_scale")));
+            let per_head = shape[2] * shape[3];
+            codes
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| e4m3(c) * f64::from(scales[i / per_head]))
+                .collect()
+        }
+    }
 }
 
 /// Textbook attention of every exported problem, in f64 on the f32 originals, written as
 /// f32 to `out/<id>.npy`; `scale_row` multiplies one row `(id, h, s)` by 1.05.
 fn attention_outputs(dir: &Path, out: &Path, scale_row: Option<(&str, usize, usize)>) {
+    attention_outputs_as(
+        dir,
+        out,
+        scale_row.map(|(id, h, s)| (id, h, s, 1.05)),
+        Read::F32,
+    );
+}
+
+/// As [`attention_outputs`], on the inputs as `read` reads them, one row `(id, h, s, factor)`
+/// scaled; written as f16 when it read f16, else as f32.
+fn attention_outputs_as(
+    dir: &Path,
+    out: &Path,
+    scale_row: Option<(&str, usize, usize, f64)>,
+    read: Read,
+) {
     std::fs::create_dir_all(out).unwrap();
     let manifest = read_json(&dir.join("manifest.json"));
     for p in manifest["problems"].as_array().unwrap() {
@@ -68,13 +147,14 @@ fn attention_outputs(dir: &Path, out: &Path, scale_row: Option<(&str, usize, usi
         let (b, hq, hkv, sq, sk, d) = (n("B"), n("Hq"), n("Hkv"), n("Sq"), n("Sk"), n("D"));
         let causal = p["causal"].as_bool().unwrap();
         let scale = p["softmax_scale"].as_f64().unwrap();
-        let file = |name: &str| dir.join(p["files"][name].as_str().unwrap());
-        let (qs, q) = read_f32(&file("q"));
-        let (ks, k) = read_f32(&file("k"));
-        let (_, v) = read_f32(&file("v"));
-        assert_eq!(qs, [b, hq, sq, d]);
-        assert_eq!(ks, [b, hkv, sk, d]);
-        let mut o = vec![0f32; q.len()];
+        let (q, k, v) = (
+            input(dir, p, "q", read),
+            input(dir, p, "k", read),
+            input(dir, p, "v", read),
+        );
+        assert_eq!(q.len(), b * hq * sq * d);
+        assert_eq!(k.len(), b * hkv * sk * d);
+        let mut o = vec![0f64; q.len()];
         for bi in 0..b {
             for h in 0..hq {
                 let kvh = bi * hkv + h / (hq / hkv);
@@ -88,35 +168,39 @@ fn attention_outputs(dir: &Path, out: &Path, scale_row: Option<(&str, usize, usi
                     let scores: Vec<f64> = (0..seen)
                         .map(|j| {
                             let krow = &k[(kvh * sk + j) * d..][..d];
-                            scale
-                                * qrow
-                                    .iter()
-                                    .zip(krow)
-                                    .map(|(&a, &b)| a as f64 * b as f64)
-                                    .sum::<f64>()
+                            scale * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>()
                         })
                         .collect();
                     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                     let l: f64 = w.iter().sum();
                     let factor = match scale_row {
-                        Some((sid, sh, ss)) if sid == id && sh == h && ss == i => 1.05,
+                        Some((sid, sh, ss, f)) if sid == id && sh == h && ss == i => f,
                         _ => 1.0,
                     };
                     for x in 0..d {
-                        let acc: f64 = (0..seen)
-                            .map(|j| w[j] * v[(kvh * sk + j) * d + x] as f64)
-                            .sum();
-                        o[((bi * hq + h) * sq + i) * d + x] = if seen == 0 {
-                            0.0
-                        } else {
-                            (acc / l * factor) as f32
-                        };
+                        let acc: f64 = (0..seen).map(|j| w[j] * v[(kvh * sk + j) * d + x]).sum();
+                        o[((bi * hq + h) * sq + i) * d + x] =
+                            if seen == 0 { 0.0 } else { acc / l * factor };
                     }
                 }
             }
         }
-        write_f32(&out.join(format!("{id}.npy")), &[b, hq, sq, d], &o);
+        let path = out.join(format!("{id}.npy"));
+        let shape = [b, hq, sq, d];
+        if read == Read::F16 {
+            let bytes: Vec<u8> = o
+                .iter()
+                .flat_map(|&x| half::f16::from_f64(x).to_le_bytes())
+                .collect();
+            write_npy(&path, "<f2", &shape, &bytes);
+        } else {
+            write_f32(
+                &path,
+                &shape,
+                &o.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+            );
+        }
     }
 }
 
@@ -407,4 +491,90 @@ fn export_force_replaces_an_earlier_export_but_never_an_unrelated_folder() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("replaces an earlier export only"), "{err}");
     assert!(other.join("thesis.tex").is_file());
+}
+
+#[test]
+fn fp8_and_fp16_outputs_computed_from_what_each_read_pass_and_a_row_scaled_beyond_the_model_fails()
+{
+    let s = setup();
+    let id = "1x4x40x64_sk_30_hkv_2_causal-seed0";
+    // fp8: the e4m3 codes decoded here and times their scales, attention in f64, f32 out.
+    // fp16: the originals rounded to f16, attention in f64, f16 out. An fp8 implementation
+    // may round P to e4m3 (unit roundoff 2^-4, docs/DESIGN.md "Grading other
+    // implementations"), so 5% on a row is within what a correct one may do: its planted
+    // error is 25%.
+    for (read, precision, factor) in [(Read::Fp8, "fp8", 1.25), (Read::F16, "fp16", 1.05)] {
+        let good = s.root.join(format!("good-{precision}"));
+        attention_outputs_as(&s.dir, &good, None, read);
+        let (code, out, err) = check(&s.dir, &[&good], &["--precision", precision], &s.results);
+        assert_eq!(code, 0, "{precision}: {out}{err}");
+        assert_eq!(out.matches("PASS").count(), 3, "{precision}: {out}");
+        let bad = s.root.join(format!("bad-{precision}"));
+        attention_outputs_as(&s.dir, &bad, Some((id, 1, 39, factor)), read);
+        let (code, out, err) = check(&s.dir, &[&bad], &["--precision", precision], &s.results);
+        assert_eq!(code, 1, "{precision}: {out}{err}");
+        let fail = out.lines().find(|l| l.contains("FAIL")).unwrap();
+        assert!(fail.contains(id), "{precision}: {out}");
+        assert!(
+            out.contains("at row [b 0, h 1, s 39]"),
+            "{precision}: {out}"
+        );
+    }
+}
+
+#[test]
+fn an_exported_input_file_changed_after_export_is_refused_naming_it_and_nothing_is_written() {
+    let s = setup();
+    let o = s.root.join("o");
+    attention_outputs(&s.dir, &o, None);
+    let q_fp8 = s.dir.join("small-seed0/q_fp8.npy");
+    let mut bytes = std::fs::read(&q_fp8).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x08;
+    std::fs::write(&q_fp8, &bytes).unwrap();
+    let (code, out, err) = check(&s.dir, &[&o], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("q_fp8.npy is not what export wrote")
+            && err.contains("export the problems again"),
+        "{err}"
+    );
+    assert!(run_dirs(&s.results).is_empty(), "nothing written");
+}
+
+#[test]
+fn problems_too_large_for_host_memory_are_refused_before_any_work_by_export_and_check() {
+    let s = setup();
+    // About 13 PB of f32 inputs: larger than any host.
+    let huge = "1024x64x65536x128";
+    let target = s.root.join("huge");
+    let (code, out, err) = output(
+        runner()
+            .args(["export", "--shapes", huge, "--seeds", "0"])
+            .arg(&target),
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("host memory") && err.contains(huge), "{err}");
+    assert!(!target.exists());
+
+    let mut m = read_json(&s.dir.join("manifest.json"));
+    let p = &mut m["problems"][0];
+    for (key, value) in [
+        ("B", 1024),
+        ("Hq", 64),
+        ("Hkv", 64),
+        ("Sq", 65536),
+        ("Sk", 65536),
+    ] {
+        p[key] = value.into();
+    }
+    p["D"] = 128.into();
+    p["softmax_scale"] = (1.0 / 128f64.sqrt() as f32).into();
+    std::fs::write(s.dir.join("manifest.json"), m.to_string()).unwrap();
+    let o = s.root.join("o");
+    std::fs::create_dir_all(&o).unwrap();
+    let (code, out, err) = check(&s.dir, &[&o], &["--precision", "fp32"], &s.results);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("host memory"), "{err}");
+    assert!(run_dirs(&s.results).is_empty(), "nothing written");
 }

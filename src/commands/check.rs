@@ -1,8 +1,9 @@
 //! `sdpa-runner check DIR --outputs OUT...`: grades other implementations' outputs of an
 //! exported folder with the runner's references, metrics and bound gates (src/grade.rs). The
 //! same spine as a run: everything the user gave is checked first (nothing is written on a
-//! refusal), then each problem is drawn again (its checksum must match the manifest's),
-//! graded, and the run directory (correctness.json, COMPARE.md) committed at the end.
+//! refusal), then each problem is drawn again (its checksum must match the manifest's, and
+//! each of its files must hold what export wrote: else exit 2, nothing written), graded, and
+//! the run directory (correctness.json, COMPARE.md) committed at the end.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,13 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
     let gates = &project.gates.gates.correctness;
     let manifest = exchange::load_manifest(&args.dir)?;
     let graded = implementations(args)?;
+    // One problem held at a time, its references as a run's under --check-rows.
+    let shapes = manifest
+        .problems
+        .iter()
+        .map(|p| p.to_shape().map_err(ConfigError::Usage))
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::rows::check_host_memory(&shapes, args.check_rows, 1, 1)?;
     let results = args
         .results_dir
         .clone()
@@ -74,6 +82,8 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
             ))
             .into());
         }
+        exchange::verify_files(&args.dir, exported, &p)
+            .map_err(|why| ConfigError::Usage(format!("{why}; export the problems again")))?;
         let rows = RowSet::choose(args.check_rows, &shape, exported.seed, &[64, 128]);
         let truth = ProblemTruth::new(&p, &rows, &precisions);
         if let Some(lost) = crate::quantizer::InputRange::of(&p).summary() {

@@ -18,6 +18,8 @@ pub fn export(args: &ExportArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let shapes = project.catalog.select(&args.shapes)?;
     check_target(args)?;
+    // One problem held at a time, with no reference rows beyond a sample's.
+    crate::rows::check_host_memory(&shapes, crate::rows::CheckRows::Sampled, 1, 1)?;
 
     let staged = RunDir::for_target(&args.dir)?;
     let mut problems = Vec::new();

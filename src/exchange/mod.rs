@@ -243,6 +243,40 @@ pub fn problem_files(id: &str, p: &Problem) -> Vec<(String, PathBuf, Vec<u8>)> {
         .collect()
 }
 
+/// Checks that every file of an exported problem holds what export wrote for `p` (the problem
+/// drawn again): the inputs an implementation read are the inputs graded against. A file
+/// missing from the manifest or the folder, unreadable, or with other bytes is named.
+pub fn verify_files(dir: &Path, e: &ExportedProblem, p: &Problem) -> Result<(), String> {
+    for (name, _, bytes) in problem_files(&e.id, p) {
+        let Some(rel) = e.files.get(&name) else {
+            return Err(format!(
+                "problem {}: the manifest names no `{name}` file",
+                e.id
+            ));
+        };
+        let path = dir.join(rel);
+        let on_disk = std::fs::read(&path)
+            .map_err(|err| format!("problem {}: cannot read {}: {err}", e.id, path.display()))?;
+        if on_disk != bytes {
+            return Err(format!(
+                "problem {}: {} is not what export wrote ({} bytes, export wrote {}; first \
+                 difference at byte {}): an implementation reading it was given other inputs \
+                 than those graded",
+                e.id,
+                path.display(),
+                on_disk.len(),
+                bytes.len(),
+                on_disk
+                    .iter()
+                    .zip(&bytes)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(on_disk.len().min(bytes.len()))
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +341,46 @@ mod tests {
             files
                 .iter()
                 .all(|(n, path, _)| path == &Path::new("a").join(format!("{n}.npy")))
+        );
+    }
+
+    #[test]
+    fn exported_files_verify_and_a_changed_or_missing_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let sh = Shape::parse_inline("1x2x5x64:sk=7:hkv=1").unwrap().unwrap();
+        let p = Problem::new(&sh, 0);
+        let files = problem_files("a", &p);
+        std::fs::create_dir_all(dir.path().join("a")).unwrap();
+        let mut map = BTreeMap::new();
+        for (name, rel, bytes) in &files {
+            std::fs::write(dir.path().join(rel), bytes).unwrap();
+            map.insert(name.clone(), rel.display().to_string());
+        }
+        let e = ExportedProblem::describe("a".into(), &p, map);
+        verify_files(dir.path(), &e, &p).unwrap();
+
+        // One e4m3 code changed: named, with the byte.
+        let k_fp8 = dir.path().join("a/k_fp8.npy");
+        let mut bytes = std::fs::read(&k_fp8).unwrap();
+        let at = bytes.len() - 3;
+        bytes[at] ^= 1;
+        std::fs::write(&k_fp8, &bytes).unwrap();
+        let err = verify_files(dir.path(), &e, &p).unwrap_err();
+        assert!(
+            err.contains("k_fp8.npy is not what export wrote")
+                && err.contains(&format!("byte {at}")),
+            "{err}"
+        );
+        // A problem drawn from another seed does not match the files either.
+        std::fs::write(&k_fp8, &files[4].2).unwrap();
+        verify_files(dir.path(), &e, &p).unwrap();
+        assert!(verify_files(dir.path(), &e, &Problem::new(&sh, 1)).is_err());
+        // A missing scale file is named.
+        std::fs::remove_file(dir.path().join("a/v_scale.npy")).unwrap();
+        let err = verify_files(dir.path(), &e, &p).unwrap_err();
+        assert!(
+            err.contains("cannot read") && err.contains("v_scale.npy"),
+            "{err}"
         );
     }
 }
