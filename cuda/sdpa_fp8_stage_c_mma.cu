@@ -29,9 +29,10 @@
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: every CTA waits N clock
 //                   cycles before its first load (thread 0 spins between two barriers), a
 //                   fixed planted slowdown that proves the runner's SLOWER verdict and its
-//                   power (scripts/prove_power.sh). Held before any work, the wait is not
-//                   hidden behind other warps' work, so its cost is the same in every
-//                   process. Unset, it compiles to nothing.
+//                   power (scripts/prove_power.sh). Held before any work by every warp of
+//                   the CTA, it costs about the wait per wave of CTAs, less what other CTAs
+//                   and the launch's stagger hide (docs/DESIGN.md "Measured noise floors").
+//                   Unset, it compiles to nothing.
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1  the entry this module holds (the runner builds one module
 //                   per (D, causal), each only when a problem needs it; unset, all four):
 //                   NVRTC's time per module stays that of one entry, and the plain path

@@ -566,9 +566,9 @@ pub struct SelftestArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct NoiseArgs {
-    /// Shapes to measure
-    #[arg(long, default_value = "small,mission,long")]
-    pub shapes: String,
+    /// Shapes to measure [default: small,mission,long; with --paired mission,large,llama-prefill]
+    #[arg(long)]
+    pub shapes: Option<String>,
     /// Separate processes (at least 3; each times every shape once)
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(3..=1000))]
     pub processes: u32,

@@ -77,22 +77,28 @@ pub struct PairedShapeFloor {
 }
 
 impl PairedShapeFloor {
-    /// The floor from in-run A/A speedups (at least [`PAIRED_MIN_COMPARISONS`]): each is one
-    /// run's estimate of a difference that is zero, so with r their root mean square about
-    /// zero (n degrees of freedom) and r_U = r·√(n / χ²₀.₀₅,n), an A/A comparison exceeds
-    /// z₀.₉₇₅·r_U one time in twenty at most. The verdict also needs its interval beyond the
-    /// floor, so its false rate stays below that. Never below [`PAIRED_MIN_PCT`].
-    pub fn from_speedups(speedups_pct: &[f64]) -> Option<Self> {
+    /// The floor from in-run A/A speedups (at least [`PAIRED_MIN_COMPARISONS`]) of `runs`
+    /// separate processes: each is one run's estimate of a difference that is zero, so with r
+    /// their root mean square about zero and r_U = r·√(ν / χ²₀.₀₅,ν), an A/A comparison
+    /// exceeds z₀.₉₇₅·r_U one time in twenty at most. ν is the number of runs, not of
+    /// comparisons: the comparisons of one run (cp0 and cp1 against their twins) share its
+    /// process and are not independent, so counting them all would narrow the bound. The
+    /// verdict also needs its interval beyond the floor, so its false rate stays below that.
+    /// Never below [`PAIRED_MIN_PCT`].
+    pub fn from_speedups(speedups_pct: &[f64], runs: usize) -> Option<Self> {
         let n = speedups_pct.len();
         if n < PAIRED_MIN_COMPARISONS
+            || runs == 0
+            || runs > n
             || speedups_pct.iter().any(|x| !(x.is_finite() && *x > -100.0))
         {
             return None;
         }
         let logs: Vec<f64> = speedups_pct.iter().map(|x| (x / 100.0).ln_1p()).collect();
         let rms = (logs.iter().map(|x| x * x).sum::<f64>() / n as f64).sqrt();
-        let chi = ChiSquared::new(n as f64).ok()?.inverse_cdf(0.05);
-        let upper = rms * (n as f64 / chi).sqrt();
+        let dof = runs as f64;
+        let chi = ChiSquared::new(dof).ok()?.inverse_cdf(0.05);
+        let upper = rms * (dof / chi).sqrt();
         let pct = |x: f64| 100.0 * x.exp_m1();
         Some(PairedShapeFloor {
             floor_pct: pct(Z_975 * upper).max(PAIRED_MIN_PCT),
@@ -173,6 +179,19 @@ pub struct FloorChoice {
     pub source: String,
 }
 
+/// `; measured with kernel X, these runs' is Y: ...` when the floor was measured with another
+/// kernel source than `kernel`, else nothing.
+fn other_kernel(measured: &str, kernel: Option<&str>) -> String {
+    match kernel {
+        Some(k) if k != measured => format!(
+            "; measured with kernel {}, these runs' is {}: used, the floor is the GPU's noise",
+            &measured[..12.min(measured.len())],
+            &k[..12.min(k.len())]
+        ),
+        _ => String::new(),
+    }
+}
+
 /// The floors file as a run or merge reads it: where it is, and what it holds (None when
 /// there is no file there).
 pub struct Floors {
@@ -186,9 +205,30 @@ impl Floors {
         Ok(Floors { path, file })
     }
 
-    /// The in-run floor of `shape` on `gpu` ([`FloorFile::choose_paired`]).
-    pub fn paired(&self, gpu: &str, shape: &str, gates_floor: f64) -> FloorChoice {
-        FloorFile::choose_paired(self.file.as_ref(), &self.path, gpu, shape, gates_floor)
+    /// The in-run floor of each shape of a run ([`FloorFile::choose_paired`]): on its GPU
+    /// model, for its kernel under test (the first variant that is not the base kernel's).
+    pub fn paired_chooser(
+        &self,
+        perf: Option<&crate::schema::PerfFile>,
+        gates_floor: f64,
+    ) -> impl Fn(&str) -> FloorChoice + '_ {
+        let gpu = perf.map_or_else(String::new, |p| p.device_name.clone());
+        let kernel = perf.and_then(|p| {
+            p.variants
+                .iter()
+                .find(|v| !v.is_base())
+                .and_then(|v| v.kernel.as_ref())
+                .map(|k| k.sha256.clone())
+        });
+        move |shape| {
+            FloorFile::choose_paired(
+                self.file.as_ref(),
+                &self.path,
+                (&gpu, kernel.as_deref()),
+                shape,
+                gates_floor,
+            )
+        }
     }
 }
 
@@ -255,10 +295,12 @@ impl FloorFile {
 
     /// The in-run (paired) floor of `shape` on `gpu`: the measured one (`noise --paired`),
     /// else the gates file's constant (`gates_floor`), each with its source in words.
+    /// Like [`FloorFile::choose`], a floor measured with another kernel source than the run's
+    /// (`kernel`) is used and says so.
     pub fn choose_paired(
         file: Option<&FloorFile>,
         path: &Path,
-        gpu: &str,
+        (gpu, kernel): (&str, Option<&str>),
         shape: &str,
         gates_floor: f64,
     ) -> FloorChoice {
@@ -282,11 +324,12 @@ impl FloorFile {
             pct: f.floor_pct,
             source: format!(
                 "measured on {gpu}: {} in-run A/A comparisons in {} runs (95% upper bound of \
-                 their spread, at least {PAIRED_MIN_PCT}%), {}, {}",
+                 their spread, at least {PAIRED_MIN_PCT}%), {}, {}{}",
                 f.speedups_pct.len(),
                 g.runs,
                 g.measured_at,
-                path.display()
+                path.display(),
+                other_kernel(&g.kernel_sha256, kernel)
             ),
         }
     }
@@ -326,14 +369,7 @@ impl FloorFile {
         let Some(f) = g.shapes.get(shape) else {
             return fallback(format!("no floor measured for {shape} on {gpu}"));
         };
-        let other_kernel = match kernel {
-            Some(k) if k != g.kernel_sha256 => format!(
-                "; measured with kernel {}, these runs' is {}: used, the floor is the GPU's noise",
-                &g.kernel_sha256[..12.min(g.kernel_sha256.len())],
-                &k[..12.min(k.len())]
-            ),
-            _ => String::new(),
-        };
+        let other_kernel = other_kernel(&g.kernel_sha256, kernel);
         FloorChoice {
             pct: f.floor_pct,
             source: format!(
@@ -380,26 +416,37 @@ mod tests {
         let aa: Vec<f64> = (0..20)
             .map(|i| 0.1 + if i % 2 == 0 { 0.3 } else { -0.3 })
             .collect();
-        let f = PairedShapeFloor::from_speedups(&aa).unwrap();
+        // Two comparisons per run: 10 runs, 10 degrees of freedom.
+        let f = PairedShapeFloor::from_speedups(&aa, 10).unwrap();
         let rms = ((0.4f64.powi(2) + 0.2f64.powi(2)) / 2.0).sqrt();
         assert!((f.rms_pct - rms).abs() < 0.002, "{f:?}");
-        let chi = ChiSquared::new(20.0).unwrap().inverse_cdf(0.05);
+        let chi = ChiSquared::new(10.0).unwrap().inverse_cdf(0.05);
         let expected = 100.0 * (Z_975 * (f.rms_upper_pct / 100.0).ln_1p()).exp_m1();
         assert!(
-            (f.rms_upper_pct / f.rms_pct - (20.0 / chi).sqrt()).abs() < 0.01,
+            (f.rms_upper_pct / f.rms_pct - (10.0 / chi).sqrt()).abs() < 0.01,
             "{f:?}"
         );
         assert!((f.floor_pct - expected).abs() < 1e-9, "{f:?}");
-        assert!(f.floor_pct > 0.8 && f.floor_pct < 0.9, "{f:?}");
+        assert!(f.floor_pct > 0.9 && f.floor_pct < 1.1, "{f:?}");
+        // The same values as 20 independent runs: a narrower bound.
+        let independent = PairedShapeFloor::from_speedups(&aa, 20).unwrap();
+        assert!(independent.floor_pct < f.floor_pct - 0.1, "{independent:?}");
         assert!((f.max_abs_pct - 0.4).abs() < 1e-12);
         // A/A differences far below the minimum: the minimum.
-        let tight = PairedShapeFloor::from_speedups(&[0.01; 12]).unwrap();
+        let tight = PairedShapeFloor::from_speedups(&[0.01; 12], 6).unwrap();
         assert_eq!(tight.floor_pct, PAIRED_MIN_PCT);
         // Too few comparisons, or a non-finite one: no floor.
-        assert!(PairedShapeFloor::from_speedups(&aa[..PAIRED_MIN_COMPARISONS - 1]).is_none());
-        let mut bad = aa.clone();
-        bad[3] = f64::NAN;
-        assert!(PairedShapeFloor::from_speedups(&bad).is_none());
+        assert!(PairedShapeFloor::from_speedups(&aa[..PAIRED_MIN_COMPARISONS - 1], 4).is_none());
+        assert!(PairedShapeFloor::from_speedups(&aa, 0).is_none());
+        assert!(PairedShapeFloor::from_speedups(&aa, 21).is_none());
+        for bad_value in [f64::NAN, f64::INFINITY, -100.0, -150.0] {
+            let mut bad = aa.clone();
+            bad[3] = bad_value;
+            assert!(
+                PairedShapeFloor::from_speedups(&bad, 10).is_none(),
+                "{bad_value}"
+            );
+        }
     }
 
     #[test]
@@ -418,19 +465,31 @@ mod tests {
                 kernel_sha256: "k".into(),
                 shapes: [(
                     "large".to_string(),
-                    PairedShapeFloor::from_speedups(&[0.05; 40]).unwrap(),
+                    PairedShapeFloor::from_speedups(&[0.05; 40], 20).unwrap(),
                 )]
                 .into(),
             },
         );
-        let got = FloorFile::choose_paired(Some(&file), path, "NVIDIA H100", "large", 1.0);
+        let got =
+            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", Some("k")), "large", 1.0);
         assert_eq!(got.pct, PAIRED_MIN_PCT);
+        assert!(!got.source.contains("measured with kernel"), "{got:?}");
+        let rebuilt =
+            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", Some("k2")), "large", 1.0);
+        assert!(
+            rebuilt.pct == got.pct
+                && rebuilt
+                    .source
+                    .contains("measured with kernel k, these runs' is k2"),
+            "{rebuilt:?}"
+        );
         assert!(
             got.source
                 .starts_with("measured on NVIDIA H100: 40 in-run A/A comparisons in 20 runs"),
             "{got:?}"
         );
-        let other_gpu = FloorFile::choose_paired(Some(&file), path, "NVIDIA H200", "large", 1.0);
+        let other_gpu =
+            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H200", None), "large", 1.0);
         assert_eq!(other_gpu.pct, 1.0);
         assert!(
             other_gpu
@@ -439,9 +498,10 @@ mod tests {
                 && other_gpu.source.contains("constant 1%"),
             "{other_gpu:?}"
         );
-        let other_shape = FloorFile::choose_paired(Some(&file), path, "NVIDIA H100", "small", 1.0);
+        let other_shape =
+            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", None), "small", 1.0);
         assert!(other_shape.pct == 1.0 && other_shape.source.contains("for small on NVIDIA H100"));
-        let none = FloorFile::choose_paired(None, path, "NVIDIA H100", "large", 1.0);
+        let none = FloorFile::choose_paired(None, path, ("NVIDIA H100", None), "large", 1.0);
         assert!(none.pct == 1.0 && none.source.contains("no floors file"));
     }
 
@@ -527,7 +587,7 @@ mod tests {
             for shape in ["mission", "large", "llama-prefill"] {
                 let f = &p.shapes[shape];
                 assert_eq!(f.speedups_pct.len(), 2 * p.runs, "{gpu} {shape}");
-                let again = PairedShapeFloor::from_speedups(&f.speedups_pct).unwrap();
+                let again = PairedShapeFloor::from_speedups(&f.speedups_pct, p.runs).unwrap();
                 assert!(
                     (again.floor_pct - f.floor_pct).abs() < 1e-9,
                     "{gpu} {shape}: recomputed"

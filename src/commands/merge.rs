@@ -39,12 +39,8 @@ pub fn merge(args: &MergeArgs) -> Result<Outcome, AppError> {
     let analyses: Vec<(String, RunAnalysis)> = parts
         .into_iter()
         .map(|(device, measured)| {
-            let gpu = measured
-                .perf
-                .as_ref()
-                .map_or_else(|| device.clone(), |p| p.device_name.clone());
             let floor_of =
-                |shape: &str| floors.paired(&gpu, shape, gates.performance.noise_floor_pct);
+                floors.paired_chooser(measured.perf.as_ref(), gates.performance.noise_floor_pct);
             let analysis = analysis::analyze_run(measured, gates, RunPolicy::default(), &floor_of);
             (device, analysis)
         })
@@ -117,6 +113,9 @@ pub fn merge(args: &MergeArgs) -> Result<Outcome, AppError> {
             );
             outln!("{device}, paired verdicts:");
             crate::out!("{}", console::verdict_lines(&p.comparisons, &widths));
+            for n in crate::perf::floor_notes(&p.comparisons) {
+                outln!("{n}");
+            }
         }
     }
     outln!("{}", console::summary(&correctness.results));

@@ -20,15 +20,27 @@ use crate::error::{AppError, Outcome};
 use crate::floors::{FloorFile, GpuFloors, PairedFloors, PairedShapeFloor, ShapeFloor};
 use crate::outln;
 use crate::perf::compare::SavedRun;
-use crate::schema::PairKind;
+use crate::schema::{PairKind, PerfFile};
 use crate::usage::ConfigError;
+
+/// The shapes measured by default: between processes, those `compare` judges most; in-run, the
+/// PR gate's target and the shapes its power was proven on (scripts/prove_power.sh). The
+/// GPU model's entry is replaced whole, so a partial `--shapes` drops the others.
+const PROCESS_SHAPES: &str = "small,mission,long";
+const PAIRED_SHAPES: &str = "mission,large,llama-prefill";
 
 /// The seeds of each in-run A/A child: the PR gate's default.
 const PAIRED_SEEDS: [u64; 3] = [0, 1, 2];
 
 pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
-    let shapes = project.catalog.select(&args.shapes)?;
+    let shapes = project
+        .catalog
+        .select(args.shapes.as_deref().unwrap_or(if args.paired {
+            PAIRED_SHAPES
+        } else {
+            PROCESS_SHAPES
+        }))?;
     let path = args
         .floors
         .clone()
@@ -237,25 +249,14 @@ fn record_paired(
     runs: &[SavedRun],
     processes: usize,
 ) -> Result<String, ConfigError> {
-    let mut speedups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for run in runs {
-        for c in run
-            .perf
-            .comparisons
-            .iter()
-            .filter(|c| c.pair == PairKind::BaseKernel)
-        {
-            speedups
-                .entry(c.shape.clone())
-                .or_default()
-                .push(c.speedup_pct);
-        }
-    }
+    let speedups = a_a_speedups(runs.iter().map(|r| &r.perf));
     let last = runs.last().expect("at least 3 processes");
     let gpu = last.perf.device_name.clone();
     let floors: BTreeMap<String, PairedShapeFloor> = speedups
         .iter()
-        .filter_map(|(shape, s)| PairedShapeFloor::from_speedups(s).map(|f| (shape.clone(), f)))
+        .filter_map(|(shape, s)| {
+            PairedShapeFloor::from_speedups(s, processes).map(|f| (shape.clone(), f))
+        })
         .collect();
     outln!("in-run noise floors on {gpu} ({processes} runs, A/A against the base kernel):");
     outln!("shape            comparisons   rms %   rms upper %   max |A/A| %   floor %");
@@ -293,4 +294,55 @@ fn record_paired(
         },
     );
     Ok(gpu)
+}
+
+/// Per shape, the speedup of every comparison against the base kernel in `runs`, run by run
+/// (each an A/A when the base is the kernel under test); comparisons of variants are not.
+fn a_a_speedups<'a>(runs: impl Iterator<Item = &'a PerfFile>) -> BTreeMap<String, Vec<f64>> {
+    let mut speedups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for perf in runs {
+        for c in perf
+            .comparisons
+            .iter()
+            .filter(|c| c.pair == PairKind::BaseKernel)
+        {
+            speedups
+                .entry(c.shape.clone())
+                .or_default()
+                .push(c.speedup_pct);
+        }
+    }
+    speedups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::fixtures;
+
+    #[test]
+    fn only_comparisons_against_the_base_kernel_count_as_a_a_shape_by_shape() {
+        let mut one = fixtures::perf_file(
+            "GPU",
+            &["mission", "large"],
+            &[0],
+            &[
+                ("cp0", 1.0),
+                ("cp1", 0.9),
+                ("base-cp0", 1.0),
+                ("base-cp1", 0.9),
+            ],
+        );
+        fixtures::mark_base(&mut one);
+        one.comparisons =
+            crate::perf::paired_comparisons(&one, &fixtures::gates(), &fixtures::constant_floor);
+        // cp1 vs cp0 (variants, about +11%) and two A/A per shape.
+        assert_eq!(one.comparisons.len(), 6);
+        let got = a_a_speedups([&one, &one].into_iter());
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["large", "mission"]);
+        for s in got.values() {
+            assert_eq!(s.len(), 4);
+            assert!(s.iter().all(|x| x.abs() < 1.0), "{s:?}");
+        }
+    }
 }

@@ -36,14 +36,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome, AppError> {
         gate: args.gate,
     };
     let gates = &job.project.gates.gates;
-    let gpu = measured
-        .perf
-        .as_ref()
-        .map_or_else(String::new, |p| p.device_name.clone());
-    let floor_of = |shape: &str| {
-        job.floors
-            .paired(&gpu, shape, gates.performance.noise_floor_pct)
-    };
+    let floor_of = job
+        .floors
+        .paired_chooser(measured.perf.as_ref(), gates.performance.noise_floor_pct);
     let analysis = analysis::analyze_run(measured, gates, policy, &floor_of);
     let report = compare_report(&analysis, &job.project);
     let meta = build_meta(&job.project, &job.backends, started_at);
@@ -115,11 +110,19 @@ impl Job {
         plan.validate()?;
         let results_root = args.setup.results_root(project.root.path());
         RunDir::check_root(&results_root)?;
-        let floors = crate::floors::Floors::load(
-            args.floors
-                .clone()
-                .unwrap_or_else(|| project.root.path().join(crate::floors::DEFAULT_FILE)),
-        )?;
+        // Read only when there will be verdicts to judge: a correctness-only run needs none.
+        let floors_path = args
+            .floors
+            .clone()
+            .unwrap_or_else(|| project.root.path().join(crate::floors::DEFAULT_FILE));
+        let floors = if plan.enabled() {
+            crate::floors::Floors::load(floors_path)?
+        } else {
+            crate::floors::Floors {
+                path: floors_path,
+                file: None,
+            }
+        };
         let extras = Extras {
             junit: args.ci.junit.clone(),
             latest_compare: Some(results_root.join("COMPARE.md")),

@@ -356,6 +356,16 @@ mod tests {
                 "noise floor of large: ±0.20% (floor of large)",
             ]
         );
+        // Several pairs on one shape give one note; a comparison without a source none.
+        let mut twice = [cmps.clone(), cmps.clone()].concat();
+        twice[0].noise_floor_source.clear();
+        assert_eq!(
+            floor_notes(&twice),
+            [
+                "noise floor of large: ±0.20% (floor of large)",
+                "noise floor of mission: ±1.00% (floor of mission)",
+            ]
+        );
     }
 
     #[test]

@@ -207,11 +207,6 @@ impl References {
         Self::finish(p, &Model::StageC { kv_split }, rows, sums)
     }
 
-    /// Both references and their bounds under `model`, on the host.
-    pub fn with_model(p: &Problem, model: &Model, rows: &RowSet) -> Self {
-        Self::finish(p, model, rows, RowSums::read(p, rows, model.reading()))
-    }
-
     /// The references and bounds under `model` from sums read as [`Model::reading`] says.
     pub fn finish(p: &Problem, model: &Model, rows: &RowSet, sums: RowSums) -> Self {
         let d = p.shape.d;
