@@ -536,3 +536,34 @@ fn noise_paired_needs_a_gpu_kernel_and_enough_runs_and_touches_no_file_when_refu
         );
     }
 }
+
+#[test]
+fn a_timed_run_refuses_a_malformed_floors_file_naming_the_key_and_a_correctness_only_run_ignores_it()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let floors = dir.path().join("floors.json");
+    std::fs::write(
+        &floors,
+        r#"{"version": 1, "gpus": {}, "paired": {"G": {"measured_at": "x", "runs": 5, "seeds": [0], "kernel_sha256": "k", "shapes": {"mission": {"floor_pct": 0.01, "rms_pct": 0, "rms_upper_pct": 0, "max_abs_pct": 0, "speedups_pct": []}}}}}"#,
+    )
+    .unwrap();
+    let results = dir.path().join("r");
+    let floors_arg = floors.to_str().unwrap();
+    let (code, out, err) = common::cpu(
+        &["--shapes", "small", "--seeds", "0", "--floors", floors_arg],
+        &results,
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("floors.json") && err.contains("paired.G.shapes.mission.floor_pct"),
+        "{err}"
+    );
+    assert!(!results.exists() || common::run_dirs(&results).is_empty());
+    let (code, out, err) = common::cpu(
+        &[
+            "--shapes", "small", "--seeds", "0", "--iters", "0", "--floors", floors_arg,
+        ],
+        &results,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+}
