@@ -28,9 +28,10 @@ const VERSION: u32 = 1;
 /// mission reached 2.35% against the 1.0% tuned on an H200.
 pub const UNMEASURED_MIN_PCT: f64 = 3.0;
 
-/// The in-run floor is never below this: a difference under 0.2% is not called a change,
-/// whatever the A/A runs sampled (the timer's 32 ns step is 0.3% of a 10 µs kernel).
-pub const PAIRED_MIN_PCT: f64 = 0.2;
+/// No floor, in-run or between processes, is below this: a difference under 0.2% is not called
+/// a change, whatever the A/A runs sampled (medians on the timer's 32 ns steps can all be
+/// equal, a spread of 0).
+pub const MIN_FLOOR_PCT: f64 = 0.2;
 
 /// Fewest in-run A/A comparisons a paired floor may rest on.
 pub const PAIRED_MIN_COMPARISONS: usize = 10;
@@ -84,7 +85,7 @@ impl PairedShapeFloor {
     /// comparisons: the comparisons of one run (cp0 and cp1 against their twins) share its
     /// process and are not independent, so counting them all would narrow the bound. The
     /// verdict also needs its interval beyond the floor, so its false rate stays below that.
-    /// Never below [`PAIRED_MIN_PCT`].
+    /// Never below [`MIN_FLOOR_PCT`].
     pub fn from_speedups(speedups_pct: &[f64], runs: usize) -> Option<Self> {
         let n = speedups_pct.len();
         if n < PAIRED_MIN_COMPARISONS
@@ -101,7 +102,7 @@ impl PairedShapeFloor {
         let upper = rms * (dof / chi).sqrt();
         let pct = |x: f64| 100.0 * x.exp_m1();
         Some(PairedShapeFloor {
-            floor_pct: pct(Z_975 * upper).max(PAIRED_MIN_PCT),
+            floor_pct: pct(Z_975 * upper).max(MIN_FLOOR_PCT),
             rms_pct: pct(rms),
             rms_upper_pct: pct(upper),
             max_abs_pct: speedups_pct.iter().fold(0f64, |m, x| m.max(x.abs())),
@@ -163,7 +164,7 @@ impl ShapeFloor {
             }
         }
         Some(ShapeFloor {
-            floor_pct: pct(z * std::f64::consts::SQRT_2 * upper),
+            floor_pct: pct(z * std::f64::consts::SQRT_2 * upper).max(MIN_FLOOR_PCT),
             sd_pct: pct(s),
             sd_upper_pct: pct(upper),
             max_pair_pct: max_pair,
@@ -236,30 +237,20 @@ impl FloorFile {
     /// Reads `path`; `Ok(None)` when it does not exist. A file that does not parse, or of
     /// another version, is refused naming the key.
     pub fn load(path: &Path) -> Result<Option<Self>, ConfigError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(ConfigError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                });
-            }
+        let Some(text) = crate::json::read_text_if_any(path)? else {
+            return Ok(None);
         };
-        let de = &mut serde_json::Deserializer::from_str(&text);
-        let file: FloorFile = serde_path_to_error::deserialize(de).map_err(|e| {
-            ConfigError::invalid_key(
-                path,
-                e.path().to_string(),
-                format!("{}; measure again with `sdpa-runner noise`", e.inner()),
-            )
+        let file: FloorFile = crate::json::from_str_with_path(path, &text).map_err(|e| {
+            ConfigError::Usage(format!(
+                "{e}; fix that key or remove the file, then measure again with `sdpa-runner noise`"
+            ))
         })?;
         if file.version != VERSION {
             return Err(ConfigError::invalid_key(
                 path,
                 "version",
                 format!(
-                    "{} is not {VERSION}; measure again with `sdpa-runner noise`",
+                    "{} is not {VERSION}; remove the file and measure again with `sdpa-runner noise`",
                     file.version
                 ),
             ));
@@ -278,12 +269,12 @@ impl FloorFile {
         }
         for (gpu, g) in &file.paired {
             for (shape, f) in &g.shapes {
-                if !(f.floor_pct.is_finite() && f.floor_pct >= PAIRED_MIN_PCT) {
+                if !(f.floor_pct.is_finite() && f.floor_pct >= MIN_FLOOR_PCT) {
                     return Err(ConfigError::invalid_key(
                         path,
                         format!("paired.{gpu}.shapes.{shape}.floor_pct"),
                         format!(
-                            "{} is not a percentage of at least {PAIRED_MIN_PCT}",
+                            "{} is not a percentage of at least {MIN_FLOOR_PCT}",
                             f.floor_pct
                         ),
                     ));
@@ -324,7 +315,7 @@ impl FloorFile {
             pct: f.floor_pct,
             source: format!(
                 "measured on {gpu}: {} in-run A/A comparisons in {} runs (95% upper bound of \
-                 their spread, at least {PAIRED_MIN_PCT}%), {}, {}{}",
+                 their spread, at least {MIN_FLOOR_PCT}%), {}, {}{}",
                 f.speedups_pct.len(),
                 g.runs,
                 g.measured_at,
@@ -406,6 +397,12 @@ mod tests {
             .collect();
         assert!(ShapeFloor::from_medians(&many).unwrap().floor_pct < f.floor_pct);
         assert!(ShapeFloor::from_medians(&[1.0, 2.0]).is_none());
+        // Equal medians (the timer's steps): a spread of 0, the floor the minimum.
+        let flat = ShapeFloor::from_medians(&[9.344; 12]).unwrap();
+        assert!(
+            flat.sd_pct < 1e-9 && flat.floor_pct == MIN_FLOOR_PCT,
+            "{flat:?}"
+        );
         assert!(ShapeFloor::from_medians(&[1.0, 2.0, f64::NAN]).is_none());
     }
 
@@ -434,7 +431,7 @@ mod tests {
         assert!((f.max_abs_pct - 0.4).abs() < 1e-12);
         // A/A differences far below the minimum: the minimum.
         let tight = PairedShapeFloor::from_speedups(&[0.01; 12], 6).unwrap();
-        assert_eq!(tight.floor_pct, PAIRED_MIN_PCT);
+        assert_eq!(tight.floor_pct, MIN_FLOOR_PCT);
         // Too few comparisons, or a non-finite one: no floor.
         assert!(PairedShapeFloor::from_speedups(&aa[..PAIRED_MIN_COMPARISONS - 1], 4).is_none());
         assert!(PairedShapeFloor::from_speedups(&aa, 0).is_none());
@@ -472,7 +469,7 @@ mod tests {
         );
         let got =
             FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", Some("k")), "large", 1.0);
-        assert_eq!(got.pct, PAIRED_MIN_PCT);
+        assert_eq!(got.pct, MIN_FLOOR_PCT);
         assert!(!got.source.contains("measured with kernel"), "{got:?}");
         let rebuilt =
             FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", Some("k2")), "large", 1.0);

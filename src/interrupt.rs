@@ -231,6 +231,50 @@ pub(crate) fn sweep_stale(results_root: &Path) -> Vec<PathBuf> {
     removed
 }
 
+/// Removes what a dead export to `parent/name` left beside its target, and nothing else: its
+/// staging folder `.partial-<name>-<host>-<pid>`, and the old folder it had moved aside,
+/// `.partial-<name>-replaced-<host>-<pid>`, only once the target exists again (else that
+/// folder is the only copy of the old export, and is left for the user). Only folders of this
+/// machine whose process is gone; anything else of that prefix in a user's folder is theirs.
+pub(crate) fn sweep_stale_beside(parent: &Path, name: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let target_exists = parent.join(name).exists();
+    let host = host_tag();
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        let Some(rest) = file_name
+            .strip_prefix(STAGING_PREFIX)
+            .and_then(|r| r.strip_prefix(name))
+            .and_then(|r| r.strip_prefix('-'))
+        else {
+            continue;
+        };
+        let (replaced, rest) = match rest.strip_prefix("replaced-") {
+            Some(r) => (true, r),
+            None => (false, rest),
+        };
+        let Some(pid) = rest
+            .strip_prefix(host.as_str())
+            .and_then(|r| r.strip_prefix('-'))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && !process_alive(pid) && (!replaced || target_exists) {
+            remove_staging(&entry.path());
+            removed.push(entry.path());
+        }
+    }
+    removed
+}
+
 fn process_alive(pid: u32) -> bool {
     if pid == std::process::id() {
         return true;
@@ -250,6 +294,33 @@ fn process_alive(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn beside_an_export_only_its_own_dead_staging_is_swept_and_an_only_old_copy_is_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let host = host_tag();
+        let dead = 2_147_483_632u32;
+        let p = |n: &str| root.path().join(n);
+        let staging = p(&format!("{STAGING_PREFIX}out-{host}-{dead}"));
+        let replaced = p(&format!("{STAGING_PREFIX}out-replaced-{host}-{dead}"));
+        let live = p(&staging_name("out"));
+        let other_target = p(&format!("{STAGING_PREFIX}other-{host}-{dead}"));
+        let users = p(&format!("{STAGING_PREFIX}thesis-drafts"));
+        let users_file = p(&format!("{STAGING_PREFIX}out-{host}-{}", dead + 1));
+        for d in [&staging, &replaced, &live, &other_target, &users] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(&users_file, "a file, not a staging folder").unwrap();
+        // The target is missing: the moved-aside folder is the only copy of the old export.
+        assert_eq!(sweep_stale_beside(root.path(), "out"), [staging]);
+        for kept in [&replaced, &live, &other_target, &users, &users_file] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
+        // Once the target exists again, the old copy goes too.
+        std::fs::create_dir(p("out")).unwrap();
+        assert_eq!(sweep_stale_beside(root.path(), "out"), [replaced]);
+        assert!(live.exists() && users.exists() && other_target.exists());
+    }
 
     #[test]
     fn staging_folders_of_dead_processes_are_swept_and_live_ones_kept() {

@@ -11,17 +11,53 @@ pub fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
     from_str_with_path(path, &read_text(path)?)
 }
 
-/// Reads a file the user pointed at; the error names it.
+/// The largest text file read (perf.json with every raw sample of a large run stays far below).
+const MAX_TEXT_BYTES: u64 = 1 << 30;
+
+/// Reads a file the user pointed at; the error names it. Only a regular file of at most
+/// 1 GiB is read: a device (`/dev/zero`), a pipe or a folder is refused, not read forever.
 pub fn read_text(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let refuse = |source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let meta = std::fs::metadata(path).map_err(refuse)?;
+    if !meta.is_file() || meta.len() > MAX_TEXT_BYTES {
+        return Err(refuse(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            if meta.is_file() {
+                "larger than 1 GiB".to_string()
+            } else {
+                "not a regular file".to_string()
+            },
+        )));
+    }
+    std::fs::read_to_string(path).map_err(refuse)
 }
 
-/// Deserializes `text`; on failure the error names `path` and the dotted key path.
+/// As [`read_text`], with `Ok(None)` when there is no file at `path`.
+pub fn read_text_if_any(path: &Path) -> Result<Option<String>, ConfigError> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        _ => read_text(path).map(Some),
+    }
+}
+
+/// Deserializes `text`, which must hold one JSON value and nothing after it; on failure the
+/// error names `path` and the dotted key path.
 pub fn from_str_with_path<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
     let de = &mut serde_json::Deserializer::from_str(text);
+    let value = deserialize(path, &mut *de)?;
+    de.end().map_err(|inner| {
+        ConfigError::invalid_key(path, "(file)", format!("malformed JSON: {inner}"))
+    })?;
+    Ok(value)
+}
+
+fn deserialize<T: DeserializeOwned>(
+    path: &Path,
+    de: &mut serde_json::Deserializer<serde_json::de::StrRead<'_>>,
+) -> Result<T, ConfigError> {
     serde_path_to_error::deserialize(de).map_err(|err| {
         let inner = err.inner();
         if inner.is_syntax() || inner.is_eof() {
@@ -64,10 +100,39 @@ mod tests {
 
     #[test]
     fn malformed_json_is_reported_as_such() {
-        let err = from_str_with_path::<Outer>(Path::new("g.json"), "{")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("malformed JSON"), "{err}");
+        for text in [
+            "{",
+            r#"{"inner":{"x":1}} trailing"#,
+            r#"{"inner":{"x":1}}{}"#,
+        ] {
+            let err = from_str_with_path::<Outer>(Path::new("g.json"), text)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("malformed JSON"), "{text}: {err}");
+        }
+        from_str_with_path::<Outer>(Path::new("g.json"), "{\"inner\":{\"x\":1}}\n").unwrap();
+    }
+
+    #[test]
+    fn only_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read_text(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        #[cfg(unix)]
+        {
+            let err = read_text(Path::new("/dev/zero")).unwrap_err().to_string();
+            assert!(err.contains("not a regular file"), "{err}");
+        }
+        assert!(
+            read_text_if_any(&dir.path().join("none"))
+                .unwrap()
+                .is_none()
+        );
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        assert_eq!(
+            read_text_if_any(&dir.path().join("f")).unwrap().unwrap(),
+            "x"
+        );
     }
 }
 

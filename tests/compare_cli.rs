@@ -535,6 +535,27 @@ fn noise_paired_needs_a_gpu_kernel_and_enough_runs_and_touches_no_file_when_refu
             "{\"version\": 1, \"gpus\": {}}"
         );
     }
+    // No usable GPU (hidden here, absent in CI): the children's exit 3 is this command's.
+    let (code, out, err) = output(
+        runner()
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .args([
+                "noise",
+                "--paired",
+                "--processes",
+                "5",
+                "--shapes",
+                "mission",
+            ])
+            .arg("--floors")
+            .arg(&floors),
+    );
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(err.contains("no usable GPU"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&floors).unwrap(),
+        "{\"version\": 1, \"gpus\": {}}"
+    );
 }
 
 #[test]

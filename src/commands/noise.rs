@@ -138,15 +138,21 @@ fn child_runs(
     let result = (|| {
         let mut runs = Vec::new();
         for i in 0..args.processes {
-            runs.push(
-                child_run(&exe, project, child, &work.join(format!("p{i}"))).map_err(|why| {
-                    ConfigError::Usage(format!(
-                        "process {} of {}: {why}; a noise floor needs passing runs",
-                        i + 1,
-                        args.processes
-                    ))
-                })?,
-            );
+            let run = child_run(&exe, project, child, &work.join(format!("p{i}")));
+            runs.push(run.map_err(|(code, why)| -> AppError {
+                let why = format!(
+                    "process {} of {}: {why}; a noise floor needs passing runs",
+                    i + 1,
+                    args.processes
+                );
+                // A child that found no usable GPU (exit 3) is the environment's fault, and
+                // this command says so with the same code.
+                if code == Some(i32::from(crate::error::EXIT_ENVIRONMENT)) {
+                    crate::backend::BackendError::Environment(why).into()
+                } else {
+                    ConfigError::Usage(why).into()
+                }
+            })?);
             outln!("process {}/{} done", i + 1, args.processes);
         }
         Ok(runs)
@@ -156,12 +162,13 @@ fn child_runs(
     result
 }
 
+/// One child run, loaded; on failure its exit code (if it ran) and why.
 fn child_run(
     exe: &Path,
     project: &Project,
     child: &[String],
     results: &Path,
-) -> Result<SavedRun, String> {
+) -> Result<SavedRun, (Option<i32>, String)> {
     let mut cmd = Command::new(exe);
     cmd.args(child)
         .arg("--root")
@@ -170,19 +177,22 @@ fn child_run(
         .arg(results)
         .env_remove("USE_CP_ASYNC");
     let out = crate::interrupt::output_of_child(&mut cmd)
-        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        .map_err(|e| (None, format!("cannot start {}: {e}", exe.display())))?;
     let code = out.status.code().unwrap_or(-1);
     if code != 0 {
-        return Err(format!(
-            "ended with exit {code}, not a pass: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+        return Err((
+            Some(code),
+            format!(
+                "ended with exit {code}, not a pass: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         ));
     }
     let run: PathBuf = std::fs::read_dir(results)
         .ok()
         .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path())))
-        .ok_or("wrote no run")?;
-    SavedRun::load(&run).map_err(|e| e.to_string())
+        .ok_or((None, "wrote no run".to_string()))?;
+    SavedRun::load(&run).map_err(|e| (None, e.to_string()))
 }
 
 /// The kernel a run timed: its first variant's source sha256 ("emulation" on the cpu).

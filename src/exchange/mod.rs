@@ -23,6 +23,7 @@ pub const FORMAT: &str = "sdpa-runner export v1";
 
 /// `DIR/manifest.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Manifest {
     pub format: String,
     /// Layouts and conventions, for a reader who has only this file.
@@ -33,6 +34,7 @@ pub struct Manifest {
 
 /// One problem of an export: its description, its seed, its inputs' checksum and its files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExportedProblem {
     /// Unique in the export; the implementation writes its output to `<id>.npy`.
     pub id: String,
@@ -149,23 +151,13 @@ pub fn conventions() -> BTreeMap<String, String> {
 /// as file names.
 pub fn load_manifest(dir: &Path) -> Result<Manifest, ConfigError> {
     let path = dir.join(MANIFEST);
-    let text = std::fs::read_to_string(&path).map_err(|source| {
-        if source.kind() == std::io::ErrorKind::NotFound {
-            ConfigError::Usage(format!(
-                "{} has no {MANIFEST}: pass a folder written by `sdpa-runner export`",
-                dir.display()
-            ))
-        } else {
-            ConfigError::Read {
-                path: path.clone(),
-                source,
-            }
-        }
-    })?;
-    let de = &mut serde_json::Deserializer::from_str(&text);
-    let manifest: Manifest = serde_path_to_error::deserialize(de).map_err(|e| {
-        ConfigError::invalid_key(&path, e.path().to_string(), e.inner().to_string())
-    })?;
+    let Some(text) = crate::json::read_text_if_any(&path)? else {
+        return Err(ConfigError::Usage(format!(
+            "{} has no {MANIFEST}: pass a folder written by `sdpa-runner export`",
+            dir.display()
+        )));
+    };
+    let manifest: Manifest = crate::json::from_str_with_path(&path, &text)?;
     if manifest.format != FORMAT {
         return Err(ConfigError::invalid_key(
             &path,
@@ -204,12 +196,36 @@ pub fn load_manifest(dir: &Path) -> Result<Manifest, ConfigError> {
         }
         p.to_shape()
             .map_err(|m| ConfigError::invalid_key(&path, key.clone(), m))?;
+        for (name, rel) in &p.files {
+            if !FILE_NAMES.contains(&name.as_str()) {
+                return Err(ConfigError::invalid_key(
+                    &path,
+                    format!("{key}.files.{name}"),
+                    format!("is not one of {}", FILE_NAMES.join(", ")),
+                ));
+            }
+            let inside = Path::new(rel)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if rel.is_empty() || !inside {
+                return Err(ConfigError::invalid_key(
+                    &path,
+                    format!("{key}.files.{name}"),
+                    format!("`{rel}` is not a path inside the export folder"),
+                ));
+            }
+        }
     }
     if manifest.problems.is_empty() {
         return Err(ConfigError::invalid_key(&path, "problems", "is empty"));
     }
     Ok(manifest)
 }
+
+/// The names of a problem's files, as `files` in the manifest keys them.
+pub const FILE_NAMES: [&str; 9] = [
+    "q", "k", "v", "q_fp8", "k_fp8", "v_fp8", "q_scale", "k_scale", "v_scale",
+];
 
 /// The files of one problem, written into `dir/<id>/`: name -> (relative path, bytes).
 pub fn problem_files(id: &str, p: &Problem) -> Vec<(String, PathBuf, Vec<u8>)> {
@@ -255,8 +271,22 @@ pub fn verify_files(dir: &Path, e: &ExportedProblem, p: &Problem) -> Result<(), 
             ));
         };
         let path = dir.join(rel);
-        let on_disk = std::fs::read(&path)
-            .map_err(|err| format!("problem {}: cannot read {}: {err}", e.id, path.display()))?;
+        let cannot =
+            |why: String| format!("problem {}: cannot read {}: {why}", e.id, path.display());
+        let meta = std::fs::metadata(&path).map_err(|err| cannot(err.to_string()))?;
+        if !meta.is_file() {
+            return Err(cannot("not a regular file".into()));
+        }
+        if meta.len() != bytes.len() as u64 {
+            return Err(format!(
+                "problem {}: {} is not what export wrote ({} bytes, export wrote {})",
+                e.id,
+                path.display(),
+                meta.len(),
+                bytes.len()
+            ));
+        }
+        let on_disk = std::fs::read(&path).map_err(|err| cannot(err.to_string()))?;
         if on_disk != bytes {
             return Err(format!(
                 "problem {}: {} is not what export wrote ({} bytes, export wrote {}; first \
@@ -382,5 +412,77 @@ mod tests {
             err.contains("cannot read") && err.contains("v_scale.npy"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_manifest_naming_paths_outside_its_folder_unknown_files_or_keys_or_trailing_text_is_refused()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let sh = Shape::new("small", 1, 1, 8, 64);
+        let p = Problem::new(&sh, 0);
+        let files: BTreeMap<String, String> = problem_files("a", &p)
+            .into_iter()
+            .map(|(n, rel, _)| (n, rel.display().to_string()))
+            .collect();
+        let good = serde_json::json!({
+            "format": FORMAT,
+            "problems": [ExportedProblem::describe("a".into(), &p, files)],
+        });
+        let write = |v: &serde_json::Value, tail: &str| {
+            std::fs::write(dir.path().join(MANIFEST), format!("{v}{tail}")).unwrap();
+        };
+        write(&good, "\n");
+        load_manifest(dir.path()).unwrap();
+        let edited = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = good.clone();
+            f(&mut v);
+            v
+        };
+        for (v, tail, key) in [
+            (
+                edited(&|v| v["problems"][0]["files"]["q"] = "../../etc/passwd".into()),
+                "",
+                "problems[0].files.q",
+            ),
+            (
+                edited(&|v| v["problems"][0]["files"]["k"] = "/dev/zero".into()),
+                "",
+                "problems[0].files.k",
+            ),
+            (
+                edited(&|v| v["problems"][0]["files"]["evil"] = "a/x.npy".into()),
+                "",
+                "problems[0].files.evil",
+            ),
+            (edited(&|v| v["problems"][0]["zzz"] = 1.into()), "", "zzz"),
+            (edited(&|v| v["extra"] = 1.into()), "", "extra"),
+            (good.clone(), " trailing", "malformed JSON"),
+        ] {
+            write(&v, tail);
+            let err = load_manifest(dir.path()).unwrap_err().to_string();
+            assert!(err.contains(key), "{key}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_regular_file_is_refused_without_reading_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sh = Shape::new("small", 1, 1, 8, 64);
+        let p = Problem::new(&sh, 0);
+        let mut map = BTreeMap::new();
+        for (name, rel, bytes) in problem_files("a", &p) {
+            std::fs::create_dir_all(dir.path().join("a")).unwrap();
+            std::fs::write(dir.path().join(&rel), bytes).unwrap();
+            map.insert(name, rel.display().to_string());
+        }
+        let e = ExportedProblem::describe("a".into(), &p, map);
+        #[cfg(unix)]
+        {
+            let q = dir.path().join("a/q.npy");
+            std::fs::remove_file(&q).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", &q).unwrap();
+            let err = verify_files(dir.path(), &e, &p).unwrap_err();
+            assert!(err.contains("not a regular file"), "{err}");
+        }
     }
 }

@@ -55,15 +55,10 @@ impl ImplementationFile {
     /// `OUT/implementation.json`, or the defaults when there is none.
     pub fn load(out: &Path) -> Result<Self, ConfigError> {
         let path = out.join(IMPLEMENTATION_FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => return Err(ConfigError::Read { path, source }),
+        let Some(text) = crate::json::read_text_if_any(&path)? else {
+            return Ok(Self::default());
         };
-        let de = &mut serde_json::Deserializer::from_str(&text);
-        let file: Self = serde_path_to_error::deserialize(de).map_err(|e| {
-            ConfigError::invalid_key(&path, e.path().to_string(), e.inner().to_string())
-        })?;
+        let file: Self = crate::json::from_str_with_path(&path, &text)?;
         if let Some(u) = &file.u16
             && u != "bf16"
         {

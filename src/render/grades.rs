@@ -51,7 +51,7 @@ pub fn markdown(dir: &Path, problems: &[CheckedProblem], gates: &CorrectnessGate
                 t,
                 "\n- **{}**: NOT DISCRIMINATING: an all-zero output would pass the same gates here \
                  (the {} model's bound is wider than the output on this problem); its PASS says little",
-                g.implementation,
+                cell(&g.implementation),
                 g.precision.name()
             );
         }
@@ -59,12 +59,26 @@ pub fn markdown(dir: &Path, problems: &[CheckedProblem], gates: &CorrectnessGate
         if !faults.is_empty() {
             t.push('\n');
             for g in faults {
-                let _ = writeln!(t, "- **{}**: {}", g.implementation, g.failures.join("; "));
+                let _ = writeln!(
+                    t,
+                    "- **{}**: {}",
+                    cell(&g.implementation),
+                    cell(&g.failures.join("; "))
+                );
             }
         }
         t.push('\n');
     }
     t
+}
+
+/// Text from outside (an implementation's name or note) made one Markdown table cell: a `|`
+/// escaped, line breaks and other control characters made spaces.
+fn cell(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .replace('|', "\\|")
 }
 
 fn row(g: &Grade) -> String {
@@ -74,7 +88,7 @@ fn row(g: &Grade) -> String {
     };
     format!(
         "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-        g.implementation,
+        cell(&g.implementation),
         g.precision.name(),
         g.output.as_deref().unwrap_or("-"),
         match (g.pass, g.zeros_would_pass) {
@@ -90,4 +104,18 @@ fn row(g: &Grade) -> String {
             .map_or("-".to_string(), |[b, h, s]| format!("[{b}, {h}, {s}]")),
         g.p50_us.map_or("-".to_string(), |t| format!("{t:.1}")),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cell;
+
+    #[test]
+    fn outside_text_stays_inside_its_table_cell() {
+        assert_eq!(
+            cell("torch|flash\n## injected"),
+            "torch\\|flash ## injected"
+        );
+        assert_eq!(cell("cudnn-fp8 (9.19)"), "cudnn-fp8 (9.19)");
+    }
 }

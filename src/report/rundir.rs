@@ -98,7 +98,7 @@ impl RunDir {
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_else(|| "export".into());
         // What a killed export left beside its target (its staging or replaced folder).
-        for stale in crate::interrupt::sweep_stale(parent) {
+        for stale in crate::interrupt::sweep_stale_beside(parent, &name) {
             eprintln!(
                 "note: removed {}, left by a process that no longer exists",
                 stale.display()
