@@ -257,12 +257,16 @@ impl FloorFile {
         }
         for (gpu, g) in &file.gpus {
             for (shape, f) in &g.shapes {
-                // Any positive percentage: a noisy machine may measure floors above 100%.
-                if !(f.floor_pct.is_finite() && f.floor_pct > 0.0) {
+                // Any percentage from the minimum up: a noisy machine may measure floors
+                // above 100%.
+                if !(f.floor_pct.is_finite() && f.floor_pct >= MIN_FLOOR_PCT) {
                     return Err(ConfigError::invalid_key(
                         path,
                         format!("gpus.{gpu}.shapes.{shape}.floor_pct"),
-                        format!("{} is not a percentage above 0", f.floor_pct),
+                        format!(
+                            "{} is not a percentage of at least {MIN_FLOOR_PCT}",
+                            f.floor_pct
+                        ),
                     ));
                 }
             }

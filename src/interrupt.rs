@@ -195,6 +195,14 @@ pub(crate) fn staging_name(name: &str) -> String {
     )
 }
 
+/// Where a commit moves the folder it replaces, `.partial-<name>-<host>-<pid>.replaced`: the
+/// marker after the pid, so that no other target's staging name can read as it.
+pub(crate) fn replaced_name(name: &str) -> String {
+    format!("{}{REPLACED_SUFFIX}", staging_name(name))
+}
+
+const REPLACED_SUFFIX: &str = ".replaced";
+
 /// Removes staging folders under `results_root` left by processes that no longer exist and
 /// returns what it removed. Folders of live processes (a concurrent run) are left alone.
 pub(crate) fn sweep_stale(results_root: &Path) -> Vec<PathBuf> {
@@ -233,8 +241,8 @@ pub(crate) fn sweep_stale(results_root: &Path) -> Vec<PathBuf> {
 
 /// Removes what a dead export to `parent/name` left beside its target, and nothing else: its
 /// staging folder `.partial-<name>-<host>-<pid>`, and the old folder it had moved aside,
-/// `.partial-<name>-replaced-<host>-<pid>`, only once the target exists again (else that
-/// folder is the only copy of the old export, and is left for the user). Only folders of this
+/// [`replaced_name`], only once the target exists again (else that folder is the only copy of
+/// the old export, and is left for the user). Only folders of this
 /// machine whose process is gone; anything else of that prefix in a user's folder is theirs.
 pub(crate) fn sweep_stale_beside(parent: &Path, name: &str) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(parent) else {
@@ -255,7 +263,7 @@ pub(crate) fn sweep_stale_beside(parent: &Path, name: &str) -> Vec<PathBuf> {
         else {
             continue;
         };
-        let (replaced, rest) = match rest.strip_prefix("replaced-") {
+        let (replaced, rest) = match rest.strip_suffix(REPLACED_SUFFIX) {
             Some(r) => (true, r),
             None => (false, rest),
         };
@@ -302,24 +310,50 @@ mod tests {
         let dead = 2_147_483_632u32;
         let p = |n: &str| root.path().join(n);
         let staging = p(&format!("{STAGING_PREFIX}out-{host}-{dead}"));
-        let replaced = p(&format!("{STAGING_PREFIX}out-replaced-{host}-{dead}"));
+        let replaced = p(&format!(
+            "{STAGING_PREFIX}out-{host}-{dead}{REPLACED_SUFFIX}"
+        ));
+        // What another target, `out-2`, left: not ours, whatever its name looks like.
+        let out_2 = p(&format!("{STAGING_PREFIX}out-2-{host}-{dead}"));
+        let out_2_replaced = p(&format!(
+            "{STAGING_PREFIX}out-2-{host}-{dead}{REPLACED_SUFFIX}"
+        ));
         let live = p(&staging_name("out"));
         let other_target = p(&format!("{STAGING_PREFIX}other-{host}-{dead}"));
         let users = p(&format!("{STAGING_PREFIX}thesis-drafts"));
         let users_file = p(&format!("{STAGING_PREFIX}out-{host}-{}", dead + 1));
-        for d in [&staging, &replaced, &live, &other_target, &users] {
+        for d in [
+            &staging,
+            &replaced,
+            &live,
+            &other_target,
+            &users,
+            &out_2,
+            &out_2_replaced,
+        ] {
             std::fs::create_dir(d).unwrap();
         }
         std::fs::write(&users_file, "a file, not a staging folder").unwrap();
         // The target is missing: the moved-aside folder is the only copy of the old export.
         assert_eq!(sweep_stale_beside(root.path(), "out"), [staging]);
-        for kept in [&replaced, &live, &other_target, &users, &users_file] {
+        for kept in [
+            &replaced,
+            &live,
+            &other_target,
+            &users,
+            &users_file,
+            &out_2,
+            &out_2_replaced,
+        ] {
             assert!(kept.exists(), "{}", kept.display());
         }
         // Once the target exists again, the old copy goes too.
         std::fs::create_dir(p("out")).unwrap();
         assert_eq!(sweep_stale_beside(root.path(), "out"), [replaced]);
         assert!(live.exists() && users.exists() && other_target.exists());
+        // And the other target's own sweep takes only its own.
+        assert_eq!(sweep_stale_beside(root.path(), "out-2"), [out_2]);
+        assert!(out_2_replaced.exists());
     }
 
     #[test]

@@ -14,25 +14,33 @@ pub fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
 /// The largest text file read (perf.json with every raw sample of a large run stays far below).
 const MAX_TEXT_BYTES: u64 = 1 << 30;
 
-/// Reads a file the user pointed at; the error names it. Only a regular file of at most
-/// 1 GiB is read: a device (`/dev/zero`), a pipe or a folder is refused, not read forever.
+/// Reads a file the user pointed at; the error names it. Only a regular file or a pipe
+/// (`--gates <(...)`) is read, and at most 1 GiB of it: a device (`/dev/zero`) or a folder is
+/// refused, not read forever.
 pub fn read_text(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
     let refuse = |source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     };
+    let invalid =
+        |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string());
     let meta = std::fs::metadata(path).map_err(refuse)?;
-    if !meta.is_file() || meta.len() > MAX_TEXT_BYTES {
-        return Err(refuse(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            if meta.is_file() {
-                "larger than 1 GiB".to_string()
-            } else {
-                "not a regular file".to_string()
-            },
-        )));
+    #[cfg(unix)]
+    let pipe = std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
+    #[cfg(not(unix))]
+    let pipe = false;
+    if !(meta.is_file() || pipe) {
+        return Err(refuse(invalid("not a regular file or a pipe")));
     }
-    std::fs::read_to_string(path).map_err(refuse)
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TEXT_BYTES + 1).read_to_string(&mut text))
+        .map_err(refuse)?;
+    if text.len() as u64 > MAX_TEXT_BYTES {
+        return Err(refuse(invalid("larger than 1 GiB")));
+    }
+    Ok(text)
 }
 
 /// As [`read_text`], with `Ok(None)` when there is no file at `path`.
@@ -114,7 +122,7 @@ mod tests {
     }
 
     #[test]
-    fn only_regular_files_are_read() {
+    fn only_regular_files_and_pipes_are_read() {
         let dir = tempfile::tempdir().unwrap();
         let err = read_text(dir.path()).unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
@@ -122,6 +130,17 @@ mod tests {
         {
             let err = read_text(Path::new("/dev/zero")).unwrap_err().to_string();
             assert!(err.contains("not a regular file"), "{err}");
+            // A pipe is read (`--gates <(...)`).
+            let fifo = dir.path().join("fifo");
+            let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+            if made.is_ok_and(|s| s.success()) {
+                let writer = {
+                    let fifo = fifo.clone();
+                    std::thread::spawn(move || std::fs::write(fifo, "{}").unwrap())
+                };
+                assert_eq!(read_text(&fifo).unwrap(), "{}");
+                writer.join().unwrap();
+            }
         }
         assert!(
             read_text_if_any(&dir.path().join("none"))

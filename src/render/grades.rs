@@ -72,12 +72,13 @@ pub fn markdown(dir: &Path, problems: &[CheckedProblem], gates: &CorrectnessGate
     t
 }
 
-/// Text from outside (an implementation's name or note) made one Markdown table cell: a `|`
-/// escaped, line breaks and other control characters made spaces.
+/// Text from outside (an implementation's name or note) made one Markdown table cell: `\` and
+/// `|` escaped, line breaks and other control characters made spaces.
 fn cell(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()
+        .replace('\\', "\\\\")
         .replace('|', "\\|")
 }
 
@@ -117,5 +118,6 @@ mod tests {
             "torch\\|flash ## injected"
         );
         assert_eq!(cell("cudnn-fp8 (9.19)"), "cudnn-fp8 (9.19)");
+        assert_eq!(cell("a\\|b"), "a\\\\\\|b");
     }
 }

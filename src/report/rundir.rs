@@ -151,7 +151,7 @@ impl RunDir {
                 .unwrap_or_default()
                 .to_string_lossy();
             self.target
-                .with_file_name(crate::interrupt::staging_name(&format!("{name}-replaced")))
+                .with_file_name(crate::interrupt::replaced_name(&name))
         });
         crate::interrupt::commit(&self.staging, || {
             if let Some(aside) = &aside {
