@@ -255,34 +255,25 @@ impl FloorFile {
                 ),
             ));
         }
-        for (gpu, g) in &file.gpus {
-            for (shape, f) in &g.shapes {
-                // Any percentage from the minimum up: a noisy machine may measure floors
-                // above 100%.
-                if !(f.floor_pct.is_finite() && f.floor_pct >= MIN_FLOOR_PCT) {
-                    return Err(ConfigError::invalid_key(
-                        path,
-                        format!("gpus.{gpu}.shapes.{shape}.floor_pct"),
-                        format!(
-                            "{} is not a percentage of at least {MIN_FLOOR_PCT}",
-                            f.floor_pct
-                        ),
-                    ));
-                }
-            }
-        }
-        for (gpu, g) in &file.paired {
-            for (shape, f) in &g.shapes {
-                if !(f.floor_pct.is_finite() && f.floor_pct >= MIN_FLOOR_PCT) {
-                    return Err(ConfigError::invalid_key(
-                        path,
-                        format!("paired.{gpu}.shapes.{shape}.floor_pct"),
-                        format!(
-                            "{} is not a percentage of at least {MIN_FLOOR_PCT}",
-                            f.floor_pct
-                        ),
-                    ));
-                }
+        // Any percentage from the minimum up (a noisy machine may measure floors above 100%),
+        // between processes and in-run alike.
+        let between = file.gpus.iter().flat_map(|(gpu, g)| {
+            g.shapes
+                .iter()
+                .map(move |(shape, f)| (format!("gpus.{gpu}.shapes.{shape}"), f.floor_pct))
+        });
+        let in_run = file.paired.iter().flat_map(|(gpu, g)| {
+            g.shapes
+                .iter()
+                .map(move |(shape, f)| (format!("paired.{gpu}.shapes.{shape}"), f.floor_pct))
+        });
+        for (key, floor) in between.chain(in_run) {
+            if !(floor.is_finite() && floor >= MIN_FLOOR_PCT) {
+                return Err(ConfigError::invalid_key(
+                    path,
+                    format!("{key}.floor_pct"),
+                    format!("{floor} is not a percentage of at least {MIN_FLOOR_PCT}"),
+                ));
             }
         }
         Ok(Some(file))

@@ -48,11 +48,6 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
     let mut precisions: Vec<Precision> = graded.iter().map(|g| g.precision).collect();
     let mut ours = match args.ours {
         Some(kind) => {
-            let shapes = manifest
-                .problems
-                .iter()
-                .map(|p| p.to_shape().map_err(ConfigError::Usage))
-                .collect::<Result<Vec<_>, _>>()?;
             let entries = crate::shapes::Entry::of(&shapes);
             precisions.push(Precision::Fp8);
             Some(super::open_backend(
@@ -68,9 +63,8 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
     };
 
     let mut checked = Vec::new();
-    for exported in &manifest.problems {
-        let shape = exported.to_shape().map_err(ConfigError::Usage)?;
-        let p = Problem::new(&shape, exported.seed);
+    for (exported, shape) in manifest.problems.iter().zip(&shapes) {
+        let p = Problem::new(shape, exported.seed);
         if p.inputs.checksum != exported.checksum {
             return Err(ConfigError::Usage(format!(
                 "problem {}: its inputs drawn again have checksum {}, the manifest says {}: {} was \
@@ -84,7 +78,7 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
         }
         exchange::verify_files(&args.dir, exported, &p)
             .map_err(|why| ConfigError::Usage(format!("{why}; export the problems again")))?;
-        let rows = RowSet::choose(args.check_rows, &shape, exported.seed, &[64, 128]);
+        let rows = RowSet::choose(args.check_rows, shape, exported.seed, &[64, 128]);
         let truth = ProblemTruth::new(&p, &rows, &precisions);
         if let Some(lost) = crate::quantizer::InputRange::of(&p).summary() {
             outln!("  {}: inputs in E4M3: {lost}", exported.id);
