@@ -1,0 +1,413 @@
+// sdpa_fp8_stage_d_wgmma.cu — Stage-D FP8 scaled-dot-product attention, Hopper-native (sm_90a):
+// wgmma with e4m3 operands for both GEMMs, TMA loads into a shared-memory ring with mbarriers,
+// a producer warpgroup and two consumer warpgroups with register reallocation.
+//
+// Problem (the same as Stage C, cuda/sdpa_fp8_stage_c_mma.cu): O = softmax(softmax_scale · Q Kᵀ
+// + mask) V for Q [B, H, S_q, D] and K, V [B, H_kv, S_k, D] as E4M3 codes with one f32 scale per
+// (batch, head) per tensor (K and V per K/V head); O is f16 [B, H, S_q, D]. D is 64 or 128,
+// causal bottom-right aligned (query i sees keys j <= i + S_k - S_q), GQA/MQA (query head h
+// reads K/V head h / (H / H_kv)), any S_q, S_k >= 1. A row that sees no key is written as zeros.
+//
+// Tiles (all in the traits struct `Tiles<D>` below):
+//   BLOCK_M = 128 query rows per CTA: consumer warpgroup c (0, 1) owns rows [64c, 64c + 64).
+//   BLOCK_N = 128 keys per KV tile. KV_STAGES (2 or 3) tiles in flight.
+//
+// Warp roles (THREADS = 384, three warpgroups):
+//   WG 0, producer (setmaxnreg.dec to 56): thread 0 issues the TMA loads (Q once; per KV tile
+//     its K tile and its V tile); all 128 threads then transpose each V tile into Vᵀ (below),
+//     fence the async proxy and arrive on the tile's vt_full barrier.
+//   WG 1, 2, consumers (setmaxnreg.inc to 224): per KV tile, S = Q Kᵀ (D/32 wgmma m64n128k32,
+//     both operands from shared memory), mask, online softmax in f32 (base 2), P rounded to e4m3
+//     (cvt.rn.satfinite) straight into wgmma A fragments, then Ô = P̂ Vᵀ (BLOCK_N/32 wgmma
+//     m64nDk32, A from registers) into a per-tile accumulator that is added to O in f32 (the
+//     tensor cores' FP8 accumulation keeps fewer than 24 bits: SageAttention2, arXiv 2411.10958,
+//     "FP22 accumulator"); then they release the stage (empty barrier).
+//   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
+//   writes f16(O · v_scale / l), zero where l = 0.
+//
+// Shared memory (dynamic, base aligned to 1024 bytes; every tile starts at a multiple of 1024):
+//   Q      BLOCK_M x D codes, TMA swizzle of D bytes (64B or 128B), K-major for wgmma A.
+//   per stage s < KV_STAGES:
+//     K[s]   BLOCK_N x D codes, swizzle of D bytes, K-major for wgmma B of Q Kᵀ.
+//     V[s]   BLOCK_N x D codes as TMA writes them, unswizzled: [key][dim].
+//     Vt[s]  D x BLOCK_N codes, 128B swizzle, K-major for wgmma B of P Vᵀ: FP8 wgmma reads only
+//            K-major operands, so V must be transposed. Within each 32-key block, column
+//            (logical key) 16h + 4t + i holds physical key 16h + 8(i / 2) + 2t + i % 2: the keys
+//            a consumer thread holds in its S accumulators (cols 2t, 2t+1 of each 8-key group)
+//            become its A fragment without any shuffle (the K dimension of P Vᵀ may be permuted
+//            freely, as long as P and Vᵀ agree).
+//   mbarriers (static): q_full; per stage k_full, v_full (TMA, count 1 + tx), vt_full (128
+//   producer threads), empty (256 consumer threads).
+//
+// Causal: the CTA's KV tiles end at its last row's last visible key (tiles wholly above the
+// diagonal are never loaded); the tiles the diagonal crosses, and the tile holding S_k, are
+// masked per element. Causal CTAs are scheduled heaviest first.
+//
+// Switches (build-time defines; the runner passes them from cuda/kernels.toml):
+//   KV_STAGES=2|3   the depth of the K/V ring (the A/B variants st2 and st3).
+//   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
+//   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
+//
+// Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES_D<D> bytes of
+// dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
+// (D, 64) and the Q swizzle, K [D, S_k, B·H_kv] with box (D, BLOCK_N) and the K swizzle, V the
+// same shape unswizzled. The host reads the SDPA_* constants below from the module.
+#include <cuda_fp16.h>
+
+#include "hopper_async.cuh"
+
+#ifndef KV_STAGES
+#define KV_STAGES 2
+#endif
+#ifndef SDPA_D
+#define SDPA_D 0
+#endif
+#ifndef SDPA_CAUSAL
+#define SDPA_CAUSAL 2
+#endif
+
+constexpr int BLOCK_M = 128;
+constexpr int BLOCK_N = 128;
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int PRODUCER_REGS = 56;
+constexpr int CONSUMER_REGS = 224;
+static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 stages");
+static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+
+template <int D>
+struct Tiles {
+    static constexpr int Q_BYTES = BLOCK_M * D;
+    static constexpr int K_BYTES = BLOCK_N * D;
+    static constexpr int V_BYTES = BLOCK_N * D;
+    static constexpr int VT_BYTES = D * BLOCK_N;
+    static constexpr int OFF_K = Q_BYTES;
+    static constexpr int OFF_V = OFF_K + KV_STAGES * K_BYTES;
+    static constexpr int OFF_VT = OFF_V + KV_STAGES * V_BYTES;
+    static constexpr int SMEM_BYTES = 1024 + OFF_VT + KV_STAGES * VT_BYTES; // + alignment slack
+    static constexpr int QK_STEPS = D / 32;       // wgmma k32 steps of Q Kᵀ
+    static constexpr int PV_STEPS = BLOCK_N / 32; // wgmma k32 steps of P Vᵀ
+    static constexpr int O_REGS = D / 2;          // f32 accumulators per thread of 64 x D
+    static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_BYTES % 1024 == 0, "align");
+};
+constexpr int S_REGS = BLOCK_N / 2; // f32 accumulators per thread of 64 x BLOCK_N
+
+__constant__ int SDPA_BLOCK_M = BLOCK_M;
+__constant__ int SDPA_BLOCK_N = BLOCK_N;
+__constant__ int SDPA_THREADS = THREADS;
+__constant__ int SDPA_KV_STAGES = KV_STAGES;
+__constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
+__constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
+
+typedef unsigned char u8;
+#define NEG_INF __int_as_float(0xff800000)
+
+struct Barriers {
+    unsigned long long q_full;
+    unsigned long long k_full[KV_STAGES];
+    unsigned long long v_full[KV_STAGES];
+    unsigned long long vt_full[KV_STAGES];
+    unsigned long long empty[KV_STAGES];
+};
+
+__device__ __forceinline__ float exp2_approx(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+// Four f32 to four e4m3 codes (round to nearest even, saturating at ±448), x0 in byte 0.
+__device__ __forceinline__ unsigned to_e4m3x4(float x0, float x1, float x2, float x3) {
+    unsigned short lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+// The KV tiles a CTA of query tile m_block runs: [0, n) (causal: up to its last row's last key).
+__device__ __forceinline__ int kv_tiles(int m_block, int Sq, int Sk, bool causal) {
+    int keys = Sk;
+    if (causal) keys = min(Sk, (m_block + 1) * BLOCK_M + Sk - Sq);
+    return keys > 0 ? (keys + BLOCK_N - 1) / BLOCK_N : 0;
+}
+
+// ---- producer: TMA issue and the V transpose ------------------------------------------------
+
+template <int D>
+__device__ __forceinline__ void issue_kv(u8* smem, Barriers& bars, const TmaDesc* tm_k,
+                                         const TmaDesc* tm_v, int tile, int kv_bh) {
+    using T = Tiles<D>;
+    const int s = tile % KV_STAGES;
+    mbar_arrive_expect_tx(&bars.k_full[s], T::K_BYTES);
+    tma_load_3d(smem + T::OFF_K + s * T::K_BYTES, tm_k, &bars.k_full[s], 0, tile * BLOCK_N, kv_bh);
+    mbar_arrive_expect_tx(&bars.v_full[s], T::V_BYTES);
+    tma_load_3d(smem + T::OFF_V + s * T::V_BYTES, tm_v, &bars.v_full[s], 0, tile * BLOCK_N, kv_bh);
+}
+
+// V[s] ([key][dim]) -> Vt[s] ([dim][logical key], 128B swizzle), by the 128 producer threads.
+// A unit is 4 physical keys {2t, 2t+1, 8+2t, 9+2t} + 16h + 32kb (logical 16h + 4t .. +3 of
+// block kb) x 4 dims: four 32-bit loads, a 4x4 byte transpose, four 32-bit stores.
+template <int D>
+__device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
+    constexpr int UNITS = (BLOCK_N / 4) * (D / 4);
+#pragma unroll 2
+    for (int u = ptid; u < UNITS; u += 128) {
+        const int dq = u % (D / 4);  // dims 4dq .. 4dq+3
+        const int kg = u / (D / 4);  // logical 4-key group: kb = kg / 8, h = (kg / 4) % 2, t = kg % 4
+        const int kb = kg >> 3, h = (kg >> 2) & 1, t = kg & 3;
+        const int key0 = 32 * kb + 16 * h + 2 * t;
+        const unsigned w0 = *(const unsigned*)(v + (key0 + 0) * D + 4 * dq);
+        const unsigned w1 = *(const unsigned*)(v + (key0 + 1) * D + 4 * dq);
+        const unsigned w2 = *(const unsigned*)(v + (key0 + 8) * D + 4 * dq);
+        const unsigned w3 = *(const unsigned*)(v + (key0 + 9) * D + 4 * dq);
+        const unsigned a_lo = prmt(w0, w1, 0x5140), a_hi = prmt(w0, w1, 0x7362);
+        const unsigned b_lo = prmt(w2, w3, 0x5140), b_hi = prmt(w2, w3, 0x7362);
+        const unsigned out[4] = {prmt(a_lo, b_lo, 0x5410), prmt(a_lo, b_lo, 0x7632),
+                                 prmt(a_hi, b_hi, 0x5410), prmt(a_hi, b_hi, 0x7632)};
+        const int chunk = 2 * kb + h; // 16-byte chunk of the 128-byte row
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = 4 * dq + i;
+            *(unsigned*)(vt + d * BLOCK_N + ((chunk ^ (d & 7)) << 4) + 4 * t) = out[i];
+        }
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc* tm_q,
+                                         const TmaDesc* tm_k, const TmaDesc* tm_v, int m_block,
+                                         int bh, int kv_bh, int n_tiles) {
+    using T = Tiles<D>;
+    const int ptid = threadIdx.x;
+    if (ptid == 0) {
+        mbar_arrive_expect_tx(&bars.q_full, T::Q_BYTES);
+        for (int c = 0; c < CONSUMERS; ++c)
+            tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, m_block * BLOCK_M + 64 * c, bh);
+        for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
+            issue_kv<D>(smem, bars, tm_k, tm_v, i, kv_bh);
+    }
+    // Tiles run LOOKAHEAD ahead of the transpose: tile j + LOOKAHEAD is issued once its stage
+    // is free (the consumers finished tile j - 1), then tile j is transposed into Vt of its
+    // stage, whose last reader, tile j - KV_STAGES, is done (waited for explicitly: near the
+    // end no issue waits for it).
+    constexpr int LOOKAHEAD = KV_STAGES - 1;
+    for (int j = 0; j < n_tiles; ++j) {
+        const int next = j + LOOKAHEAD;
+        if (next < n_tiles) {
+            if (next >= KV_STAGES)
+                mbar_wait(&bars.empty[next % KV_STAGES], ((next / KV_STAGES) - 1) & 1);
+            if (ptid == 0) issue_kv<D>(smem, bars, tm_k, tm_v, next, kv_bh);
+        }
+        const int s = j % KV_STAGES;
+        if (j >= KV_STAGES) mbar_wait(&bars.empty[s], ((j / KV_STAGES) - 1) & 1);
+        mbar_wait(&bars.v_full[s], (j / KV_STAGES) & 1);
+        transpose_v<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES, ptid);
+#ifndef MUTANT_NO_PROXY_FENCE
+        fence_proxy_async_smem();
+#endif
+        mbar_arrive(&bars.vt_full[s]);
+    }
+}
+
+// ---- consumers ----------------------------------------------------------------------------
+
+template <int D, bool CAUSAL>
+__device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_block, int bh,
+                                         int b, int h, int H, int kv_bh, int Sq, int Sk,
+                                         int n_tiles, float qk_scale, float v_scale,
+                                         __half* __restrict__ out) {
+    using T = Tiles<D>;
+    const int ctid = threadIdx.x - 128 * (c + 1);
+    const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = m_block * BLOCK_M + 64 * c + 16 * warp + g; // and row0 + 8
+    const int diag = Sk - Sq; // query i sees keys j <= i + diag
+
+    float o[T::O_REGS];
+#pragma unroll
+    for (int i = 0; i < T::O_REGS; ++i) o[i] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
+    const unsigned q_base = smem_addr(smem + c * 64 * D);
+    const int cta_row0 = m_block * BLOCK_M;
+    for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % KV_STAGES;
+        const unsigned parity = (j / KV_STAGES) & 1;
+        mbar_wait(&bars.k_full[s], parity);
+        float sc[S_REGS];
+        const unsigned k_base = smem_addr(smem + T::OFF_K + s * T::K_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < T::QK_STEPS; ++kk)
+            wgmma_ss_n128(sc, wgmma_desc<D>(q_base + 32 * kk), wgmma_desc<D>(k_base + 32 * kk),
+                          kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold(sc);
+
+        // Scale and mask. Thread (g, t) holds, per 8-key group n, keys 8n + 2t + {0, 1} of
+        // rows row0 (sc[4n], sc[4n+1]) and row0 + 8 (sc[4n+2], sc[4n+3]).
+        const int key0 = j * BLOCK_N;
+        const bool mask = key0 + BLOCK_N > Sk || (CAUSAL && key0 + BLOCK_N - 1 > cta_row0 + diag);
+#pragma unroll
+        for (int i = 0; i < S_REGS; ++i) {
+            float x = sc[i] * qk_scale;
+            if (mask) {
+                const int key = key0 + 8 * (i >> 2) + 2 * t + (i & 1);
+                const int row = row0 + ((i >> 1) & 1) * 8;
+                if (key >= Sk || (CAUSAL && key > row + diag)) x = NEG_INF;
+            }
+            sc[i] = x;
+        }
+        // Online softmax, per row r of the two.
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int n = 0; n < BLOCK_N / 8; ++n)
+                mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float base = mx == NEG_INF ? 0.f : mx; // a row with no key yet: P = 0
+#ifdef MUTANT_SKIP_RESCALE
+            alpha[r] = 1.f;
+#else
+            alpha[r] = exp2_approx(m[r] - base);
+#endif
+            m[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < BLOCK_N / 8; ++n) {
+                sc[4 * n + 2 * r] = exp2_approx(sc[4 * n + 2 * r] - base);
+                sc[4 * n + 2 * r + 1] = exp2_approx(sc[4 * n + 2 * r + 1] - base);
+                sum += sc[4 * n + 2 * r] + sc[4 * n + 2 * r + 1];
+            }
+            l[r] = l[r] * alpha[r] + sum;
+        }
+        // P -> e4m3 A fragments: block kb (keys 32kb ..), a0/a2 row g, a1/a3 row g + 8.
+        unsigned pa[T::PV_STEPS][4];
+#pragma unroll
+        for (int kb = 0; kb < T::PV_STEPS; ++kb) {
+            const float* p = sc + 16 * kb;
+            pa[kb][0] = to_e4m3x4(p[0], p[1], p[4], p[5]);
+            pa[kb][1] = to_e4m3x4(p[2], p[3], p[6], p[7]);
+            pa[kb][2] = to_e4m3x4(p[8], p[9], p[12], p[13]);
+            pa[kb][3] = to_e4m3x4(p[10], p[11], p[14], p[15]);
+        }
+        mbar_wait(&bars.vt_full[s], parity);
+        float ot[T::O_REGS];
+        const unsigned vt_base = smem_addr(smem + T::OFF_VT + s * T::VT_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < T::PV_STEPS; ++kb) {
+            if constexpr (D == 64)
+                wgmma_rs_n64(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
+            else
+                wgmma_rs_n128(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
+        }
+        wgmma_commit();
+#ifdef MUTANT_EARLY_ACCUMULATOR_READ
+        wgmma_wait<1>();
+#else
+        wgmma_wait<0>();
+#endif
+        wgmma_hold(ot);
+        mbar_arrive(&bars.empty[s]);
+        // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1).
+#pragma unroll
+        for (int i = 0; i < T::O_REGS; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], ot[i]);
+    }
+
+    // Epilogue: l over the quad, O · v_scale / l (0 for a row that saw no key), f16 stores.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+    const float inv[2] = {l[0] > 0.f ? v_scale / l[0] : 0.f, l[1] > 0.f ? v_scale / l[1] : 0.f};
+    __half* o_bh = out + (size_t)bh * Sq * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (row >= Sq) continue;
+        __half* dst = o_bh + (size_t)row * D + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const __half2 v2 = __floats2half2_rn(o[4 * n + 2 * r] * inv[r],
+                                                 o[4 * n + 2 * r + 1] * inv[r]);
+            *(__half2*)(dst + 8 * n) = v2;
+        }
+    }
+}
+
+template <int D, bool CAUSAL>
+__device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm_k,
+                                          const TmaDesc* tm_v, const float* __restrict__ q_scale,
+                                          const float* __restrict__ k_scale,
+                                          const float* __restrict__ v_scale,
+                                          __half* __restrict__ out, int B, int H, int Hkv, int Sq,
+                                          int Sk, float softmax_scale) {
+    extern __shared__ u8 smem_raw[];
+    __shared__ Barriers bars;
+    u8* smem = (u8*)(((size_t)smem_raw + 1023) & ~(size_t)1023);
+    const int m_block = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int kv_bh = b * Hkv + h / (H / Hkv);
+    const int n_tiles = kv_tiles(m_block, Sq, Sk, CAUSAL);
+    const int wg = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        tma_prefetch_desc(tm_q);
+        tma_prefetch_desc(tm_k);
+        tma_prefetch_desc(tm_v);
+        mbar_init(&bars.q_full, 1);
+        for (int s = 0; s < KV_STAGES; ++s) {
+            mbar_init(&bars.k_full[s], 1);
+            mbar_init(&bars.v_full[s], 1);
+            mbar_init(&bars.vt_full[s], 128);
+            mbar_init(&bars.empty[s], 128 * CONSUMERS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        regs_dealloc<PRODUCER_REGS>();
+        if (n_tiles > 0) producer<D>(smem, bars, tm_q, tm_k, tm_v, m_block, bh, kv_bh, n_tiles);
+    } else {
+        regs_alloc<CONSUMER_REGS>();
+        const float qk_scale = q_scale[bh] * k_scale[kv_bh] * (softmax_scale * 1.4426950408889634f);
+        consumer<D, CAUSAL>(smem, bars, wg - 1, m_block, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
+                            qk_scale, v_scale[kv_bh], out);
+    }
+}
+
+#define SDPA_ARGS                                                                              \
+    const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k,                \
+        const __grid_constant__ TmaDesc tm_v, const float *__restrict__ q_scale,               \
+        const float *__restrict__ k_scale, const float *__restrict__ v_scale,                  \
+        __half *__restrict__ out, int B, int H, int Hkv, int Sq, int Sk, int causal,           \
+        float softmax_scale
+#define SDPA_PASS &tm_q, &tm_k, &tm_v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale
+#define ENTRY(NAME, DIM, CAUSAL_)                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(SDPA_ARGS) {                 \
+        sdpa_body<DIM, CAUSAL_>(SDPA_PASS);                                                    \
+    }
+
+#if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 1
+ENTRY(sdpa_fp8_stage_d_wgmma_d64, 64, false)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 0
+ENTRY(sdpa_fp8_stage_d_wgmma_d64_causal, 64, true)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 1
+ENTRY(sdpa_fp8_stage_d_wgmma_d128, 128, false)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 0
+ENTRY(sdpa_fp8_stage_d_wgmma_d128_causal, 128, true)
+#endif

@@ -1,0 +1,156 @@
+// scripts/stage_d/probe.cu — the Stage-D kernel (cuda/sdpa_fp8_stage_d_wgmma.cu) on its own, before
+// the runner: builds the tensor maps as the runner will, runs each problem, checks sampled rows
+// against a host f64 reference (rel. RMSE < 5%, no non-finite element, rows that see no key
+// exactly 0) and, with `perf`, times it. Driven by scripts/stage_d/probe.sh on the device.
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cuda_fp8.h>
+#include <cuda_fp16.h>
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <cmath>
+#include <vector>
+#include <random>
+#include <algorithm>
+#include <string>
+#include "../../cuda/sdpa_fp8_stage_d_wgmma.cu"
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); exit(3);} } while (0)
+#define CU(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { const char* s; cuGetErrorString(e, &s); printf("CU %s at %s:%d\n", s, __FILE__, __LINE__); exit(3);} } while (0)
+
+struct Prob { int B, H, Hkv, Sq, Sk, D, causal; };
+
+static TmaDesc make_map(void* base, int D, int rows, int heads, int box_rows, bool swz) {
+    CUtensorMap m;
+    cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads};
+    cuuint64_t strides[2] = {(cuuint64_t)D, (cuuint64_t)D * rows};
+    cuuint32_t box[3] = {(cuuint32_t)D, (cuuint32_t)box_rows, 1};
+    cuuint32_t es[3] = {1, 1, 1};
+    CUtensorMapSwizzle sw = !swz ? CU_TENSOR_MAP_SWIZZLE_NONE : D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    CU(cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, base, dims, strides, box, es,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+    TmaDesc t; memcpy(&t, &m, sizeof t); return t;
+}
+
+static void quantize(std::mt19937& rng, int heads, size_t per_head, std::vector<unsigned char>& codes, std::vector<float>& scales, std::vector<float>& dec) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    codes.resize(heads * per_head); scales.resize(heads); dec.resize(heads * per_head);
+    std::vector<float> x(per_head);
+    for (int h = 0; h < heads; ++h) {
+        float amax = 0;
+        for (auto& v : x) { v = nd(rng) * 2.f; amax = std::max(amax, std::fabs(v)); }
+        float s = amax / 448.f; scales[h] = s;
+        for (size_t i = 0; i < per_head; ++i) {
+            __nv_fp8_e4m3 c(x[i] / s);
+            codes[h * per_head + i] = *(unsigned char*)&c;
+            dec[h * per_head + i] = (float)c;
+        }
+    }
+}
+
+int main(int argc, char** argv) {
+    std::vector<Prob> probs = {
+        {1, 2, 2, 128, 128, 64, 0}, {1, 2, 2, 128, 128, 128, 0}, {1, 2, 1, 77, 300, 64, 0},
+        {2, 4, 2, 129, 129, 128, 1}, {1, 2, 2, 1, 1, 64, 0}, {1, 4, 1, 113, 203, 128, 1},
+        {1, 2, 2, 239, 1, 64, 1}, {1, 2, 2, 300, 100, 128, 1}, {2, 8, 1, 1, 8192, 128, 0},
+        {1, 4, 4, 1000, 1000, 64, 1}, {1, 3, 3, 256, 512, 128, 0},
+    };
+    bool perf = argc > 1 && std::string(argv[1]) == "perf";
+    bool quick = argc > 1 && std::string(argv[1]) == "quick";
+    if (perf) probs = {
+        {1, 16, 16, 4096, 4096, 64, 0}, {4, 16, 16, 4096, 4096, 64, 0}, {1, 16, 16, 4096, 4096, 128, 0},
+        {4, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 16384, 16384, 128, 0}, {4, 16, 16, 8192, 8192, 128, 0},
+        {4, 16, 16, 8192, 8192, 128, 1}, {1, 32, 8, 4096, 4096, 128, 1},
+    };
+    if (quick) probs.resize(2);
+    CU(cuInit(0));
+    int fails = 0;
+    for (auto p : probs) {
+        std::mt19937 rng(1234 + p.Sq * 7 + p.Sk * 13 + p.D);
+        std::vector<unsigned char> qc, kc, vc; std::vector<float> qs, ks, vs, qd, kd, vd;
+        quantize(rng, p.B * p.H, (size_t)p.Sq * p.D, qc, qs, qd);
+        quantize(rng, p.B * p.Hkv, (size_t)p.Sk * p.D, kc, ks, kd);
+        quantize(rng, p.B * p.Hkv, (size_t)p.Sk * p.D, vc, vs, vd);
+        unsigned char *dq, *dk, *dv; float *dqs, *dks, *dvs; __half* dout;
+        size_t on = (size_t)p.B * p.H * p.Sq * p.D;
+        CK(cudaMalloc(&dq, qc.size())); CK(cudaMalloc(&dk, kc.size())); CK(cudaMalloc(&dv, vc.size()));
+        CK(cudaMalloc(&dqs, qs.size() * 4)); CK(cudaMalloc(&dks, ks.size() * 4)); CK(cudaMalloc(&dvs, vs.size() * 4));
+        CK(cudaMalloc(&dout, on * 2));
+        CK(cudaMemcpy(dq, qc.data(), qc.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dk, kc.data(), kc.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dv, vc.data(), vc.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dqs, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dks, ks.data(), ks.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dvs, vs.data(), vs.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dout, 0xFF, on * 2));
+        TmaDesc tq = make_map(dq, p.D, p.Sq, p.B * p.H, 64, true);
+        TmaDesc tk = make_map(dk, p.D, p.Sk, p.B * p.Hkv, BLOCK_N, true);
+        TmaDesc tv = make_map(dv, p.D, p.Sk, p.B * p.Hkv, BLOCK_N, false);
+        float sm = 1.f / std::sqrt((float)p.D);
+        int smem = p.D == 64 ? Tiles<64>::SMEM_BYTES : Tiles<128>::SMEM_BYTES;
+        dim3 grid((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
+        auto launch = [&]() {
+#define L(K) do { CK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); \
+            K<<<grid, THREADS, smem>>>(tq, tk, tv, dqs, dks, dvs, dout, p.B, p.H, p.Hkv, p.Sq, p.Sk, p.causal, sm); } while (0)
+            if (p.D == 64 && !p.causal) L(sdpa_fp8_stage_d_wgmma_d64);
+            else if (p.D == 64) L(sdpa_fp8_stage_d_wgmma_d64_causal);
+            else if (!p.causal) L(sdpa_fp8_stage_d_wgmma_d128);
+            else L(sdpa_fp8_stage_d_wgmma_d128_causal);
+#undef L
+        };
+        launch();
+        CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+        std::vector<__half> out(on);
+        CK(cudaMemcpy(out.data(), dout, on * 2, cudaMemcpyDeviceToHost));
+        // reference on sampled rows
+        double max_err = 0, sum_err2 = 0, sum_ref2 = 0; long n = 0, bad = 0;
+        int group = p.H / p.Hkv;
+        std::vector<double> sc(p.Sk);
+        for (int bh = 0; bh < p.B * p.H; bh += perf ? p.B * p.H / 3 + 1 : 1) {
+            int b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / group;
+            int stride = std::max(1, p.Sq / (perf ? 16 : 64));
+            for (int i = 0; i < p.Sq; ++i) {
+                if (!(i % stride == 0 || i == p.Sq - 1 || (!perf && ((i % BLOCK_M) < 2 || (i % BLOCK_M) > BLOCK_M - 3)))) continue;
+                const float* q = &qd[((size_t)bh * p.Sq + i) * p.D];
+                double mx = -1e300; int lim = p.causal ? std::min(p.Sk - 1, i + p.Sk - p.Sq) : p.Sk - 1;
+                for (int j = 0; j <= lim; ++j) {
+                    const float* k = &kd[((size_t)kvh * p.Sk + j) * p.D];
+                    double s = 0; for (int d = 0; d < p.D; ++d) s += (double)q[d] * k[d];
+                    s *= (double)qs[bh] * ks[kvh] * sm; sc[j] = s; mx = std::max(mx, s);
+                }
+                double den = 0;
+                for (int j = 0; j <= lim; ++j) { sc[j] = std::exp(sc[j] - mx); den += sc[j]; }
+                for (int d = 0; d < p.D; ++d) {
+                    double num = 0;
+                    for (int j = 0; j <= lim; ++j) num += sc[j] * vd[((size_t)kvh * p.Sk + j) * p.D + d];
+                    double ref = lim >= 0 ? num / den * vs[kvh] : 0.0;
+                    float got = __half2float(out[((size_t)bh * p.Sq + i) * p.D + d]);
+                    if (!std::isfinite(got)) { bad++; continue; }
+                    if (lim < 0 && got != 0.f) bad++;
+                    double e = std::fabs(got - ref); max_err = std::max(max_err, e); sum_err2 += e * e; sum_ref2 += ref * ref; n++;
+                }
+            }
+        }
+        double rel_rmse = std::sqrt(sum_err2 / std::max(1.0, sum_ref2));
+        bool ok = bad == 0 && rel_rmse < 0.05;
+        if (!ok) fails++;
+        double us = 0, tflops = 0;
+        if (perf) {
+            cudaEvent_t a, z; cudaEventCreate(&a); cudaEventCreate(&z);
+            for (int w = 0; w < 3; ++w) launch();
+            int iters = 20; cudaEventRecord(a);
+            for (int w = 0; w < iters; ++w) launch();
+            cudaEventRecord(z); CK(cudaEventSynchronize(z)); float ms; cudaEventElapsedTime(&ms, a, z); us = ms * 1000 / iters;
+            double pairs = 0; for (int i = 0; i < p.Sq; ++i) pairs += p.causal ? std::max(0, std::min(p.Sk, i + p.Sk - p.Sq + 1)) : p.Sk;
+            tflops = 4.0 * p.B * p.H * p.D * pairs / (us * 1e-6) / 1e12;
+        }
+        printf("%s %dx%dx%d sq=%d sk=%d d=%d causal=%d: rel_rmse=%.4f max_err=%.4g nonfinite=%ld checked=%ld  %.1f us %.1f TFLOP/s\n",
+               ok ? "PASS" : "FAIL", p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.causal, rel_rmse, max_err, bad, n, us, tflops);
+        fflush(stdout);
+        cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dqs); cudaFree(dks); cudaFree(dvs); cudaFree(dout);
+    }
+    printf("%d failed\n", fails);
+    return fails ? 1 : 0;
+}
