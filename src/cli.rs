@@ -92,6 +92,9 @@ pub enum Command {
     Export(ExportArgs),
     /// Grade other implementations' outputs of an exported folder against the f64 references
     Check(CheckArgs),
+    /// List the kernels of cuda/kernels.toml: source, variants, supported problems, tiles and
+    /// the facts that prove a build is that kernel
+    Kernels(KernelsArgs),
     /// Measure this GPU model's noise floors: time one variant in separate processes and
     /// record how far they drift apart, per shape, for `compare`
     Noise(NoiseArgs),
@@ -266,8 +269,9 @@ pub struct KernelArgs {
     /// Extra define for every variant, passed to NVRTC and recorded (repeatable)
     #[arg(long = "define", value_name = "NAME[=VALUE]", value_parser = parse_define)]
     pub defines: Vec<(String, String)>,
-    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_mma.cu]
-    #[arg(long, value_name = "FILE")]
+    /// A kernel of cuda/kernels.toml (`sdpa-runner kernels`) or a kernel source file, described
+    /// by the manifest's kernel of the same file name [default: the manifest's default, stage-c]
+    #[arg(long, value_name = "NAME|FILE")]
     pub kernel: Option<PathBuf>,
     /// A/B a define: runs the one selected variant (with --cp-async 0 or 1) as baseline and the
     /// same variant plus this define as candidate (repeatable)
@@ -352,6 +356,12 @@ pub struct RunArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct ShapesArgs {
+    #[command(flatten)]
+    pub project: ProjectArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct KernelsArgs {
     #[command(flatten)]
     pub project: ProjectArgs,
 }

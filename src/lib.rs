@@ -25,6 +25,7 @@ pub(crate) mod grade;
 pub(crate) mod inputs;
 pub mod interrupt;
 pub(crate) mod json;
+pub mod kernels;
 pub(crate) mod merge;
 pub(crate) mod metrics;
 pub(crate) mod mutants;

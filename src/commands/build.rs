@@ -12,8 +12,9 @@ use crate::schema::VariantMeta;
 pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let specs = variant_specs(&args.kernel)?;
-    let source =
-        kernel::KernelSource::load(&project.kernel_path(&args.kernel), &project.root.cuda_dir())?;
+    let chosen = project.kernel(&args.kernel)?;
+    let source = kernel::KernelSource::load(&chosen.path, &project.root.cuda_dir())?
+        .holding(&chosen.spec.ptx_must_hold);
     let nvrtc_version = kernel::require_nvrtc()?;
     let include =
         headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;

@@ -9,6 +9,7 @@ mod check;
 mod compare;
 mod export;
 mod fuzz;
+mod kernels;
 mod merge;
 mod noise;
 mod run;
@@ -29,10 +30,11 @@ use crate::devices::{DeviceChoice, GpuId};
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::GateFile;
+use crate::kernels::{Chosen, Manifest};
 use crate::paths::ProjectRoot;
 use crate::report;
 use crate::schema::{BuildMeta, SCHEMA_VERSION};
-use crate::shapes::ShapeCatalog;
+use crate::shapes::{Shape, ShapeCatalog};
 use crate::usage::ConfigError;
 
 /// Appended to the cuda backend's environment errors by the commands that take `--backend`.
@@ -57,6 +59,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, AppError> {
         Some(Command::Export(args)) => export::export(&args),
         Some(Command::Check(args)) => check::check(&args),
         Some(Command::Noise(args)) => noise::noise(&args),
+        Some(Command::Kernels(args)) => kernels::list(&args),
     }
 }
 
@@ -85,12 +88,45 @@ impl Project {
         })
     }
 
-    pub fn kernel_path(&self, args: &KernelArgs) -> PathBuf {
-        args.kernel.clone().unwrap_or_else(|| {
-            self.root
-                .cuda_dir()
-                .join(crate::backend::cuda::kernel::KERNEL_FILE)
-        })
+    /// The kernel `--kernel` names (cuda/kernels.toml, [`crate::kernels::Manifest::choose`]),
+    /// refused (exit 2) when the runner cannot check it.
+    pub fn kernel(&self, args: &KernelArgs) -> Result<Chosen, ConfigError> {
+        let cuda_dir = self.root.cuda_dir();
+        let manifest = Manifest::load(&cuda_dir.join(crate::kernels::MANIFEST_FILE))?;
+        let chosen = manifest.choose(args.kernel.as_deref(), &cuda_dir)?;
+        chosen.spec.require_checked()?;
+        Ok(chosen)
+    }
+
+    /// The kernel's source file ([`Project::kernel`]).
+    pub fn kernel_path(&self, args: &KernelArgs) -> Result<PathBuf, ConfigError> {
+        Ok(self.kernel(args)?.path)
+    }
+
+    /// Refuses (exit 2) a problem outside what the chosen kernel runs, naming the rule and the
+    /// kernels that run it.
+    pub fn check_supported(&self, args: &KernelArgs, shapes: &[Shape]) -> Result<(), ConfigError> {
+        let cuda_dir = self.root.cuda_dir();
+        let manifest = Manifest::load(&cuda_dir.join(crate::kernels::MANIFEST_FILE))?;
+        let chosen = manifest.choose(args.kernel.as_deref(), &cuda_dir)?;
+        for shape in shapes {
+            if let Some(why) = chosen.spec.unsupported(shape) {
+                let others = manifest.supporting(shape);
+                return Err(ConfigError::BadShape {
+                    name: shape.name.clone(),
+                    message: format!(
+                        "kernel `{}` does not run {why}; {}",
+                        chosen.spec.name,
+                        if others.is_empty() {
+                            "no kernel of the manifest does".to_string()
+                        } else {
+                            format!("--kernel {} does", others.join(" or --kernel "))
+                        }
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -158,8 +194,10 @@ fn open_backends_on(
                 )
                 .into());
             }
-            // The emulation has one variant, but a bad or conflicting choice is still refused.
+            // The emulation has one variant, but a bad or conflicting choice is still refused,
+            // and so is a kernel the runner does not check.
             variant_specs(kernel)?;
+            project.kernel(kernel)?;
             vec![Box::new(CpuBackend::new(defect))]
         }
         BackendKind::Cuda => {
@@ -172,10 +210,13 @@ fn open_backends_on(
                 .into());
             }
             let cuda_dir = project.root.cuda_dir();
-            let source = KernelSource::load(&project.kernel_path(kernel), &cuda_dir)?;
+            let chosen = project.kernel(kernel)?;
+            let must_hold = &chosen.spec.ptx_must_hold;
+            let source = KernelSource::load(&chosen.path, &cuda_dir)?.holding(must_hold);
             let mut sources = vec![(source, specs.clone())];
             if let Some(location) = base {
-                let base = KernelSource::locate(location, project.root.path(), &cuda_dir)?;
+                let base = KernelSource::locate(location, project.root.path(), &cuda_dir)?
+                    .holding(must_hold);
                 sources.push((base, specs.iter().map(VariantSpec::of_base).collect()));
             }
             let opened = CudaBackend::on_gpus(gpus, sources, entries).map_err(|e| match e {

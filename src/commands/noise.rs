@@ -87,7 +87,7 @@ pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
             .into());
         }
         let seeds: Vec<String> = PAIRED_SEEDS.iter().map(u64::to_string).collect();
-        let kernel = project.kernel_path(&crate::cli::KernelArgs::default());
+        let kernel = project.kernel_path(&crate::cli::KernelArgs::default())?;
         child.extend([
             "--seeds".into(),
             seeds.join(","),

@@ -75,7 +75,7 @@ fn first_source_difference(
 ) -> Option<String> {
     use crate::backend::cuda::kernel::KernelSource;
     let cuda_dir = project.root.cuda_dir();
-    let ours = KernelSource::load(&project.kernel_path(kernel), &cuda_dir).ok()?;
+    let ours = KernelSource::load(&project.kernel_path(kernel).ok()?, &cuda_dir).ok()?;
     let theirs = KernelSource::locate(base, project.root.path(), &cuda_dir).ok()?;
     crate::backend::cuda::code::first_difference(&ours, &theirs)
 }
@@ -150,6 +150,7 @@ impl Job {
                 Some(crate::sanitize::locate().map_err(crate::backend::BackendError::Environment)?)
             }
         };
+        project.check_supported(&args.setup.kernel, &shapes)?;
         let gpus = plan_workers(&args.setup.devices, plan.enabled(), args.setup.backend)?;
         crate::rows::check_host_memory(
             &shapes,
@@ -263,7 +264,7 @@ impl Job {
             crate::sanitize::TOOLS.join(", "),
             crate::sanitize::SHAPES
         );
-        let kernel = self.project.kernel_path(&args.setup.kernel);
+        let kernel = self.project.kernel_path(&args.setup.kernel)?;
         let mut results = Vec::new();
         for spec in super::variant_specs(&args.setup.kernel)? {
             let mut child_args: Vec<String> = [

@@ -13,7 +13,7 @@ use std::process::Command;
 use super::Project;
 use crate::backend::BackendError;
 use crate::backend::cuda::headers;
-use crate::backend::cuda::kernel::{self, KERNEL_FILE, KernelSource};
+use crate::backend::cuda::kernel::{self, KernelSource};
 use crate::backend::cuda::variant::VariantSpec;
 use crate::cli::SelftestArgs;
 use crate::console;
@@ -32,10 +32,10 @@ pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let chosen = choose(&args.only)?;
     // Checked as a run's are; nothing is timed, so a GPU may be listed twice.
     let gpus = super::chosen_gpus(&args.devices, false)?;
-    let kernel_path = args
-        .kernel
-        .clone()
-        .unwrap_or_else(|| project.root.cuda_dir().join(KERNEL_FILE));
+    let kernel_path = project.kernel_path(&crate::cli::KernelArgs {
+        kernel: args.kernel.clone(),
+        ..Default::default()
+    })?;
     let source = KernelSource::load(&kernel_path, &project.root.cuda_dir())?;
 
     let identity = ptx_identity(&source)?;

@@ -25,6 +25,7 @@ pub fn stress(args: &StressArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.setup.project)?;
     let selected = project.catalog.select(&args.shapes)?;
     let check = args.setup.check().map_err(ConfigError::Usage)?;
+    project.check_supported(&args.setup.kernel, &selected)?;
     let gpus = plan_workers(&args.setup.devices, false, args.setup.backend)?;
     crate::rows::check_host_memory(
         &selected,

@@ -70,6 +70,8 @@ pub struct KernelSource {
     pub include_dirs: Vec<PathBuf>,
     /// (include name, text) given to NVRTC in memory.
     pub headers: Vec<(String, String)>,
+    /// Instructions every module's PTX must hold (cuda/kernels.toml `ptx_must_hold`).
+    pub ptx_must_hold: Vec<String>,
 }
 
 impl KernelSource {
@@ -95,7 +97,14 @@ impl KernelSource {
             text,
             include_dirs,
             headers: Vec::new(),
+            ptx_must_hold: Vec::new(),
         })
+    }
+
+    /// The same source, whose modules must hold `instructions` (the manifest's identity facts).
+    pub fn holding(mut self, instructions: &[String]) -> Self {
+        self.ptx_must_hold = instructions.to_vec();
+        self
     }
 
     /// Reads the kernel at `location`: a file (as [`KernelSource::load`]) or a file of the
@@ -116,6 +125,7 @@ impl KernelSource {
                     text: files.text,
                     include_dirs: Vec::new(),
                     headers: files.headers,
+                    ptx_must_hold: Vec::new(),
                 })
             }
         }
@@ -205,6 +215,17 @@ pub fn build_variant(
             constants.block_m
         )));
     }
+    for (e, module) in
+        std::iter::once((Entry::BASE, &compiled)).chain(others.iter().map(|(e, c)| (*e, c)))
+    {
+        if let Some(missing) = missing_instruction(&module.ptx, &src.ptx_must_hold) {
+            return Err(refuse(format!(
+                "its {} module's PTX holds no `{missing}`, which cuda/kernels.toml names as proof \
+                 that the module is this kernel",
+                e.suffix()
+            )));
+        }
+    }
     let mut entry_ids = Vec::new();
     for (e, c) in &others {
         let theirs = KernelConstants::from_ptx(&c.ptx).map_err(refuse)?;
@@ -260,6 +281,20 @@ pub fn build_variant(
         others,
         identity,
     })
+}
+
+/// The first of `instructions` that no instruction line of `ptx` holds (comments and
+/// directives do not count).
+fn missing_instruction<'a>(ptx: &str, instructions: &'a [String]) -> Option<&'a str> {
+    let code = ptx_code(ptx);
+    instructions
+        .iter()
+        .find(|i| {
+            !code
+                .lines()
+                .any(|l| !l.trim_start().starts_with('.') && l.contains(i.as_str()))
+        })
+        .map(String::as_str)
 }
 
 /// The NVRTC options of the module of one variant that holds entry `e` alone.
@@ -321,6 +356,21 @@ fn compile_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_module_must_hold_every_instruction_the_manifest_names_outside_comments() {
+        let ptx = ".visible .entry k()\n{\n\tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1}, {%r1};\n\t// cp.async\n}\n";
+        let want = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            missing_instruction(ptx, &want(&["mma.sync.aligned.m16n8k16"])),
+            None
+        );
+        assert_eq!(
+            missing_instruction(ptx, &want(&["mma.sync", "cp.async"])),
+            Some("cp.async")
+        );
+        assert_eq!(missing_instruction(ptx, &want(&[".entry"])), Some(".entry"));
+    }
 
     #[test]
     fn a_base_kernel_is_a_file_or_a_git_revision_with_an_optional_path() {

@@ -1,0 +1,79 @@
+//! `sdpa-runner kernels`: the kernels of cuda/kernels.toml, what each runs and how it is proven.
+
+use super::Project;
+use crate::cli::KernelsArgs;
+use crate::error::{AppError, Outcome};
+use crate::kernels::{Abi, MANIFEST_FILE, Manifest, PPrecision, Runner};
+
+pub fn list(args: &KernelsArgs) -> Result<Outcome, AppError> {
+    let project = Project::load(&args.project)?;
+    let manifest = Manifest::load(&project.root.cuda_dir().join(MANIFEST_FILE))?;
+    crate::outln!("kernels in {}:", manifest.path.display());
+    for k in &manifest.kernels {
+        let default = if k.name == manifest.default {
+            " (default)"
+        } else {
+            ""
+        };
+        let v = &k.variants;
+        let supports = &k.supports;
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        crate::outln!("{}{default}: {}", k.name, k.description);
+        crate::outln!(
+            "  source      cuda/{}, entries {}_d<D>[_causal], {}",
+            k.source,
+            k.entry,
+            match k.arch.as_str() {
+                "native" => "built for the GPU's own architecture".to_string(),
+                a => format!("built for {a}"),
+            }
+        );
+        crate::outln!(
+            "  variants    {} ({}={}) vs {} ({}={}); proven by {}{}",
+            v.baseline.name,
+            v.define,
+            v.baseline.value,
+            v.candidate.name,
+            v.define,
+            v.candidate.value,
+            v.proof_constant,
+            v.proof_instruction
+                .as_ref()
+                .map_or(String::new(), |i| format!(
+                    " and `{i}` in the candidate's PTX only"
+                ))
+        );
+        crate::outln!(
+            "  supports    D {:?}, causal {}, GQA/MQA {}, S_q != S_k {}",
+            supports.head_dims,
+            yes(supports.causal),
+            yes(supports.gqa),
+            yes(supports.sq_ne_sk)
+        );
+        crate::outln!(
+            "  tiles       {} query rows per CTA, {} keys per KV tile; P in {} before P·V; Q, K, V {}",
+            k.tiles
+                .block_m
+                .map_or("SDPA_BLOCK_M (a define chooses it)".to_string(), |m| m
+                    .to_string()),
+            k.tiles.block_n,
+            match k.numerics.p_precision {
+                PPrecision::F16 => "f16",
+                PPrecision::E4m3 => "e4m3",
+            },
+            match k.abi {
+                Abi::Pointers => "as pointers",
+                Abi::TensorMaps => "as TMA tensor maps",
+            }
+        );
+        crate::outln!("  PTX holds   {}", k.ptx_must_hold.join(", "));
+        match k.runner {
+            Runner::Checked => crate::outln!("  checked by  the runner (--kernel {})", k.name),
+            Runner::Probe => crate::outln!(
+                "  checked by  its probe only: `{}` (the runner refuses it until its numerics are modelled)",
+                k.probe.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+    Ok(Outcome::Pass)
+}

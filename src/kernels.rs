@@ -1,0 +1,565 @@
+//! The kernel manifest, `cuda/kernels.toml`: every kernel the runner knows, described once
+//! (docs/DESIGN.md "Kernel manifest"). Read strictly: an unknown key, a duplicate name, an
+//! entry that is not a C identifier or a problem class the runner cannot check is an error
+//! naming the key (exit 2). Commands pick a kernel with `--kernel NAME|FILE` ([`Manifest::choose`]).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::shapes::Shape;
+use crate::usage::ConfigError;
+
+/// The manifest's file name under cuda/.
+pub const MANIFEST_FILE: &str = "kernels.toml";
+/// Head dimensions the runner's references, emulation and error model implement.
+const CHECKABLE_HEAD_DIMS: [usize; 2] = [64, 128];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The kernel a command runs without `--kernel`.
+    pub default: String,
+    #[serde(rename = "kernel")]
+    pub kernels: Vec<KernelSpec>,
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelSpec {
+    pub name: String,
+    pub description: String,
+    /// File name under cuda/.
+    pub source: String,
+    /// Entry-point prefix: the module of (D, causal) holds `<entry>_d<D>[_causal]`.
+    pub entry: String,
+    /// `native` (the GPU's own architecture) or a fixed target such as `sm_90a`.
+    pub arch: String,
+    pub abi: Abi,
+    pub runner: Runner,
+    /// How to check a `runner = "probe"` kernel today.
+    #[serde(default)]
+    pub probe: Option<String>,
+    pub ptx_must_hold: Vec<String>,
+    pub variants: VariantSwitch,
+    pub supports: Supports,
+    pub tiles: Tiles,
+    pub numerics: Numerics,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Abi {
+    /// Q, K, V as device pointers.
+    Pointers,
+    /// Q, K, V as 3-D TMA descriptors built on the host.
+    TensorMaps,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Runner {
+    /// The runner builds, checks and times it.
+    Checked,
+    /// Checked by its probe script only: the runner's emulation and error model do not
+    /// model its numerics yet, so the runner refuses it rather than misjudge it.
+    Probe,
+}
+
+/// The A/B of one build-time switch.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantSwitch {
+    pub define: String,
+    pub baseline: VariantValue,
+    pub candidate: VariantValue,
+    /// An instruction the candidate's PTX holds and the baseline's does not.
+    #[serde(default)]
+    pub proof_instruction: Option<String>,
+    /// A `__constant__ int` the module publishes, equal to the define's value.
+    pub proof_constant: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantValue {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Supports {
+    pub head_dims: Vec<usize>,
+    pub causal: bool,
+    /// H_kv < H_q.
+    pub gqa: bool,
+    /// S_q != S_k.
+    pub sq_ne_sk: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tiles {
+    /// Query rows per CTA; absent when a define chooses it (the module publishes SDPA_BLOCK_M).
+    #[serde(default)]
+    pub block_m: Option<u32>,
+    /// Keys per KV tile (SDPA_BLOCK_N).
+    pub block_n: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Numerics {
+    pub p_precision: PPrecision,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PPrecision {
+    F16,
+    E4m3,
+}
+
+/// What `--kernel` named: a manifest kernel, with the file that holds its source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chosen {
+    pub spec: KernelSpec,
+    pub path: PathBuf,
+}
+
+impl Manifest {
+    /// Reads and validates `cuda/kernels.toml` (or another file).
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = crate::json::read_text(path)?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut m: Manifest = toml::from_str(text).map_err(|e| {
+            let message = e.message().to_string();
+            let key = e.span().and_then(|s| text.get(s)).map_or_else(
+                || "?".to_string(),
+                |t| t.lines().next().unwrap_or("").to_string(),
+            );
+            ConfigError::invalid_key(path, key, message)
+        })?;
+        m.path = path.to_path_buf();
+        m.validate()?;
+        Ok(m)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: String, msg: String| Err(ConfigError::invalid_key(&self.path, key, msg));
+        if self.kernels.is_empty() {
+            return bad("kernel".into(), "the manifest names no kernel".into());
+        }
+        for (i, k) in self.kernels.iter().enumerate() {
+            let at = |field: &str| format!("kernel[{i}] ({}).{field}", k.name);
+            if let Some(problem) = k.problem() {
+                let (field, msg) = problem;
+                return bad(at(field), msg);
+            }
+            if self.kernels[..i].iter().any(|o| o.name == k.name) {
+                return bad(at("name"), format!("`{}` is named twice", k.name));
+            }
+            if self.kernels[..i].iter().any(|o| o.source == k.source) {
+                return bad(at("source"), format!("`{}` is described twice", k.source));
+            }
+        }
+        if self.get(&self.default).is_none() {
+            return bad(
+                "default".into(),
+                format!(
+                    "`{}` is not a kernel of the manifest ({})",
+                    self.default,
+                    self.names()
+                ),
+            );
+        }
+        if self.get(&self.default).map(|k| k.runner) != Some(Runner::Checked) {
+            return bad(
+                "default".into(),
+                "the default kernel must be runner = \"checked\"".into(),
+            );
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&KernelSpec> {
+        self.kernels.iter().find(|k| k.name == name)
+    }
+
+    pub fn names(&self) -> String {
+        self.kernels
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Resolves `--kernel`: absent, the default kernel; a manifest name, that kernel; anything
+    /// else, a file, described by the kernel whose source has its file name (else the
+    /// default's: a copy of a kernel under another name is that kernel changed).
+    pub fn choose(&self, arg: Option<&Path>, cuda_dir: &Path) -> Result<Chosen, ConfigError> {
+        let by_name = |name: &str| self.get(name);
+        let spec = match arg {
+            None => by_name(&self.default).expect("validated"),
+            Some(p) => match p.to_str().and_then(by_name) {
+                Some(spec) => spec,
+                None => {
+                    let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("");
+                    let spec = self
+                        .kernels
+                        .iter()
+                        .find(|k| k.source == file)
+                        .unwrap_or_else(|| by_name(&self.default).expect("validated"));
+                    if !p.exists() && !file.ends_with(".cu") {
+                        return Err(ConfigError::Usage(format!(
+                            "--kernel `{}` is neither a kernel of {} ({}) nor a file; \
+                             `sdpa-runner kernels` lists them",
+                            p.display(),
+                            self.path.display(),
+                            self.names()
+                        )));
+                    }
+                    return Ok(Chosen {
+                        spec: spec.clone(),
+                        path: p.to_path_buf(),
+                    });
+                }
+            },
+        };
+        Ok(Chosen {
+            spec: spec.clone(),
+            path: cuda_dir.join(&spec.source),
+        })
+    }
+
+    /// The kernels that run `shape`, for messages.
+    pub fn supporting(&self, shape: &Shape) -> Vec<&str> {
+        self.kernels
+            .iter()
+            .filter(|k| k.unsupported(shape).is_none())
+            .map(|k| k.name.as_str())
+            .collect()
+    }
+}
+
+impl KernelSpec {
+    /// Why `shape` is outside what this kernel runs, if it is.
+    pub fn unsupported(&self, shape: &Shape) -> Option<String> {
+        let s = &self.supports;
+        if !s.head_dims.contains(&shape.d) {
+            return Some(format!("D = {} (it runs D in {:?})", shape.d, s.head_dims));
+        }
+        if shape.causal && !s.causal {
+            return Some("the causal mask".into());
+        }
+        if shape.hkv != shape.h && !s.gqa {
+            return Some(format!(
+                "H_kv = {} < H_q = {} (GQA/MQA)",
+                shape.hkv, shape.h
+            ));
+        }
+        if shape.sk != shape.s && !s.sq_ne_sk {
+            return Some(format!("S_q = {} != S_k = {}", shape.s, shape.sk));
+        }
+        None
+    }
+
+    /// Refuses a `runner = "probe"` kernel: the runner would misjudge it.
+    pub fn require_checked(&self) -> Result<(), ConfigError> {
+        match self.runner {
+            Runner::Checked => Ok(()),
+            Runner::Probe => Err(ConfigError::Usage(format!(
+                "kernel `{}` is not checked by the runner yet: its numerics (P rounded to {}, \
+                 {}-key tiles) are not modelled by the emulation and the error model, so every \
+                 gate would misjudge it. Check it with `{}` on a GPU machine, or run another \
+                 kernel (`sdpa-runner kernels`)",
+                self.name,
+                match self.numerics.p_precision {
+                    PPrecision::F16 => "f16",
+                    PPrecision::E4m3 => "e4m3",
+                },
+                self.tiles.block_n,
+                self.probe.as_deref().unwrap_or("its probe")
+            ))),
+        }
+    }
+
+    /// The first field that breaks a rule, and the rule.
+    fn problem(&self) -> Option<(&'static str, String)> {
+        let ident = |s: &str| {
+            !s.is_empty()
+                && !s.starts_with(|c: char| c.is_ascii_digit())
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        let plain_cu = !self.source.contains(['/', '\\']) && self.source.ends_with(".cu");
+        let arch_ok = self.arch == "native"
+            || self.arch.strip_prefix("sm_").is_some_and(|r| {
+                let digits = r.strip_suffix('a').unwrap_or(r);
+                !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
+            });
+        let v = &self.variants;
+        let checks: [(bool, &'static str, String); 12] = [
+            (
+                !self.name.is_empty()
+                    && self
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-'),
+                "name",
+                "a name is letters, digits and '-'".into(),
+            ),
+            (
+                !self.name.ends_with(".cu"),
+                "name",
+                "a name must not look like a file".into(),
+            ),
+            (
+                plain_cu,
+                "source",
+                "a .cu file name under cuda/, without folders".into(),
+            ),
+            (ident(&self.entry), "entry", "a C identifier".into()),
+            (
+                arch_ok,
+                "arch",
+                "\"native\" or sm_<digits>[a], e.g. sm_90a".into(),
+            ),
+            (
+                ident(&v.define) && ident(&v.proof_constant),
+                "variants",
+                "define and proof_constant are C identifiers".into(),
+            ),
+            (
+                v.baseline.name != v.candidate.name && v.baseline.value != v.candidate.value,
+                "variants",
+                "baseline and candidate differ in name and value".into(),
+            ),
+            (
+                !self.supports.head_dims.is_empty()
+                    && self
+                        .supports
+                        .head_dims
+                        .iter()
+                        .all(|d| CHECKABLE_HEAD_DIMS.contains(d)),
+                "supports.head_dims",
+                format!(
+                    "a non-empty subset of {CHECKABLE_HEAD_DIMS:?}, the head dims the runner's references implement"
+                ),
+            ),
+            (
+                [16, 32, 64, 128].contains(&self.tiles.block_n),
+                "tiles.block_n",
+                "16, 32, 64 or 128".into(),
+            ),
+            (
+                self.tiles.block_m.is_none_or(|m| m >= 16 && m % 16 == 0),
+                "tiles.block_m",
+                "a multiple of 16 (one MMA tile)".into(),
+            ),
+            (
+                !self.ptx_must_hold.is_empty()
+                    && self.ptx_must_hold.iter().all(|s| !s.trim().is_empty()),
+                "ptx_must_hold",
+                "at least one instruction that proves the module is this kernel".into(),
+            ),
+            (
+                (self.runner == Runner::Probe) == self.probe.is_some(),
+                "probe",
+                "a runner = \"probe\" kernel names its probe command, and only such a kernel"
+                    .into(),
+            ),
+        ];
+        checks
+            .into_iter()
+            .find(|(ok, _, _)| !ok)
+            .map(|(_, field, msg)| (field, msg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn project_manifest() -> Manifest {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("cuda")
+            .join(MANIFEST_FILE);
+        Manifest::load(&path).unwrap()
+    }
+
+    #[test]
+    fn the_project_manifest_describes_stage_c_as_default_and_stage_d_as_probe_only() {
+        let m = project_manifest();
+        assert_eq!(m.default, "stage-c");
+        let c = m.get("stage-c").unwrap();
+        assert_eq!((c.runner, c.abi), (Runner::Checked, Abi::Pointers));
+        assert_eq!(c.variants.define, "USE_CP_ASYNC");
+        // The runner's emulation follows stage-c's tiles and precisions (src/emulation/mod.rs).
+        assert_eq!(c.tiles.block_n as usize, crate::emulation::KV_TILE);
+        assert_eq!(c.numerics.p_precision, PPrecision::F16);
+        let d = m.get("stage-d").unwrap();
+        assert_eq!(
+            (d.runner, d.abi, d.arch.as_str()),
+            (Runner::Probe, Abi::TensorMaps, "sm_90a")
+        );
+        assert_eq!(d.numerics.p_precision, PPrecision::E4m3);
+        let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+        for k in &m.kernels {
+            let text = std::fs::read_to_string(cuda.join(&k.source)).unwrap();
+            for suffix in ["d64", "d64_causal", "d128", "d128_causal"] {
+                assert!(
+                    text.contains(&format!("{}_{suffix}", k.entry)),
+                    "{} {suffix}",
+                    k.name
+                );
+            }
+            assert!(text.contains(&k.variants.define), "{}", k.name);
+            assert!(text.contains(&k.variants.proof_constant), "{}", k.name);
+        }
+    }
+
+    #[test]
+    fn kernel_resolves_names_files_and_the_default() {
+        let m = project_manifest();
+        let cuda = Path::new("/x/cuda");
+        let none = m.choose(None, cuda).unwrap();
+        assert_eq!(
+            (none.spec.name.as_str(), none.path.as_path()),
+            ("stage-c", Path::new("/x/cuda/sdpa_fp8_stage_c_mma.cu"))
+        );
+        let d = m.choose(Some(Path::new("stage-d")), cuda).unwrap();
+        assert_eq!(d.path, Path::new("/x/cuda/sdpa_fp8_stage_d_wgmma.cu"));
+        // A file is described by the kernel of the same file name, else by the default.
+        let copy = m
+            .choose(Some(Path::new("/tmp/sdpa_fp8_stage_d_wgmma.cu")), cuda)
+            .unwrap();
+        assert_eq!(copy.spec.name, "stage-d");
+        let other = m.choose(Some(Path::new("/tmp/mine.cu")), cuda).unwrap();
+        assert_eq!(
+            (other.spec.name.as_str(), other.path.as_path()),
+            ("stage-c", Path::new("/tmp/mine.cu"))
+        );
+        let err = m
+            .choose(Some(Path::new("stage-x")), cuda)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("stage-c, stage-d") && err.contains("sdpa-runner kernels"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_probe_only_kernel_is_refused_by_the_runner_with_its_probe_named() {
+        let m = project_manifest();
+        assert!(m.get("stage-c").unwrap().require_checked().is_ok());
+        let err = m
+            .get("stage-d")
+            .unwrap()
+            .require_checked()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("stage-d")
+                && err.contains("e4m3")
+                && err.contains("scripts/stage_d/probe.sh"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_unsupported_problem_names_the_rule_and_the_kernels_that_run_it() {
+        let m = project_manifest();
+        let mut shape = Shape::new("x", 1, 2, 64, 64);
+        assert!(m.get("stage-c").unwrap().unsupported(&shape).is_none());
+        let mut narrow = m.get("stage-c").unwrap().clone();
+        narrow.supports = Supports {
+            head_dims: vec![64],
+            causal: false,
+            gqa: false,
+            sq_ne_sk: false,
+        };
+        shape.d = 128;
+        assert!(narrow.unsupported(&shape).unwrap().contains("D = 128"));
+        shape.d = 64;
+        shape.causal = true;
+        assert!(narrow.unsupported(&shape).unwrap().contains("causal"));
+        shape.causal = false;
+        shape.hkv = 1;
+        assert!(narrow.unsupported(&shape).unwrap().contains("GQA"));
+        shape.hkv = 2;
+        shape.sk = 65;
+        assert!(
+            narrow
+                .unsupported(&shape)
+                .unwrap()
+                .contains("S_q = 64 != S_k = 65")
+        );
+        assert_eq!(m.supporting(&shape), vec!["stage-c", "stage-d"]);
+    }
+
+    fn edited(from: &str, to: &str) -> String {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("cuda")
+                .join(MANIFEST_FILE),
+        )
+        .unwrap();
+        assert!(text.contains(from), "{from}");
+        text.replacen(from, to, 1)
+    }
+
+    #[test]
+    fn a_broken_manifest_is_refused_naming_the_key() {
+        let cases = [
+            ("default = \"stage-c\"", "default = \"stage-z\"", "default"),
+            ("default = \"stage-c\"", "default = \"stage-d\"", "checked"),
+            (
+                "entry = \"sdpa_fp8_stage_c_mma\"",
+                "entry = \"sdpa-fp8\"",
+                "entry",
+            ),
+            ("name = \"stage-d\"", "name = \"stage-c\"", "named twice"),
+            (
+                "source = \"sdpa_fp8_stage_d_wgmma.cu\"",
+                "source = \"../x.cu\"",
+                "source",
+            ),
+            ("arch = \"sm_90a\"", "arch = \"hopper\"", "arch"),
+            (
+                "head_dims = [64, 128]",
+                "head_dims = [64, 256]",
+                "head_dims",
+            ),
+            (
+                "candidate = { name = \"cp1\", value = \"1\" }",
+                "candidate = { name = \"cp0\", value = \"1\" }",
+                "variants",
+            ),
+            ("block_n = 64", "block_n = 65", "block_n"),
+            ("p_precision = \"f16\"", "p_precision = \"bf16\"", "bf16"),
+            (
+                "runner = \"checked\"",
+                "runner = \"checked\"\nspeed = 1",
+                "speed",
+            ),
+            (
+                "probe = \"scripts/stage_d/probe.sh check perf san\"\n",
+                "",
+                "probe",
+            ),
+        ];
+        for (from, to, says) in cases {
+            let err = Manifest::parse(Path::new("k.toml"), &edited(from, to))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("k.toml") && err.contains(says), "{to}: {err}");
+        }
+    }
+}
