@@ -26,7 +26,9 @@ fn kernels_lists_every_kernel_with_its_variants_support_and_who_checks_it() {
 fn the_default_kernel_by_name_runs_the_main_job() {
     let results = tempfile::tempdir().unwrap();
     let (code, stdout, stderr) = cpu(
-        &["--kernel", "stage-c", "--shapes", "small", "--seeds", "0", "--iters", "0"],
+        &[
+            "--kernel", "stage-c", "--shapes", "small", "--seeds", "0", "--iters", "0",
+        ],
         results.path(),
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
