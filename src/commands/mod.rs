@@ -68,6 +68,8 @@ pub struct Project {
     pub root: ProjectRoot,
     pub catalog: ShapeCatalog,
     pub gates: GateFile,
+    /// cuda/kernels.toml, read once when a command first needs a kernel.
+    manifest: std::sync::OnceLock<Manifest>,
 }
 
 impl Project {
@@ -85,17 +87,26 @@ impl Project {
             root,
             catalog,
             gates,
+            manifest: std::sync::OnceLock::new(),
         })
     }
 
     /// The kernel `--kernel` names (cuda/kernels.toml, [`crate::kernels::Manifest::choose`]),
     /// refused (exit 2) when the runner cannot check it.
     pub fn kernel(&self, args: &KernelArgs) -> Result<Chosen, ConfigError> {
-        let cuda_dir = self.root.cuda_dir();
-        let manifest = Manifest::load(&cuda_dir.join(crate::kernels::MANIFEST_FILE))?;
-        let chosen = manifest.choose(args.kernel.as_deref(), &cuda_dir)?;
+        let chosen = self
+            .manifest()?
+            .choose(args.kernel.as_deref(), &self.root.cuda_dir())?;
         chosen.spec.require_checked()?;
         Ok(chosen)
+    }
+
+    fn manifest(&self) -> Result<&Manifest, ConfigError> {
+        if let Some(m) = self.manifest.get() {
+            return Ok(m);
+        }
+        let loaded = Manifest::load(&self.root.cuda_dir().join(crate::kernels::MANIFEST_FILE))?;
+        Ok(self.manifest.get_or_init(|| loaded))
     }
 
     /// The kernel's source file ([`Project::kernel`]).
@@ -106,9 +117,8 @@ impl Project {
     /// Refuses (exit 2) a problem outside what the chosen kernel runs, naming the rule and the
     /// kernels that run it.
     pub fn check_supported(&self, args: &KernelArgs, shapes: &[Shape]) -> Result<(), ConfigError> {
-        let cuda_dir = self.root.cuda_dir();
-        let manifest = Manifest::load(&cuda_dir.join(crate::kernels::MANIFEST_FILE))?;
-        let chosen = manifest.choose(args.kernel.as_deref(), &cuda_dir)?;
+        let chosen = self.kernel(args)?;
+        let manifest = self.manifest()?;
         for shape in shapes {
             if let Some(why) = chosen.spec.unsupported(shape) {
                 let others = manifest.supporting(shape);
