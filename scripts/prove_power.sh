@@ -15,6 +15,8 @@
 #   scripts/prove_power.sh PHASE OUT [RUNS] [FLOORS]
 #     RUNS: floors 10, aa 20, planted 20 (per shape); FLOORS: the floors file aa and planted
 #     judge with [default: OUT/noise_floors.json if it exists, else gates/noise_floors.json].
+#   Environment: SHAPES (floors, aa) [mission,large,llama-prefill], TARGETS (planted)
+#     ["mission:1.0 large:0.5 llama-prefill:0.5"], SIZE_RUNS gate runs per sizing step [3].
 # Every run is the PR gate as CI runs it: --seeds 0,1,2, default timing; with
 # CHECK_ROWS=sampled (the default here: a device call is 10 minutes) its correctness checks
 # sample rows, every query tile on the diagonal included; the timing is the same. Uses $SDPA_RUNNER_BIN
@@ -27,7 +29,7 @@ out=${2:?usage: scripts/prove_power.sh PHASE OUT [RUNS] [FLOORS]}
 runs_arg=${3:-}
 kernel=cuda/sdpa_fp8_stage_c_mma.cu
 check_rows=${CHECK_ROWS:-sampled}
-shapes=mission,large,llama-prefill
+shapes=${SHAPES:-mission,large,llama-prefill}
 targets=${TARGETS:-"mission:1.0 large:0.5 llama-prefill:0.5"}
 mkdir -p "$out/kernels" "$out/logs"
 floors=${4:-}
@@ -100,15 +102,20 @@ phase_planted() {
     # Size the delay per variant: a trial of 1000 cycles, a proportional step, then secant
     # steps. A CTA that waits before its first load costs about the wait per wave of CTAs,
     # less a part the launch's own stagger hides (on mission about 140 cycles), so the cost
-    # is not proportional to the wait and the last steps interpolate.
-    local c0=1000 c1=1000 p0="" p1=""
+    # is not proportional to the wait and the last steps interpolate. Each step averages
+    # SIZE_RUNS gate runs (one run's effect on mission moves by a timer tick, 0.34%), and the
+    # steps aim 5% above the target: the H200's sizing from one run per step undershot to 0.83%
+    # of a 1% target, and the table requires the planted mean within 0.9-1.2x of the target.
+    local c0=1000 c1=1000 p0="" p1="" size_runs=${SIZE_RUNS:-3}
     rm -rf "$out/size-$s.runs" "$out/runs/size-$s-"* "$out/slow-$s.runs" "$out/runs/slow-$s"
     for step in 1 2 3 4; do
       planted_source "$c0" "$c1" "$out/kernels/size-$s-$step.cu"
-      gate_run "$out/kernels/size-$s-$step.cu" "$s" "$out/runs/size-$s-$step" "size-$s"
+      for _ in $(seq "$size_runs"); do
+        gate_run "$out/kernels/size-$s-$step.cu" "$s" "$out/runs/size-$s-$step" "size-$s"
+      done
       read -r e0 e1 < <(effects "$out/runs/size-$s-$step")
       read -r n0 n1 < <(python3 -c "
-t = $target
+t = 1.05 * $target
 def next(c, e, prev):
     if not e > 0.02:
         return c * 4
@@ -184,14 +191,14 @@ else:
         slower = sum(c["verdict"] == "SLOWER" for c in sc)
         rate = slower / len(sc)
         mean = statistics.mean(-c["speedup_pct"] for c in sc)
-        # Caught often enough, in short runs, and no larger than claimed (within 20%).
+        # Caught often enough, in short runs, and the size claimed (within -10%..+20%).
         ok &= (rate >= 0.95 and len(sc) >= 40 and max(s for _, s in rs) <= 30000
-               and mean <= 1.2 * float(target) and all(r == 1 for r, _ in rs) and measured(sc))
+               and 0.9 * float(target) <= mean <= 1.2 * float(target) and all(r == 1 for r, _ in rs) and measured(sc))
         print(f"{shape:14} {float(target):8.2f} {mean:17.3f} {sc[0]['noise_floor_pct']:8.3f} {len(sc):11d} {slower:6d} {100*rate:5.1f}% "
               f"{sum(r == 1 for r, _ in rs):3d}/{len(rs):<3d}{max(s for _, s in rs) / 1000:9.1f}")
         lo = min(-c["speedup_pct"] for c in sc); hi = max(-c["speedup_pct"] for c in sc)
         print(f"{'':14} per comparison measured {lo:.3f}..{hi:.3f}%")
-    print("criteria (a measured floor; planted measuring at most 1.2x its target, caught as SLOWER in >= 95% of >= 40 comparisons per shape, every gate exit 1, runs <= 30 s):", "MET" if ok else "NOT MET")
+    print("criteria (a measured floor; planted measuring 0.9-1.2x its target, caught as SLOWER in >= 95% of >= 40 comparisons per shape, every gate exit 1, runs <= 30 s):", "MET" if ok else "NOT MET")
 sys.exit(0 if ok else 1)
 PY
 }
