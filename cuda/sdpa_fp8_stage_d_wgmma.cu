@@ -96,6 +96,7 @@ __constant__ int SDPA_BLOCK_M = BLOCK_M;
 __constant__ int SDPA_BLOCK_N = BLOCK_N;
 __constant__ int SDPA_THREADS = THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
+__constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
 

@@ -551,15 +551,17 @@ pub struct SelftestArgs {
     /// Stress repeats per variant and mode for mutants that pass the correctness gates
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..=100_000))]
     pub repeats: u32,
-    /// Only these mutants (comma-separated MUTANT_* names) [default: all but the opt-in
-    /// MUTANT_I32_HEAD_OFFSET, whose shape needs about 64 GiB of host memory]
+    /// Only these mutants (comma-separated MUTANT_* names) [default: all of the kernel's but the
+    /// opt-in ones, such as stage-c's MUTANT_I32_HEAD_OFFSET, whose shape needs about 64 GiB of
+    /// host memory]
     #[arg(long, value_delimiter = ',', value_name = "MUTANT_NAME")]
     pub only: Vec<String>,
     /// Where run directories go [default: <root>/results]
     #[arg(long, value_name = "DIR")]
     pub results_dir: Option<PathBuf>,
-    /// Kernel source [default: <root>/cuda/sdpa_fp8_stage_c_mma.cu]
-    #[arg(long, value_name = "FILE")]
+    /// A kernel of cuda/kernels.toml or a kernel source file, whose manifest entry lists its
+    /// planted bugs [default: the manifest's default, stage-c]
+    #[arg(long, value_name = "NAME|FILE")]
     pub kernel: Option<PathBuf>,
     /// GPUs to run the mutants' checks on, one worker each: all, or CUDA ordinals such as
     /// 0,1 (nothing is timed, so a GPU may be listed twice); each check runs whole on one GPU

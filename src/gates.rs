@@ -185,6 +185,19 @@ impl GateFile {
 }
 
 impl Gates {
+    /// The same gates with `limits` for the base entry and every other entry: a kernel whose
+    /// manifest entry states its own resource limits (cuda/kernels.toml `[resources]`).
+    pub fn with_resources_of_every_entry(&self, limits: &ResourceGates) -> Gates {
+        let mut g = self.clone();
+        g.resources = limits.clone();
+        for e in crate::shapes::Entry::all() {
+            if e != crate::shapes::Entry::BASE {
+                g.resources_by_entry.insert(e.suffix(), limits.clone());
+            }
+        }
+        g
+    }
+
     /// Range checks serde cannot express; the error is (dotted key, message).
     fn validate(&self) -> Result<(), (String, String)> {
         if self.version != GATES_VERSION {

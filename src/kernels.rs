@@ -43,10 +43,21 @@ pub struct KernelSpec {
     #[serde(default)]
     pub probe: Option<String>,
     pub ptx_must_hold: Vec<String>,
+    /// ptxas messages (e.g. `C7514`) no module's compile may print: what the compiler did to
+    /// the source that the source does not say (a wgmma pipeline serialized, a wait injected).
+    #[serde(default)]
+    pub ptxas_must_not_say: Vec<String>,
     pub variants: VariantSwitch,
     pub supports: Supports,
     pub tiles: Tiles,
     pub numerics: Numerics,
+    /// Resource limits of every entry of this kernel, where they differ from the gates file's
+    /// (which were set for the default kernel).
+    #[serde(default)]
+    pub resources: Option<crate::gates::ResourceGates>,
+    /// Its planted bugs (`MUTANT_*` blocks of its source), each of which `selftest` must catch.
+    #[serde(default)]
+    pub mutants: Vec<crate::mutants::Mutant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -108,19 +119,53 @@ pub struct Tiles {
     pub block_m: Option<u32>,
     /// Keys per KV tile (SDPA_BLOCK_N).
     pub block_n: u32,
+    /// Chains a row's KV tiles are dealt to in the default build (the cpu backend's; a GPU run
+    /// follows the module's published SDPA_KV_SPLIT).
+    #[serde(default = "one")]
+    pub kv_split: usize,
 }
 
+fn one() -> usize {
+    1
+}
+
+/// What the emulation and the error model follow (docs/DESIGN.md "Kernel manifest").
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Numerics {
+    /// The format P is rounded to before P·V.
     pub p_precision: PPrecision,
+    /// Depth of one tensor-core step of Q·Kᵀ and P·V (16: mma m16n8k16; 32: wgmma k32 at FP8).
+    pub mma_k: usize,
+    /// Whether the row sum l adds the rounded P or the f32 P before rounding.
+    pub row_sum: RowSum,
+    /// How a tile's P·V reaches O.
+    pub pv: PvAccumulation,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PPrecision {
     F16,
     E4m3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RowSum {
+    /// l sums P as rounded to `p_precision` (the weights P·V used).
+    RoundedP,
+    /// l sums the f32 P before rounding (FlashAttention-3's FP8 path).
+    F32P,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PvAccumulation {
+    /// O = O · alpha, then each k-step's P·V added to O in f32.
+    Running,
+    /// A tile's P·V summed in an accumulator of its own, then O = fma(O, alpha, Ô) in f32.
+    PerTile,
 }
 
 /// What `--kernel` named: a manifest kernel, with the file that holds its source.
@@ -249,6 +294,15 @@ impl Manifest {
 }
 
 impl KernelSpec {
+    /// The gates its variants are held to: the gates file's, with this kernel's own resource
+    /// limits for every entry where the manifest states them (`[resources]`).
+    pub fn resource_gates(&self, gates: &crate::gates::Gates) -> crate::gates::Gates {
+        match &self.resources {
+            Some(limits) => gates.with_resources_of_every_entry(limits),
+            None => gates.clone(),
+        }
+    }
+
     /// Why `shape` is outside what this kernel runs, if it is.
     pub fn unsupported(&self, shape: &Shape) -> Option<String> {
         let s = &self.supports;
@@ -304,7 +358,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 12] = [
+        let checks: [(bool, &'static str, String); 14] = [
             (
                 !self.name.is_empty()
                     && self
@@ -358,6 +412,17 @@ impl KernelSpec {
                 "16, 32, 64 or 128".into(),
             ),
             (
+                (1..=8).contains(&self.tiles.kv_split),
+                "tiles.kv_split",
+                "1 to 8".into(),
+            ),
+            (
+                [16, 32].contains(&self.numerics.mma_k)
+                    && (self.tiles.block_n as usize).is_multiple_of(self.numerics.mma_k),
+                "numerics.mma_k",
+                "16 or 32, dividing tiles.block_n".into(),
+            ),
+            (
                 self.tiles.block_m.is_none_or(|m| m >= 16 && m % 16 == 0),
                 "tiles.block_m",
                 "a multiple of 16 (one MMA tile)".into(),
@@ -382,6 +447,15 @@ impl KernelSpec {
     }
 }
 
+/// A kernel of the project's own manifest (cuda/kernels.toml), for tests.
+#[cfg(test)]
+pub(crate) fn project_spec(name: &str) -> KernelSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("cuda")
+        .join(MANIFEST_FILE);
+    Manifest::load(&path).unwrap().get(name).unwrap().clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,21 +468,33 @@ mod tests {
     }
 
     #[test]
-    fn the_project_manifest_describes_stage_c_as_default_and_stage_d_as_probe_only() {
+    fn the_project_manifest_describes_stage_c_as_default_and_stage_d_beside_it() {
         let m = project_manifest();
         assert_eq!(m.default, "stage-c");
         let c = m.get("stage-c").unwrap();
         assert_eq!((c.runner, c.abi), (Runner::Checked, Abi::Pointers));
         assert_eq!(c.variants.define, "USE_CP_ASYNC");
-        // The runner's emulation follows stage-c's tiles and precisions (src/emulation/mod.rs).
-        assert_eq!(c.tiles.block_n as usize, crate::emulation::KV_TILE);
-        assert_eq!(c.numerics.p_precision, PPrecision::F16);
+        // Stage C's entry describes the algorithm the emulation's vectorized path, the GPU
+        // emulation and Stage C's own error model implement (src/emulation/mod.rs).
+        assert_eq!(
+            crate::emulation::Algorithm::of(c),
+            crate::emulation::Algorithm::STAGE_C
+        );
+        assert_eq!(
+            crate::backend::cuda::variant::VariantSpec::new(true, &[]),
+            crate::backend::cuda::variant::VariantSpec::of_switch(&c.variants, true, &[]),
+            "the GPU tests' shorthand is the manifest's stage-c switch"
+        );
         let d = m.get("stage-d").unwrap();
         assert_eq!(
             (d.runner, d.abi, d.arch.as_str()),
-            (Runner::Probe, Abi::TensorMaps, "sm_90a")
+            (Runner::Checked, Abi::TensorMaps, "sm_90a")
         );
-        assert_eq!(d.numerics.p_precision, PPrecision::E4m3);
+        assert_eq!(
+            (d.numerics.p_precision, d.numerics.row_sum, d.numerics.pv),
+            (PPrecision::E4m3, RowSum::F32P, PvAccumulation::PerTile)
+        );
+        assert!(d.resources.is_some() && c.resources.is_none());
         let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
         for k in &m.kernels {
             let text = std::fs::read_to_string(cuda.join(&k.source)).unwrap();
@@ -459,12 +545,14 @@ mod tests {
     fn a_probe_only_kernel_is_refused_by_the_runner_with_its_probe_named() {
         let m = project_manifest();
         assert!(m.get("stage-c").unwrap().require_checked().is_ok());
-        let err = m
-            .get("stage-d")
-            .unwrap()
-            .require_checked()
-            .unwrap_err()
-            .to_string();
+        assert!(m.get("stage-d").unwrap().require_checked().is_ok());
+        let probe_only = KernelSpec {
+            runner: Runner::Probe,
+            probe: Some("scripts/stage_d/probe.sh check".into()),
+            ..m.get("stage-d").unwrap().clone()
+        };
+        assert_eq!(probe_only.problem(), None, "a valid entry");
+        let err = probe_only.require_checked().unwrap_err().to_string();
         assert!(
             err.contains("stage-d")
                 && err.contains("e4m3")
@@ -519,7 +607,11 @@ mod tests {
     fn a_broken_manifest_is_refused_naming_the_key() {
         let cases = [
             ("default = \"stage-c\"", "default = \"stage-z\"", "default"),
-            ("default = \"stage-c\"", "default = \"stage-d\"", "checked"),
+            (
+                "runner = \"checked\"\n",
+                "runner = \"probe\"\nprobe = \"x.sh\"\n",
+                "the default kernel must be runner = \"checked\"",
+            ),
             (
                 "entry = \"sdpa_fp8_stage_c_mma\"",
                 "entry = \"sdpa-fp8\"",
@@ -549,10 +641,14 @@ mod tests {
                 "runner = \"checked\"\nspeed = 1",
                 "speed",
             ),
+            ("runner = \"checked\"\n", "runner = \"probe\"\n", "probe"),
+            ("mma_k = 16", "mma_k = 24", "mma_k"),
+            ("row_sum = \"rounded-p\"", "row_sum = \"p\"", "f32-p"),
+            ("kv_split = 2", "kv_split = 0", "kv_split"),
             (
-                "probe = \"scripts/stage_d/probe.sh check perf san\"\n",
-                "",
-                "probe",
+                "shapes = \"mission,partial300\"",
+                "shape = \"mission\"",
+                "shape",
             ),
         ];
         for (from, to, says) in cases {

@@ -1,146 +1,25 @@
-//! Planted bugs for the self-test: the catalog of `MUTANT_*` defines in the kernel, which
-//! variants and shapes expose each, and the stripper that removes the mutant blocks from the
-//! source so the self-test can prove the clean build does not depend on them.
+//! Planted bugs for the self-test: a `MUTANT_*` define of a kernel, which variants and shapes
+//! expose it (each kernel lists its own in cuda/kernels.toml), and the stripper that removes
+//! the mutant blocks from the source so the self-test can prove the clean build does not
+//! depend on them.
 
-/// One planted bug.
-#[derive(Debug, Clone, Copy)]
+/// One planted bug, as its kernel's manifest entry lists it (cuda/kernels.toml
+/// `[[kernel.mutants]]`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Mutant {
-    pub define: &'static str,
+    pub define: String,
     /// What it breaks, in a few words.
-    pub breaks: &'static str,
-    /// Only the cp.async variant has the code it changes.
-    pub cp_async_only: bool,
+    pub breaks: String,
+    /// Only the candidate variant has the code it changes (Stage C: cp.async).
+    #[serde(default)]
+    pub candidate_only: bool,
     /// Shapes most likely to expose it; the first is the one the sanitizers run on.
-    pub shapes: &'static str,
+    pub shapes: String,
     /// Run only when named with `selftest --only`: its shape is too heavy for every self-test.
+    #[serde(default)]
     pub opt_in: bool,
 }
-
-/// The default self-test problems of the configurations' bugs (GQA, S_q != S_k, causal, D 128).
-pub const CONFIG_SHAPES: &str = "cfg-chunk,cfg-decode,cfg-tall";
-
-pub const MUTANTS: &[Mutant] = &[
-    Mutant {
-        define: "MUTANT_SKIP_CP_WAIT",
-        breaks: "skips the cp.async wait before reading a stage",
-        cp_async_only: true,
-        shapes: "mission,partial300",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_WRONG_STAGE",
-        breaks: "reads a stage still being filled, not the landed one",
-        cp_async_only: true,
-        shapes: "mission,partial300",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_NO_DEQUANT_BARRIER",
-        breaks: "drops the barrier after a step's codes land in shared memory",
-        cp_async_only: false,
-        shapes: "mission,long",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_NO_PARTIAL_MASK",
-        breaks: "no mask on the partial last KV tile",
-        cp_async_only: false,
-        shapes: "partial77,single",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_SKIP_LAST_KV_TILE",
-        breaks: "never processes the last KV tile",
-        cp_async_only: false,
-        shapes: "partial77,mission",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_NO_RESCALE",
-        breaks: "drops the online-softmax rescale",
-        cp_async_only: false,
-        shapes: "wide,mission",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_STORE_ROW_OFF_BY_ONE",
-        breaks: "stores every row one row down",
-        cp_async_only: false,
-        shapes: "small",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_K_SCALE_TWICE",
-        breaks: "applies the K scale twice",
-        cp_async_only: false,
-        shapes: "small",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_K_READ_PAST_END",
-        breaks: "reads one byte past the end of K",
-        cp_async_only: false,
-        // Not `small`: its 2048-byte K ends where the next allocation begins, so the stray
-        // byte lands in valid memory and memcheck cannot see it; partial77's 9856 bytes do not.
-        shapes: "partial77",
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_Q_READ_PAST_END",
-        breaks: "reads query row S_q, one past the end (the output does not change)",
-        cp_async_only: false,
-        // partial77: the last head's row 77 lies past Q's 9856 bytes, in memcheck's padding.
-        shapes: "partial77",
-        opt_in: false,
-    },
-    // The configurations' bugs, each on the same default self-test problems (shapes/default.json:
-    // cfg-chunk, chunked prefill of 77 queries against 300 keys, GQA 2:1, D 128, causal;
-    // cfg-decode, 3 queries against 300 keys, GQA 4:1, D 64; cfg-tall, 200 causal queries
-    // against 70 keys, the first 130 of which see none), not on a problem chosen per bug.
-    Mutant {
-        define: "MUTANT_CAUSAL_DIAG_OFF_BY_ONE",
-        breaks: "the causal mask shifted by one: each row's diagonal key masked",
-        cp_async_only: false,
-        shapes: CONFIG_SHAPES,
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_CAUSAL_TOP_LEFT",
-        breaks: "the causal mask aligned top-left instead of bottom-right",
-        cp_async_only: false,
-        shapes: CONFIG_SHAPES,
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_CAUSAL_SKIP_EARLY",
-        breaks: "the causal tile skip one KV tile too early",
-        cp_async_only: false,
-        shapes: CONFIG_SHAPES,
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_GQA_MODULO",
-        breaks: "query head h reads K/V head h % H_kv, not h / (H / H_kv)",
-        cp_async_only: false,
-        shapes: CONFIG_SHAPES,
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_D128_HALF_STRIDE",
-        breaks: "the second half of D = 128 read with the first half's offset",
-        cp_async_only: false,
-        shapes: CONFIG_SHAPES,
-        opt_in: false,
-    },
-    Mutant {
-        define: "MUTANT_I32_HEAD_OFFSET",
-        breaks: "computes the head offset in 32 bits",
-        cp_async_only: false,
-        // Only past 2^31 elements does the product wrap: 24.4 GiB of inputs, so opt-in.
-        shapes: "index64",
-        opt_in: true,
-    },
-];
 
 /// Removes every `#ifdef MUTANT_*` / `#ifndef MUTANT_*` block, keeping the branch a build
 /// without MUTANT defines compiles. Removed lines become empty lines, so line numbers, and
@@ -234,26 +113,29 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_kernel_has_a_block_for_every_mutant_and_strips_cleanly() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/sdpa_fp8_stage_c_mma.cu");
-        let src = std::fs::read_to_string(path).unwrap();
-        for m in MUTANTS {
-            assert!(
-                src.contains(&format!("#ifdef {}", m.define))
-                    || src.contains(&format!("#ifndef {}", m.define)),
-                "{}",
-                m.define
-            );
+    fn every_shipped_kernel_has_a_block_for_each_of_its_mutants_and_strips_cleanly() {
+        let cuda = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+        for name in ["stage-c", "stage-d"] {
+            let spec = crate::kernels::project_spec(name);
+            let src = std::fs::read_to_string(cuda.join(&spec.source)).unwrap();
+            assert!(!spec.mutants.is_empty(), "{name} lists its planted bugs");
+            for m in &spec.mutants {
+                assert!(
+                    src.contains(&format!("#ifdef {}", m.define))
+                        || src.contains(&format!("#ifndef {}", m.define)),
+                    "{name}: {}",
+                    m.define
+                );
+            }
+            let stripped = strip(&src).unwrap();
+            let directives = |t: &str| {
+                t.lines()
+                    .filter(|l| l.trim_start().starts_with('#') && l.contains("MUTANT_"))
+                    .count()
+            };
+            assert_eq!(directives(&stripped), 0, "{name}");
+            assert!(directives(&src) >= spec.mutants.len(), "{name}");
+            assert_eq!(stripped.lines().count(), src.lines().count(), "{name}");
         }
-        let stripped = strip(&src).unwrap();
-        let directives = |t: &str| {
-            t.lines()
-                .filter(|l| l.trim_start().starts_with('#') && l.contains("MUTANT_"))
-                .count()
-        };
-        assert_eq!(directives(&stripped), 0);
-        assert!(directives(&src) >= MUTANTS.len());
-        assert_eq!(stripped.lines().count(), src.lines().count());
     }
 }

@@ -130,7 +130,7 @@ mod tests {
         let p = Problem::new(&shape, 0);
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
         let gates = crate::gates::GateFile::load(&path).unwrap().gates;
-        let y = Yardsticks::full(&p, crate::emulation::KV_SPLIT);
+        let y = Yardsticks::full(&p, crate::emulation::Algorithm::STAGE_C);
         (p, y, gates)
     }
 

@@ -5,12 +5,12 @@
 use half::f16;
 
 use crate::backend::{Backend, BackendError, OnDevice};
-use crate::emulation;
+use crate::emulation::{self, Algorithm};
 use crate::gates::Gates;
 use crate::metrics::{self, ErrorMetrics};
 use crate::problem::{HostDefect, Problem};
 use crate::quantizer::{self, Audit};
-use crate::reference::{Engine, References};
+use crate::reference::{Engine, Model, References};
 use crate::report::f16_checksum;
 use crate::rows::{CheckRows, RowSet};
 use crate::schema::CorrectnessRecord;
@@ -39,11 +39,11 @@ pub struct Yardsticks {
 }
 
 impl Yardsticks {
-    /// With the references and the emulation computed on the host; `kv_split`: the
-    /// backend's ([`Backend::kv_split`]), so the emulation sums as it does.
-    pub fn compute(p: &Problem, kv_split: usize, rows: RowSet) -> Self {
-        let refs = References::compute(p, kv_split, &rows);
-        let emulation_out = emulation::clean(p, kv_split, &rows);
+    /// With the references and the emulation computed on the host; `alg`: the kernel's
+    /// ([`Backend::algorithm`]), so the emulation sums as it does and the model bounds it.
+    pub fn compute(p: &Problem, alg: Algorithm, rows: RowSet) -> Self {
+        let refs = References::compute(p, alg, &rows);
+        let emulation_out = emulation::clean(p, alg, &rows);
         Self::assemble(p, rows, (refs, "host"), (emulation_out, "host"))
     }
 
@@ -52,12 +52,14 @@ impl Yardsticks {
     /// rayon pool) while the device computes the rest. `device` on a backend without a device
     /// is refused (exit 2) before any work; where the device cannot compute one
     /// ([`OnDevice::Unavailable`]: out of memory, the runner's kernel did not build) `auto`
-    /// computes it on the host (and records `host`), `device` stops (exit 3).
+    /// computes it on the host (and records `host`), `device` stops (exit 3). The GPU's
+    /// references and emulation implement Stage C's model and algorithm only; for another
+    /// kernel's they are unavailable in the same way.
     pub fn with_backend(
         backend: &mut dyn Backend,
         check: &Check,
         p: &Problem,
-        kv_split: usize,
+        alg: Algorithm,
         rows: RowSet,
     ) -> Result<Self, BackendError> {
         for (engine, flag) in [
@@ -72,8 +74,19 @@ impl Yardsticks {
             }
         }
         let device = backend.has_device();
-        let refs_on_device = device && check.references.wants_device(&rows, &p.shape);
-        let emulation_on_device = device && check.emulation.wants_device(&rows, &p.shape);
+        let sums_apply = Model::of(alg).device_sums_apply();
+        let refs_on_device = device
+            && check.references.wants_device(&rows, &p.shape)
+            && (sums_apply || check.references == Engine::Device);
+        let emulation_on_device = device
+            && check.emulation.wants_device(&rows, &p.shape)
+            && (alg.is_stage_c() || check.emulation == Engine::Device);
+        let elsewhere = |what: &str| {
+            format!(
+                "the GPU's {what} implements Stage C's only, not this kernel's ({})",
+                alg.describe()
+            )
+        };
         // The host computes what stays on the host while the device computes the rest; after
         // a fault of the reference kernel the context is unusable, so nothing more is launched.
         // The host's share is a task of this thread's rayon pool (the worker's own, with
@@ -82,31 +95,41 @@ impl Yardsticks {
         let mut host = None;
         let (sums, emulated) = rayon::in_place_scope(|scope| {
             scope.spawn(|_| {
-                let refs = (!refs_on_device).then(|| References::compute(p, kv_split, &rows));
-                let emulation =
-                    (!emulation_on_device).then(|| emulation::clean(p, kv_split, &rows));
+                let refs = (!refs_on_device).then(|| References::compute(p, alg, &rows));
+                let emulation = (!emulation_on_device).then(|| emulation::clean(p, alg, &rows));
                 host = Some((refs, emulation));
             });
-            let sums = refs_on_device.then(|| backend.reference_sums(p, &rows));
-            let emulated = (emulation_on_device && !matches!(sums, Some(Err(_))))
-                .then(|| backend.emulation_on_device(p, kv_split, &rows));
+            let sums = refs_on_device.then(|| {
+                if sums_apply {
+                    backend.reference_sums(p, &rows)
+                } else {
+                    Ok(OnDevice::Unavailable(elsewhere("f64 reference")))
+                }
+            });
+            let emulated = (emulation_on_device && !matches!(sums, Some(Err(_)))).then(|| {
+                if alg.is_stage_c() {
+                    backend.emulation_on_device(p, alg.kv_split, &rows)
+                } else {
+                    Ok(OnDevice::Unavailable(elsewhere("emulation")))
+                }
+            });
             (sums, emulated)
         });
         let (host_refs, host_emulation) = host.expect("the scope ran the host's task");
         let refs = match (sums.transpose()?, host_refs) {
             (Some(sums), _) => settle(
-                sums.map(|sums| References::from_sums(p, kv_split, &rows, sums)),
+                sums.map(|sums| References::from_sums(p, alg, &rows, sums)),
                 check.references,
                 "--references",
                 "the references",
-                || References::compute(p, kv_split, &rows),
+                || References::compute(p, alg, &rows),
             )?,
             (None, Some(refs)) => (refs, "host"),
             (None, None) => unreachable!("the references are computed on the device or the host"),
         };
         let emulation_out = match (emulated.transpose()?, host_emulation) {
             (Some(out), _) => settle(out, check.emulation, "--emulation", "the emulation", || {
-                emulation::clean(p, kv_split, &rows)
+                emulation::clean(p, alg, &rows)
             })?,
             (None, Some(out)) => (out, "host"),
             (None, None) => unreachable!("the emulation runs on the device or on the host"),
@@ -115,8 +138,8 @@ impl Yardsticks {
     }
 
     /// Every row checked: the yardsticks of the calibrated full check.
-    pub fn full(p: &Problem, kv_split: usize) -> Self {
-        Self::compute(p, kv_split, RowSet::all(&p.shape))
+    pub fn full(p: &Problem, alg: Algorithm) -> Self {
+        Self::compute(p, alg, RowSet::all(&p.shape))
     }
 
     fn assemble(
@@ -422,7 +445,7 @@ fn run_problem(
     let rows = RowSet::choose(work.check.rows, shape, seed, &tiles);
     emit(Event::Rows(shape.clone(), seed, rows.clone()));
     // One yardstick per KV split: variants of a base kernel may sum in another order.
-    let mut yardsticks: Vec<(usize, Yardsticks)> = Vec::new();
+    let mut yardsticks: Vec<(Algorithm, Yardsticks)> = Vec::new();
     backend.load(&p)?;
     mark("loaded");
     let variants = backend.variants().to_vec();
@@ -431,7 +454,7 @@ fn run_problem(
         // Launch first: a fault ends the run before the O(S²) host work.
         let output = backend.launch_poisoned(i)?;
         mark("launched");
-        let split = backend.kv_split_of(i);
+        let split = backend.algorithm_of(i);
         if !yardsticks.iter().any(|(s, _)| *s == split) {
             let y = Yardsticks::with_backend(backend, &work.check, &p, split, rows.clone())?;
             yardsticks.push((split, y));
@@ -640,13 +663,21 @@ mod tests {
         let rows = || RowSet::all(&p.shape);
         assert!(Engine::Auto.wants_device(&rows(), &p.shape));
         assert!(!backend.has_device());
-        let y = Yardsticks::with_backend(&mut backend, &on(Auto, Auto), &p, 2, rows()).unwrap();
+        let y = Yardsticks::with_backend(
+            &mut backend,
+            &on(Auto, Auto),
+            &p,
+            Algorithm::STAGE_C,
+            rows(),
+        )
+        .unwrap();
         assert_eq!((y.engine, y.emulation_engine), ("host", "host"));
         for (check, flag) in [
             (on(Device, Auto), "--references host"),
             (on(Auto, Device), "--emulation host"),
         ] {
-            let refused = Yardsticks::with_backend(&mut backend, &check, &p, 2, rows());
+            let refused =
+                Yardsticks::with_backend(&mut backend, &check, &p, Algorithm::STAGE_C, rows());
             assert!(
                 matches!(&refused, Err(BackendError::Config(why)) if why.contains(flag)),
                 "{:?}",
@@ -661,14 +692,21 @@ mod tests {
         // so only a refusal that comes first returns.
         let p = Problem::new(&shape(20), 0);
         let foreign = RowSet::all(&shape(4000));
-        let emulated = std::panic::catch_unwind(|| emulation::clean(&p, 2, &foreign));
+        let emulated =
+            std::panic::catch_unwind(|| emulation::clean(&p, Algorithm::STAGE_C, &foreign));
         assert!(
             emulated.is_err(),
             "the witness: the emulation cannot run these rows"
         );
         let mut backend = CpuBackend::new(Defect::None);
         for check in [on(Device, Host), on(Host, Device)] {
-            let refused = Yardsticks::with_backend(&mut backend, &check, &p, 2, foreign.clone());
+            let refused = Yardsticks::with_backend(
+                &mut backend,
+                &check,
+                &p,
+                Algorithm::STAGE_C,
+                foreign.clone(),
+            );
             assert!(matches!(refused, Err(BackendError::Config(_))));
         }
     }
@@ -796,7 +834,11 @@ mod tests {
             Ok(if self.out_of_memory {
                 OnDevice::Unavailable("the emulation ran out of GPU memory".into())
             } else {
-                OnDevice::Computed(emulation::clean(p, kv_split, rows))
+                OnDevice::Computed(emulation::clean(
+                    p,
+                    Algorithm::STAGE_C.with_split(kv_split),
+                    rows,
+                ))
             })
         }
     }
@@ -806,9 +848,15 @@ mod tests {
         let p = Problem::new(&shape(100), 0);
         let rows = RowSet::all(&p.shape);
         let mut device = FakeDevice::new(false);
-        let y =
-            Yardsticks::with_backend(&mut device, &on(Device, Host), &p, 2, rows.clone()).unwrap();
-        let host = Yardsticks::compute(&p, 2, rows.clone());
+        let y = Yardsticks::with_backend(
+            &mut device,
+            &on(Device, Host),
+            &p,
+            Algorithm::STAGE_C,
+            rows.clone(),
+        )
+        .unwrap();
+        let host = Yardsticks::compute(&p, Algorithm::STAGE_C, rows.clone());
         assert_eq!((y.engine, device.requests), ("device", 1));
         assert_eq!((y.emulation_engine, device.emulation_requests), ("host", 0));
         assert_eq!(y.refs.kernel, host.refs.kernel);
@@ -816,8 +864,14 @@ mod tests {
         assert_eq!(y.emulation_out, host.emulation_out);
         // Below 2^22 pairs auto keeps the host, and host never asks the device.
         for engine in [Auto, Host] {
-            let y = Yardsticks::with_backend(&mut device, &on(engine, engine), &p, 2, rows.clone())
-                .unwrap();
+            let y = Yardsticks::with_backend(
+                &mut device,
+                &on(engine, engine),
+                &p,
+                Algorithm::STAGE_C,
+                rows.clone(),
+            )
+            .unwrap();
             assert_eq!((y.engine, device.requests), ("host", 1));
             assert_eq!((y.emulation_engine, device.emulation_requests), ("host", 0));
         }
@@ -827,17 +881,33 @@ mod tests {
     fn the_emulation_goes_to_the_device_by_the_references_rule_and_is_recorded_as_device() {
         let mut device = FakeDevice::new(false);
         let small = Problem::new(&shape(100), 0);
-        let y = Yardsticks::with_backend(&mut device, &on(Host, Device), &small, 2, all(&small))
-            .unwrap();
+        let y = Yardsticks::with_backend(
+            &mut device,
+            &on(Host, Device),
+            &small,
+            Algorithm::STAGE_C,
+            all(&small),
+        )
+        .unwrap();
         assert_eq!((y.engine, device.requests), ("host", 0));
         assert_eq!(
             (y.emulation_engine, device.emulation_requests),
             ("device", 1)
         );
-        assert_eq!(y.emulation_out, emulation::clean(&small, 2, &all(&small)));
+        assert_eq!(
+            y.emulation_out,
+            emulation::clean(&small, Algorithm::STAGE_C, &all(&small))
+        );
         // Above 2^22 checked pairs auto asks the device for both.
         let big = Problem::new(&shape(1100), 0);
-        let y = Yardsticks::with_backend(&mut device, &on(Auto, Auto), &big, 2, all(&big)).unwrap();
+        let y = Yardsticks::with_backend(
+            &mut device,
+            &on(Auto, Auto),
+            &big,
+            Algorithm::STAGE_C,
+            all(&big),
+        )
+        .unwrap();
         assert_eq!((y.engine, y.emulation_engine), ("device", "device"));
         assert_eq!((device.requests, device.emulation_requests), (1, 2));
         let record = judge_output("fake", "v", &big, &y, &y.emulation_out, &gates());
@@ -854,7 +924,13 @@ mod tests {
             reference_faults: true,
             ..FakeDevice::new(false)
         };
-        let stopped = Yardsticks::with_backend(&mut device, &on(Device, Device), &p, 2, all(&p));
+        let stopped = Yardsticks::with_backend(
+            &mut device,
+            &on(Device, Device),
+            &p,
+            Algorithm::STAGE_C,
+            all(&p),
+        );
         assert!(matches!(stopped, Err(BackendError::Environment(_))));
         assert_eq!((device.requests, device.emulation_requests), (1, 0));
     }
@@ -864,15 +940,21 @@ mod tests {
         let p = Problem::new(&shape(1100), 0);
         let rows = || RowSet::all(&p.shape);
         let mut device = FakeDevice::new(true);
-        let y = Yardsticks::with_backend(&mut device, &on(Auto, Auto), &p, 2, rows()).unwrap();
+        let y =
+            Yardsticks::with_backend(&mut device, &on(Auto, Auto), &p, Algorithm::STAGE_C, rows())
+                .unwrap();
         assert_eq!((y.engine, device.requests), ("host", 1));
         assert_eq!((y.emulation_engine, device.emulation_requests), ("host", 1));
-        assert_eq!(y.emulation_out, emulation::clean(&p, 2, &rows()));
+        assert_eq!(
+            y.emulation_out,
+            emulation::clean(&p, Algorithm::STAGE_C, &rows())
+        );
         for (check, flag) in [
             (on(Device, Host), "--references host"),
             (on(Host, Device), "--emulation host"),
         ] {
-            let stopped = Yardsticks::with_backend(&mut device, &check, &p, 2, rows());
+            let stopped =
+                Yardsticks::with_backend(&mut device, &check, &p, Algorithm::STAGE_C, rows());
             assert!(
                 matches!(&stopped, Err(BackendError::Environment(why))
                     if why.contains("out of GPU memory") && why.contains(flag)),
@@ -924,8 +1006,8 @@ mod tests {
         let sh = shape(1000);
         let p = Problem::new(&sh, 0);
         let rows = RowSet::sampled(&sh, 0, &[32]);
-        let y = Yardsticks::compute(&p, crate::emulation::KV_SPLIT, rows.clone());
-        let whole = crate::emulation::clean(&p, crate::emulation::KV_SPLIT, &RowSet::all(&sh));
+        let y = Yardsticks::compute(&p, Algorithm::STAGE_C, rows.clone());
+        let whole = crate::emulation::clean(&p, Algorithm::STAGE_C, &RowSet::all(&sh));
         let judge_with_row_scaled = |bh: usize, row: usize| {
             let mut out = whole.clone();
             for x in &mut out[(bh * 1000 + row) * 64..][..64] {

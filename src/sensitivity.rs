@@ -49,7 +49,7 @@ fn sizes() -> impl Iterator<Item = f64> {
 
 /// The smallest size of `what` that fails a gate on `p`, or None up to a factor of 2.
 pub fn smallest_caught(p: &Problem, what: Perturbation, gates: &Gates) -> Option<Caught> {
-    let kv = emulation::KV_SPLIT;
+    let kv = emulation::Algorithm::STAGE_C;
     let y = Yardsticks::full(p, kv);
     sizes().find_map(|eps| {
         let out = perturbed(p, &y, what, eps, kv);
@@ -63,7 +63,13 @@ pub fn smallest_caught(p: &Problem, what: Perturbation, gates: &Gates) -> Option
     })
 }
 
-fn perturbed(p: &Problem, y: &Yardsticks, what: Perturbation, eps: f64, kv: usize) -> Vec<f16> {
+fn perturbed(
+    p: &Problem,
+    y: &Yardsticks,
+    what: Perturbation,
+    eps: f64,
+    kv: emulation::Algorithm,
+) -> Vec<f16> {
     let rerun = |q: Problem| {
         let mut out = vec![crate::metrics::POISON; q.output_len()];
         emulation::run(&q, kv, Defect::None, &mut out);

@@ -81,7 +81,8 @@ fn the_device_emulation_gives_the_hosts_bits_on_every_shape_distribution_and_spl
             let p = Problem::new(sh, seed);
             let rows = RowSet::all(sh);
             for split in 1..=4 {
-                let host = emulation::clean(&p, split, &rows);
+                let host =
+                    emulation::clean(&p, emulation::Algorithm::STAGE_C.with_split(split), &rows);
                 let device = on_device(&mut b, &p, split, &rows);
                 let what = format!("{} seed {seed} split {split}", sh.name);
                 assert_same_bits(&device, &host, &rows, &what);
@@ -113,7 +114,7 @@ fn inputs_of_the_planted_host_defects_give_the_same_bits_nan_outputs_included() 
         {
             let p = Problem::with_host_defect(&sh, 0, defect);
             let rows = RowSet::all(&sh);
-            let host = emulation::clean(&p, 2, &rows);
+            let host = emulation::clean(&p, emulation::Algorithm::STAGE_C, &rows);
             let device = on_device(&mut b, &p, 2, &rows);
             assert_same_bits(&device, &host, &rows, &format!("{defect:?} on {}", sh.name));
             nans += host.iter().filter(|x| x.is_nan()).count();
@@ -130,7 +131,7 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_emulation() {
     let rows = RowSet::sampled(&sh, 7, &[64, 128]);
     assert!(!rows.is_all());
     let mut b = backend();
-    let host = emulation::clean(&p, 2, &rows);
+    let host = emulation::clean(&p, emulation::Algorithm::STAGE_C, &rows);
     // The largest two neighbouring heads: the six heads go in three groups of two.
     let head = |bh: usize| cuda_emulation::head_bytes(3000, 64, rows.rows(bh).len(), 2);
     let two_heads = (0..5).map(|bh| head(bh) + head(bh + 1)).max().unwrap();
@@ -164,7 +165,7 @@ fn a_long_context_gives_the_same_bits_on_its_sampled_rows() {
     let device = on_device(&mut b, &p, 2, &rows);
     let on_gpu = t.elapsed();
     let t = std::time::Instant::now();
-    let host = emulation::clean(&p, 2, &rows);
+    let host = emulation::clean(&p, emulation::Algorithm::STAGE_C, &rows);
     let on_host = t.elapsed();
     assert_same_bits(&device, &host, &rows, "ctx16k sampled rows");
     println!(

@@ -19,6 +19,7 @@ fn backend() -> CudaBackend {
     let source = KernelSource::load(
         &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
         &root.join("cuda"),
+        &common::kernel_spec("stage-c"),
     )
     .unwrap();
     CudaBackend::with_every_entry(
@@ -164,10 +165,7 @@ fn variant_identity_proves_which_variant_is_which() {
     let (cp0, cp1) = (&ids[0], &ids[1]);
     assert_eq!((cp0.name.as_str(), cp1.name.as_str()), ("cp0", "cp1"));
     assert!(!cp0.ptx_has_cp_async && cp1.ptx_has_cp_async);
-    assert_eq!(
-        (cp0.constants.use_cp_async, cp1.constants.use_cp_async),
-        (0, 1)
-    );
+    assert_eq!((cp0.constants.switch, cp1.constants.switch), (0, 1));
     assert_eq!(cp0.defines, ["USE_CP_ASYNC=0"]);
     assert_eq!(cp1.defines, ["USE_CP_ASYNC=1"]);
     assert_ne!(cp0.ptx_sha256, cp1.ptx_sha256);

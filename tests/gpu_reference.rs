@@ -77,7 +77,7 @@ fn disagreement(device: &References, host: &References) -> f64 {
 
 fn device_references(b: &mut CudaBackend, p: &Problem, rows: &RowSet) -> References {
     let sums = b.reference_sums(p, rows).unwrap().computed().unwrap();
-    References::from_sums(p, b.kv_split(), rows, sums)
+    References::from_sums(p, b.algorithm(), rows, sums)
 }
 
 /// The device's sums in groups of at most `group_bytes`, `blocks` row blocks per launch.
@@ -119,7 +119,7 @@ fn the_device_references_equal_the_hosts_on_every_shape_kind_and_distribution() 
         for seed in [0, 1] {
             let p = Problem::new(sh, seed);
             let rows = RowSet::all(sh);
-            let host = References::compute(&p, b.kv_split(), &rows);
+            let host = References::compute(&p, b.algorithm(), &rows);
             let device = device_references(&mut b, &p, &rows);
             let d = disagreement(&device, &host);
             assert!(d < AGREE, "{} seed {seed}: {d:e} of the bound", sh.name);
@@ -163,8 +163,8 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_references() {
     // One row block per launch: the chunked launch path, one launch per block.
     let single_blocks = grouped(&mut b, &p, &rows, u64::MAX, 1);
     assert_same_bits(&one_group, &single_blocks, "one row block per launch");
-    let device = References::from_sums(&p, b.kv_split(), &rows, per_head);
-    let host = References::compute(&p, b.kv_split(), &rows);
+    let device = References::from_sums(&p, b.algorithm(), &rows, per_head);
+    let host = References::compute(&p, b.algorithm(), &rows);
     let d = disagreement(&device, &host);
     assert!(d < AGREE, "{d:e} of the bound");
 }

@@ -16,7 +16,7 @@ fn kernels_lists_every_kernel_with_its_variants_support_and_who_checks_it() {
         "st2 (KV_STAGES=2) vs st3 (KV_STAGES=3)",
         "built for sm_90a",
         "P in e4m3",
-        "scripts/stage_d/probe.sh",
+        "checked by  the runner (--kernel stage-d)",
     ] {
         assert!(stdout.contains(want), "missing {want:?}:\n{stdout}");
     }
@@ -36,18 +36,35 @@ fn the_default_kernel_by_name_runs_the_main_job() {
 }
 
 #[test]
-fn a_kernel_the_runner_cannot_check_is_refused_with_exit_2_and_its_probe_named() {
+fn the_cpu_backend_emulates_the_chosen_kernels_algorithm_and_its_model_bounds_it() {
+    // Stage D's numerics (128-key tiles, P in e4m3, l from the f32 P) from its manifest entry,
+    // bounded by the FP8 model, on a causal GQA problem with S_q != S_k and partial tiles.
     let results = tempfile::tempdir().unwrap();
     let (code, stdout, stderr) = cpu(
-        &["--kernel", "stage-d", "--shapes", "small", "--seeds", "0"],
+        &[
+            "--kernel",
+            "stage-d",
+            "--shapes",
+            "small,1x4x77x128:sk=300:hkv=2:causal",
+            "--seeds",
+            "0",
+            "--iters",
+            "0",
+        ],
         results.path(),
     );
-    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stderr.contains("stage-d") && stderr.contains("scripts/stage_d/probe.sh"),
-        "{stderr}"
+        stdout.contains("128-key tiles, k32 steps, P e4m3, l from f32 P, per-tile P·V, 1 split"),
+        "{stdout}"
     );
-    assert!(run_dirs(results.path()).is_empty(), "nothing is written");
+    assert!(stdout.contains("2/2 PASS"), "{stdout}");
+    let dirs = run_dirs(results.path());
+    let meta = std::fs::read_to_string(dirs[0].join("build_meta.json")).unwrap();
+    assert!(
+        meta.contains("P e4m3"),
+        "the record names the algorithm: {meta}"
+    );
 }
 
 #[test]

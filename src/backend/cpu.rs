@@ -1,13 +1,14 @@
-//! The `cpu` backend: the Stage-C emulation as a backend, so the whole pipeline runs and is
-//! tested without a GPU. Its one variant, `cpu-emu`, models the numerics both kernel variants
-//! share (they differ only in how tiles reach shared memory).
+//! The `cpu` backend: the emulation of the chosen kernel's algorithm as a backend (Stage C's by
+//! default), so the whole pipeline runs and is tested without a GPU. Its one variant,
+//! `cpu-emu`, models the numerics both kernel variants share (they differ only in how tiles
+//! reach shared memory, or how deep the pipeline is).
 
 use std::time::Instant;
 
 use half::f16;
 
 use super::{Backend, BackendError};
-use crate::emulation::{self, Defect, KV_SPLIT, KV_TILE};
+use crate::emulation::{self, Algorithm, Defect};
 use crate::metrics::POISON;
 use crate::problem::Problem;
 use crate::rows::RowSet;
@@ -17,17 +18,25 @@ pub const VARIANT: &str = "cpu-emu";
 
 pub struct CpuBackend {
     defect: Defect,
+    alg: Algorithm,
     variants: Vec<String>,
     problem: Option<Problem>,
 }
 
 impl CpuBackend {
+    /// Stage C's algorithm, with a planted defect or none.
     pub fn new(defect: Defect) -> Self {
         CpuBackend {
             defect,
+            alg: Algorithm::STAGE_C,
             variants: vec![VARIANT.to_string()],
             problem: None,
         }
+    }
+
+    /// The same backend emulating another kernel's algorithm.
+    pub fn emulating(self, alg: Algorithm) -> Self {
+        CpuBackend { alg, ..self }
     }
 }
 
@@ -40,7 +49,7 @@ impl CpuBackend {
     fn emulate(&self) -> Vec<f16> {
         let p = self.loaded();
         let mut out = vec![POISON; p.output_len()];
-        emulation::run(p, KV_SPLIT, self.defect, &mut out);
+        emulation::run(p, self.alg, self.defect, &mut out);
         out
     }
 }
@@ -64,7 +73,7 @@ impl Backend for CpuBackend {
     fn launch_poisoned(&mut self, _variant: usize) -> Result<Vec<f16>, BackendError> {
         let p = self.loaded();
         if self.defect == Defect::None {
-            return Ok(emulation::clean(p, KV_SPLIT, &RowSet::all(&p.shape)));
+            return Ok(emulation::clean(p, self.alg, &RowSet::all(&p.shape)));
         }
         Ok(self.emulate())
     }
@@ -119,16 +128,23 @@ impl Backend for CpuBackend {
     }
 
     fn describe(&self) -> String {
-        "backend: cpu — the CPU emulation of the kernel's algorithm and precisions; no GPU was used"
-            .into()
+        format!(
+            "backend: cpu — the CPU emulation of the kernel's algorithm and precisions ({}); no GPU was used",
+            self.alg.describe()
+        )
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        self.alg
     }
 
     fn details(&self) -> serde_json::Value {
         serde_json::json!({
-            "kind": "CPU emulation of the Stage-C algorithm (not the GPU kernel)",
-            "kv_tile": KV_TILE,
-            "kv_split": KV_SPLIT,
-            "k_step": 16,
+            "kind": "CPU emulation of the kernel's algorithm (not the GPU kernel)",
+            "algorithm": self.alg.describe(),
+            "kv_tile": self.alg.block_n,
+            "kv_split": self.alg.kv_split,
+            "k_step": self.alg.mma_k,
             "planted_defect": format!("{:?}", self.defect),
         })
     }

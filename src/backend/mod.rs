@@ -6,6 +6,7 @@ pub mod cuda;
 
 use half::f16;
 
+use crate::emulation::Algorithm;
 use crate::problem::Problem;
 use crate::reference::RowSums;
 use crate::rows::RowSet;
@@ -130,15 +131,16 @@ pub trait Backend: Send {
     /// One line that says plainly what runs: the GPU and its software, or the emulation.
     fn describe(&self) -> String;
 
-    /// The KV split whose summation order the runs follow, so the emulation yardstick
-    /// follows the same one.
-    fn kv_split(&self) -> usize {
-        crate::emulation::KV_SPLIT
+    /// The algorithm the runs follow (tiles, precisions, KV split: cuda/kernels.toml and the
+    /// module's published split), so the emulation yardstick sums as they do and the error
+    /// model that bounds them is chosen ([`crate::reference::Model::of`]).
+    fn algorithm(&self) -> Algorithm {
+        Algorithm::STAGE_C
     }
 
-    /// The KV split of one variant (variants of different kernel sources may differ).
-    fn kv_split_of(&self, _variant: usize) -> usize {
-        self.kv_split()
+    /// The algorithm of one variant (variants of different kernel sources may differ in split).
+    fn algorithm_of(&self, _variant: usize) -> Algorithm {
+        self.algorithm()
     }
 
     /// Query rows one CTA (or work item) of `variant` owns: the sampled check covers the

@@ -11,10 +11,9 @@ use crate::schema::VariantMeta;
 
 pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
-    let specs = variant_specs(&args.kernel)?;
     let chosen = project.kernel(&args.kernel)?;
-    let source = kernel::KernelSource::load(&chosen.path, &project.root.cuda_dir())?
-        .holding(&chosen.spec.ptx_must_hold);
+    let specs = variant_specs(&args.kernel, &chosen.spec)?;
+    let source = kernel::KernelSource::load(&chosen.path, &project.root.cuda_dir(), &chosen.spec)?;
     let nvrtc_version = kernel::require_nvrtc()?;
     let include =
         headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
@@ -33,7 +32,10 @@ pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
     }
     let verdicts: Vec<_> = ids
         .iter()
-        .map(|id| (id.name.clone(), id.resource_verdict(&project.gates.gates)))
+        .map(|id| {
+            let gates = chosen.spec.resource_gates(&project.gates.gates);
+            (id.name.clone(), id.resource_verdict(&gates))
+        })
         .collect();
     crate::outln!(
         "kernel {} (sha256 {}), NVRTC {nvrtc_version}, {}, headers {}",

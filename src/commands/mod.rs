@@ -30,7 +30,7 @@ use crate::devices::{DeviceChoice, GpuId};
 use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::GateFile;
-use crate::kernels::{Chosen, Manifest};
+use crate::kernels::{Chosen, KernelSpec, Manifest};
 use crate::paths::ProjectRoot;
 use crate::report;
 use crate::schema::{BuildMeta, SCHEMA_VERSION};
@@ -140,13 +140,40 @@ impl Project {
     }
 }
 
-/// The variants a run builds: from `--cp-async` and `USE_CP_ASYNC`, each with the `--define`s;
-/// with `--candidate-define`, the one selected variant without and with those defines.
-pub fn variant_specs(args: &KernelArgs) -> Result<Vec<VariantSpec>, ConfigError> {
+/// The variants a run builds of kernel `kernel`: its switch's baseline and candidate
+/// (cuda/kernels.toml `[variants]`) as `--cp-async` and `USE_CP_ASYNC` select them (0 the
+/// baseline, 1 the candidate), each with the `--define`s; with `--candidate-define`, the one
+/// selected variant without and with those defines. `USE_CP_ASYNC` in the environment is
+/// Stage C's old workflow: another kernel refuses it, and a `--define` of the switch is
+/// refused for every kernel.
+pub fn variant_specs(
+    args: &KernelArgs,
+    kernel: &KernelSpec,
+) -> Result<Vec<VariantSpec>, ConfigError> {
+    let switch = &kernel.variants;
     let env = std::env::var("USE_CP_ASYNC").ok();
+    if env.is_some() && switch.define != "USE_CP_ASYNC" {
+        return Err(ConfigError::Usage(format!(
+            "USE_CP_ASYNC is set in the environment, but kernel `{}`'s A/B switch is {} ({} or \
+             {}): unset it, and choose a variant with --cp-async 0 ({}) or 1 ({})",
+            kernel.name,
+            switch.define,
+            switch.baseline.name,
+            switch.candidate.name,
+            switch.baseline.name,
+            switch.candidate.name
+        )));
+    }
+    if let Some((name, _)) = args.defines.iter().find(|(n, _)| *n == switch.define) {
+        return Err(ConfigError::Usage(format!(
+            "--define {name}: {name} is kernel `{}`'s A/B switch, which --cp-async 0|1|both \
+             chooses ({} or {})",
+            kernel.name, switch.baseline.name, switch.candidate.name
+        )));
+    }
     let specs: Vec<VariantSpec> = variant::select(args.cp_async, env.as_deref())?
         .into_iter()
-        .map(|on| VariantSpec::new(on, &args.defines))
+        .map(|on| VariantSpec::of_switch(switch, on, &args.defines))
         .collect();
     if args.candidate_defines.is_empty() {
         return Ok(specs);
@@ -205,13 +232,15 @@ fn open_backends_on(
                 .into());
             }
             // The emulation has one variant, but a bad or conflicting choice is still refused,
-            // and so is a kernel the runner does not check.
-            variant_specs(kernel)?;
-            project.kernel(kernel)?;
-            vec![Box::new(CpuBackend::new(defect))]
+            // and so is a kernel the runner does not check. It emulates the chosen kernel.
+            let chosen = project.kernel(kernel)?;
+            variant_specs(kernel, &chosen.spec)?;
+            let alg = crate::emulation::Algorithm::of(&chosen.spec);
+            vec![Box::new(CpuBackend::new(defect).emulating(alg))]
         }
         BackendKind::Cuda => {
-            let specs = variant_specs(kernel)?;
+            let chosen = project.kernel(kernel)?;
+            let specs = variant_specs(kernel, &chosen.spec)?;
             if base.is_some() && !kernel.candidate_defines.is_empty() {
                 return Err(ConfigError::Usage(
                     "--base-kernel and --candidate-define are two different A/Bs; run them one at a time"
@@ -220,13 +249,11 @@ fn open_backends_on(
                 .into());
             }
             let cuda_dir = project.root.cuda_dir();
-            let chosen = project.kernel(kernel)?;
-            let must_hold = &chosen.spec.ptx_must_hold;
-            let source = KernelSource::load(&chosen.path, &cuda_dir)?.holding(must_hold);
+            let source = KernelSource::load(&chosen.path, &cuda_dir, &chosen.spec)?;
             let mut sources = vec![(source, specs.clone())];
             if let Some(location) = base {
-                let base = KernelSource::locate(location, project.root.path(), &cuda_dir)?
-                    .holding(must_hold);
+                let base =
+                    KernelSource::locate(location, project.root.path(), &cuda_dir, &chosen.spec)?;
                 sources.push((base, specs.iter().map(VariantSpec::of_base).collect()));
             }
             let opened = CudaBackend::on_gpus(gpus, sources, entries).map_err(|e| match e {

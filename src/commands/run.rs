@@ -75,8 +75,9 @@ fn first_source_difference(
 ) -> Option<String> {
     use crate::backend::cuda::kernel::KernelSource;
     let cuda_dir = project.root.cuda_dir();
-    let ours = KernelSource::load(&project.kernel_path(kernel).ok()?, &cuda_dir).ok()?;
-    let theirs = KernelSource::locate(base, project.root.path(), &cuda_dir).ok()?;
+    let chosen = project.kernel(kernel).ok()?;
+    let ours = KernelSource::load(&chosen.path, &cuda_dir, &chosen.spec).ok()?;
+    let theirs = KernelSource::locate(base, project.root.path(), &cuda_dir, &chosen.spec).ok()?;
     crate::backend::cuda::code::first_difference(&ours, &theirs)
 }
 
@@ -264,9 +265,10 @@ impl Job {
             crate::sanitize::TOOLS.join(", "),
             crate::sanitize::SHAPES
         );
-        let kernel = self.project.kernel_path(&args.setup.kernel)?;
+        let chosen = self.project.kernel(&args.setup.kernel)?;
+        let kernel = chosen.path.clone();
         let mut results = Vec::new();
-        for spec in super::variant_specs(&args.setup.kernel)? {
+        for spec in super::variant_specs(&args.setup.kernel, &chosen.spec)? {
             let mut child_args: Vec<String> = [
                 "--shapes",
                 crate::sanitize::SHAPES,
@@ -279,7 +281,7 @@ impl Job {
                 "--emulation",
                 "host",
                 "--cp-async",
-                if spec.use_cp_async { "1" } else { "0" },
+                if spec.candidate { "1" } else { "0" },
             ]
             .map(String::from)
             .to_vec();

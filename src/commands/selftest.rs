@@ -18,7 +18,7 @@ use crate::backend::cuda::variant::VariantSpec;
 use crate::cli::SelftestArgs;
 use crate::console;
 use crate::error::{AppError, EXIT_ENVIRONMENT, EXIT_GATE_FAILED, EXIT_KERNEL, EXIT_PASS, Outcome};
-use crate::mutants::{self, MUTANTS, Mutant};
+use crate::mutants::{self, Mutant};
 use crate::problem::HostDefect;
 use crate::report::RunDir;
 use crate::schema::{
@@ -29,14 +29,14 @@ use crate::usage::ConfigError;
 
 pub fn selftest(args: &SelftestArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
-    let chosen = choose(&args.only)?;
-    // Checked as a run's are; nothing is timed, so a GPU may be listed twice.
-    let gpus = super::chosen_gpus(&args.devices, false)?;
-    let kernel_path = project.kernel_path(&crate::cli::KernelArgs {
+    let kernel = project.kernel(&crate::cli::KernelArgs {
         kernel: args.kernel.clone(),
         ..Default::default()
     })?;
-    let source = KernelSource::load(&kernel_path, &project.root.cuda_dir())?;
+    let chosen = choose(&kernel.spec.mutants, &kernel.spec.name, &args.only)?;
+    // Checked as a run's are; nothing is timed, so a GPU may be listed twice.
+    let gpus = super::chosen_gpus(&args.devices, false)?;
+    let source = KernelSource::load(&kernel.path, &project.root.cuda_dir(), &kernel.spec)?;
 
     let identity = ptx_identity(&source)?;
     for i in &identity {
@@ -238,20 +238,21 @@ fn host_defect_breaks(d: HostDefect) -> &'static str {
     }
 }
 
-fn choose(only: &[String]) -> Result<Vec<Mutant>, ConfigError> {
+/// The mutants of kernel `kernel` (its manifest entry's `all`) a self-test runs: every one
+/// that is not opt-in, or those `--only` names.
+fn choose(all: &[Mutant], kernel: &str, only: &[String]) -> Result<Vec<Mutant>, ConfigError> {
     if only.is_empty() {
-        return Ok(MUTANTS.iter().filter(|m| !m.opt_in).copied().collect());
+        return Ok(all.iter().filter(|m| !m.opt_in).cloned().collect());
     }
     only.iter()
         .map(|name| {
-            MUTANTS
-                .iter()
-                .find(|m| m.define == name)
-                .copied()
+            all.iter()
+                .find(|m| m.define == *name)
+                .cloned()
                 .ok_or_else(|| {
-                    let known: Vec<&str> = MUTANTS.iter().map(|m| m.define).collect();
+                    let known: Vec<&str> = all.iter().map(|m| m.define.as_str()).collect();
                     ConfigError::Usage(format!(
-                        "--only {name}: the mutants are {}",
+                        "--only {name}: the mutants of kernel `{kernel}` are {}",
                         known.join(", ")
                     ))
                 })
@@ -288,7 +289,7 @@ fn ptx_identity(source: &KernelSource) -> Result<Vec<PtxIdentity>, AppError> {
     [false, true]
         .iter()
         .map(|&on| {
-            let spec = VariantSpec::new(on, &[]);
+            let spec = VariantSpec::of_switch(&source.spec.variants, on, &[]);
             // Every entry's module, hashed together.
             let hash = |src: &KernelSource| -> Result<String, AppError> {
                 let id =
@@ -455,25 +456,26 @@ fn verdict_word(code: i32) -> &'static str {
 
 /// The ladder: gates, then stress, then the sanitizers; the first rung that fails catches it.
 fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult, AppError> {
-    let cp = if m.cp_async_only { "1" } else { "both" };
-    let first_shape = m.shapes.split(',').next().unwrap_or(m.shapes);
+    let cp = if m.candidate_only { "1" } else { "both" };
+    let shapes = m.shapes.as_str();
+    let first_shape = shapes.split(',').next().unwrap_or(shapes);
     let label = m.define.to_lowercase();
-    let base = ["--seeds", "0", "--cp-async", cp, "--define", m.define];
+    let base = ["--seeds", "0", "--cp-async", cp, "--define", &m.define];
     let result = |caught_by: Option<&str>, figure: String| MutantResult {
         gpu: child.gpu.clone(),
-        define: m.define.into(),
-        breaks: m.breaks.into(),
-        variants: if m.cp_async_only {
-            "cp1".into()
+        define: m.define.clone(),
+        breaks: m.breaks.clone(),
+        variants: if m.candidate_only {
+            "the candidate".into()
         } else {
-            "cp0, cp1".into()
+            "both".into()
         },
-        shapes: m.shapes.into(),
+        shapes: m.shapes.clone(),
         caught_by: caught_by.map(String::from),
         figure,
     };
 
-    let mut gates_args = vec!["--shapes", m.shapes, "--iters", "0"];
+    let mut gates_args = vec!["--shapes", shapes, "--iters", "0"];
     gates_args.extend(base);
     let run = child.run(&label, &[], &gates_args)?;
     if run.code == EXIT_KERNEL as i32 {
@@ -488,9 +490,9 @@ fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult
         let (by, figure) = gate_figure(run.dir.as_deref())?;
         return Ok(result(Some(by), figure));
     }
-    expect_pass(&run, m.define)?;
+    expect_pass(&run, &m.define)?;
 
-    let mut stress_args = vec!["--shapes", m.shapes, "--repeats", repeats];
+    let mut stress_args = vec!["--shapes", shapes, "--repeats", repeats];
     stress_args.extend(base);
     let stress = child.run(&format!("{label}-stress"), &["stress"], &stress_args)?;
     if stress.code == EXIT_GATE_FAILED as i32 {
@@ -499,7 +501,7 @@ fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult
             stress_figure(stress.dir.as_deref())?,
         ));
     }
-    expect_pass(&stress, m.define)?;
+    expect_pass(&stress, &m.define)?;
 
     let mut san_args = vec!["--shapes", first_shape, "--iters", "0"];
     san_args.extend(base);
@@ -622,31 +624,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unknown_mutant_names_are_refused_with_the_list() {
-        let err = choose(&["MUTANT_NOPE".into()]).unwrap_err().to_string();
+    fn unknown_mutant_names_are_refused_with_the_kernels_list() {
+        let c = crate::kernels::project_spec("stage-c");
+        let err = choose(&c.mutants, "stage-c", &["MUTANT_NOPE".into()])
+            .unwrap_err()
+            .to_string();
         assert!(
-            err.contains("MUTANT_NOPE") && err.contains("MUTANT_WRONG_STAGE"),
+            err.contains("MUTANT_NOPE")
+                && err.contains("MUTANT_WRONG_STAGE")
+                && err.contains("stage-c"),
             "{err}"
         );
-        let default = choose(&[]).unwrap();
+        let default = choose(&c.mutants, "stage-c", &[]).unwrap();
         assert!(default.iter().all(|m| !m.opt_in));
-        assert_eq!(default.len(), MUTANTS.iter().filter(|m| !m.opt_in).count());
-        let named = choose(&["MUTANT_I32_HEAD_OFFSET".into()]).unwrap();
         assert_eq!(
-            (named.len(), named[0].shapes),
+            default.len(),
+            c.mutants.iter().filter(|m| !m.opt_in).count()
+        );
+        let named = choose(&c.mutants, "stage-c", &["MUTANT_I32_HEAD_OFFSET".into()]).unwrap();
+        assert_eq!(
+            (named.len(), named[0].shapes.as_str()),
             (1, "index64"),
             "opt-in when named"
         );
+        // Each kernel has its own: Stage C's are not Stage D's.
+        let d = crate::kernels::project_spec("stage-d");
+        assert!(choose(&d.mutants, "stage-d", &["MUTANT_WRONG_STAGE".into()]).is_err());
+        assert!(choose(&d.mutants, "stage-d", &["MUTANT_SKIP_RESCALE".into()]).is_ok());
     }
 
     #[test]
     fn the_shapes_of_all_mutants_are_listed_once() {
-        let all = union_of_shapes(MUTANTS);
-        let names: Vec<&str> = all.split(',').collect();
-        let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
-        assert_eq!(names.len(), unique.len(), "{all}");
-        let wanted: std::collections::BTreeSet<&str> =
-            MUTANTS.iter().flat_map(|m| m.shapes.split(',')).collect();
-        assert_eq!(unique, wanted, "every mutant's shapes, each once");
+        for name in ["stage-c", "stage-d"] {
+            let mutants = crate::kernels::project_spec(name).mutants;
+            let all = union_of_shapes(&mutants);
+            let names: Vec<&str> = all.split(',').collect();
+            let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+            assert_eq!(names.len(), unique.len(), "{all}");
+            let wanted: std::collections::BTreeSet<&str> =
+                mutants.iter().flat_map(|m| m.shapes.split(',')).collect();
+            assert_eq!(unique, wanted, "every mutant's shapes, each once");
+        }
     }
 }

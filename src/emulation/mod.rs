@@ -21,9 +21,19 @@
 //! keeps its bits), so skipping it is the same arithmetic. A row that sees no key is written
 //! as zeros, as the kernel writes it (its l is 0).
 //! Two roles: the `cpu` backend, and the same-precision yardstick of the relative gate.
+//!
+//! Other kernels (cuda/kernels.toml) are emulated by [`Algorithm`]: their tile, k-step, P's
+//! precision, which P the row sum adds and how a tile's P·V reaches O (`general.rs`; Stage D:
+//! 128-key tiles, k32, P in e4m3, l from the f32 P, Ô per tile added as fma(O, alpha, Ô)). For
+//! a kernel whose products run on FP8 tensor cores that accumulate in fewer than 24 bits, the
+//! emulation sums in f32: it is the yardstick of the same precisions and roundings, not the
+//! kernel's bits.
 
+mod algorithm;
 mod exp2;
+mod general;
 
+pub use algorithm::{Algorithm, MAX_TILE};
 use half::f16;
 use rayon::prelude::*;
 
@@ -68,51 +78,53 @@ pub enum Defect {
 /// output when every row is checked), computed once per problem, split and set of rows: the
 /// yardstick of a run and the `cpu` backend's checked launch of the same problem are the same
 /// O(S²) computation, so the second is a copy of the first.
-pub fn clean(p: &Problem, kv_split: usize, rows: &RowSet) -> Vec<f16> {
-    type Memo = Option<((u64, usize, [u8; 32]), std::sync::Arc<Vec<f16>>)>;
+pub fn clean(p: &Problem, alg: Algorithm, rows: &RowSet) -> Vec<f16> {
+    type Memo = Option<((u64, Algorithm, [u8; 32]), std::sync::Arc<Vec<f16>>)>;
     static LAST: std::sync::Mutex<Memo> = std::sync::Mutex::new(None);
-    let key = (p.id, kv_split, rows.fingerprint());
+    let key = (p.id, alg, rows.fingerprint());
     if let Some((k, out)) = LAST.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
         && *k == key
     {
         return out.to_vec();
     }
     let mut out = vec![crate::metrics::POISON; rows.count() * p.shape.d];
-    run_rows(p, kv_split, Defect::None, rows, &mut out);
+    run_rows(p, alg, Defect::None, rows, &mut out);
     *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, std::sync::Arc::new(out.clone())));
     out
 }
 
 /// Runs the emulation into `out` (`[B, H, S, D]` f16). Elements the algorithm does not write
 /// keep whatever `out` held, so a poisoned buffer exposes unwritten rows.
-pub fn run(p: &Problem, kv_split: usize, defect: Defect, out: &mut [f16]) {
-    run_rows(p, kv_split, defect, &RowSet::all(&p.shape), out);
+pub fn run(p: &Problem, alg: Algorithm, defect: Defect, out: &mut [f16]) {
+    run_rows(p, alg, defect, &RowSet::all(&p.shape), out);
 }
 
 /// As [`run`], for the rows of `rows` only, into their compact layout.
-pub fn run_rows(p: &Problem, kv_split: usize, defect: Defect, rows: &RowSet, out: &mut [f16]) {
+pub fn run_rows(p: &Problem, alg: Algorithm, defect: Defect, rows: &RowSet, out: &mut [f16]) {
     match p.shape.d {
-        64 => run_rows_d::<64>(p, kv_split, defect, rows, out),
-        128 => run_rows_d::<128>(p, kv_split, defect, rows, out),
+        64 => run_rows_d::<64>(p, alg, defect, rows, out),
+        128 => run_rows_d::<128>(p, alg, defect, rows, out),
         d => panic!("D = {d} was refused when the shape was read"),
     }
 }
 
 fn run_rows_d<const D: usize>(
     p: &Problem,
-    kv_split: usize,
+    alg: Algorithm,
     defect: Defect,
     rows: &RowSet,
     out: &mut [f16],
 ) {
-    assert!(kv_split >= 1);
+    let kv_split = alg.kv_split;
+    let tile_keys = alg.block_n;
+    assert!(kv_split >= 1 && tile_keys <= MAX_TILE && tile_keys.is_multiple_of(alg.mma_k));
     let sh = &p.shape;
     let sk = sh.sk;
     assert_eq!(sh.d, D);
     assert_eq!(out.len(), rows.count() * D);
     let (q_len, kv_len) = (sh.s * D, sk * D);
-    let n_tiles = sk.div_ceil(KV_TILE);
-    let s_pad = n_tiles * KV_TILE;
+    let n_tiles = sk.div_ceil(tile_keys);
+    let s_pad = n_tiles * tile_keys;
     let table: [f32; 256] = std::array::from_fn(|c| fp8::decode(c as u8));
     let heads = sh.heads();
     rows.split_heads(out, D)
@@ -126,13 +138,13 @@ fn run_rows_d<const D: usize>(
                 &p.k.codes[kv.clone()],
                 &p.v.codes[kv],
             );
-            // K tile by tile, each transposed to [D][KV_TILE] so a k-step vectorizes over keys;
-            // padded keys are 0. V as [S_pad][D].
+            // K tile by tile, each transposed to [D][tile keys] so a k-step vectorizes over
+            // keys; padded keys are 0. V as [S_pad][D].
             let mut kt = vec![0f32; D * s_pad];
             for (j, row) in kc.chunks(D).enumerate() {
-                let tile = &mut kt[j / KV_TILE * KV_TILE * D..][..KV_TILE * D];
+                let tile = &mut kt[j / tile_keys * tile_keys * D..][..tile_keys * D];
                 for (x, &c) in row.iter().enumerate() {
-                    tile[x * KV_TILE + j % KV_TILE] = table[c as usize];
+                    tile[x * tile_keys + j % tile_keys] = table[c as usize];
                 }
             }
             let mut vd = vec![0f32; s_pad * D];
@@ -162,17 +174,22 @@ fn run_rows_d<const D: usize>(
                     let mut states: Vec<Running<D>> =
                         vec![Running::new(); chunk_rows.len() * kv_split];
                     for t in 0..tiles_run {
-                        let first = t * KV_TILE;
+                        let first = t * tile_keys;
                         for (r, q) in qs.iter().enumerate() {
                             if seen[r] <= first {
                                 continue;
                             }
                             let tile = Tile {
-                                k: &kt[first * D..][..KV_TILE * D],
-                                v: &vd[first * D..][..KV_TILE * D],
-                                valid: KV_TILE.min(seen[r] - first),
+                                k: &kt[first * D..][..tile_keys * D],
+                                v: &vd[first * D..][..tile_keys * D],
+                                valid: tile_keys.min(seen[r] - first),
                             };
-                            states[r * kv_split + t % kv_split].step(q, &tile, qk_scale);
+                            let state = &mut states[r * kv_split + t % kv_split];
+                            if alg.is_stage_c() {
+                                state.step(q, &tile, qk_scale);
+                            } else {
+                                state.step_general(q, &tile, qk_scale, &alg);
+                            }
                         }
                     }
                     for (((out_row, &i), splits), &keys) in out_rows
@@ -201,7 +218,7 @@ fn run_rows_d<const D: usize>(
         });
 }
 
-/// One KV tile: K as [D][KV_TILE], V as [KV_TILE][D]; keys from `valid` on are masked.
+/// One KV tile: K as [D][tile keys], V as [tile keys][D]; keys from `valid` on are masked.
 struct Tile<'a> {
     k: &'a [f32],
     v: &'a [f32],
@@ -391,15 +408,18 @@ mod tests {
             0,
             crate::problem::HostDefect::Scale447,
         );
-        let first = clean(&p, KV_SPLIT, &all(&p));
+        let first = clean(&p, Algorithm::STAGE_C, &all(&p));
         assert_eq!(first, emulate(&p, Defect::None));
-        let theirs = clean(&other, KV_SPLIT, &all(&other));
+        let theirs = clean(&other, Algorithm::STAGE_C, &all(&other));
         assert_ne!(
             theirs, first,
             "same shape and seed, other codes: not the memo's answer"
         );
         assert_eq!(theirs, emulate(&other, Defect::None));
-        assert_eq!(clean(&p.clone(), KV_SPLIT, &all(&p.clone())), first);
+        assert_eq!(
+            clean(&p.clone(), Algorithm::STAGE_C, &all(&p.clone())),
+            first
+        );
     }
 
     fn all(p: &Problem) -> RowSet {
@@ -408,7 +428,7 @@ mod tests {
 
     fn emulate(p: &Problem, defect: Defect) -> Vec<f16> {
         let mut out = vec![POISON; p.output_len()];
-        run(p, KV_SPLIT, defect, &mut out);
+        run(p, Algorithm::STAGE_C, defect, &mut out);
         out
     }
 
@@ -483,7 +503,7 @@ mod tests {
     fn emulation_tracks_the_kernel_reference_closely_on_partial_tiles() {
         // S = 77: two KV tiles, the second with 13 keys; two batches, two heads.
         let p = problem(2, 2, 77, 1.0);
-        let refs = References::compute(&p, KV_SPLIT, &all(&p));
+        let refs = References::compute(&p, Algorithm::STAGE_C, &all(&p));
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 4e-3, "max err {err}");
     }
@@ -491,7 +511,7 @@ mod tests {
     #[test]
     fn emulation_handles_a_single_key() {
         let p = problem(1, 1, 1, 1.0);
-        let refs = References::compute(&p, KV_SPLIT, &all(&p));
+        let refs = References::compute(&p, Algorithm::STAGE_C, &all(&p));
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 4e-3, "max err {err}");
     }
@@ -499,21 +519,62 @@ mod tests {
     #[test]
     fn online_rescale_keeps_wide_score_ranges_accurate() {
         let p = problem(1, 1, 300, 2.0);
-        let refs = References::compute(&p, KV_SPLIT, &all(&p));
+        let refs = References::compute(&p, Algorithm::STAGE_C, &all(&p));
         let err = max_err(&emulate(&p, Defect::None), &refs.kernel);
         assert!(err < 1e-2, "max err {err}");
+    }
+
+    #[test]
+    fn stage_ds_algorithm_rounds_p_to_e4m3_and_stays_within_the_fp8_models_bound() {
+        let d = Algorithm::of(&crate::kernels::project_spec("stage-d"));
+        assert!(!d.is_stage_c());
+        for text in [
+            "1x2x300x64",
+            "1x4x77x128:sk=300:hkv=2:causal",
+            "2x2x3x64:sk=700",
+            "1x2x200x64:sk=70:causal",
+        ] {
+            let sh = Shape::parse_inline(text).unwrap().unwrap();
+            let p = Problem::new(&sh, 1);
+            let rows = all(&p);
+            let refs = References::compute(&p, d, &rows);
+            let out = clean(&p, d, &rows);
+            let worst = out
+                .iter()
+                .zip(&refs.kernel)
+                .zip(&refs.kernel_bound)
+                .map(|((o, r), b)| {
+                    let e = (o.to_f64() - r).abs();
+                    if *b > 0.0 {
+                        e / b
+                    } else if e == 0.0 {
+                        0.0
+                    } else {
+                        f64::INFINITY
+                    }
+                })
+                .fold(0.0, f64::max);
+            assert!(worst > 0.0 && worst < 1.0, "{text}: error/bound {worst}");
+            // P in e4m3 (3 mantissa bits) moves the output more than P in f16 (10 bits).
+            let c = clean(&p, Algorithm::STAGE_C, &rows);
+            let (err_d, err_c) = (max_err(&out, &refs.kernel), max_err(&c, &refs.kernel));
+            assert!(
+                err_d > 1.5 * err_c,
+                "{text}: stage D {err_d:.2e}, stage C {err_c:.2e}"
+            );
+        }
     }
 
     #[test]
     fn every_kv_split_gives_the_same_answer_up_to_rounding() {
         // S = 300: five tiles, so 2 and 3 splits get unequal shares and a split may be empty.
         let p = problem(1, 2, 300, 1.0);
-        let refs = References::compute(&p, KV_SPLIT, &all(&p));
+        let refs = References::compute(&p, Algorithm::STAGE_C, &all(&p));
         let outs: Vec<Vec<f16>> = [1, 2, 3, 8]
             .iter()
             .map(|&k| {
                 let mut out = vec![POISON; p.output_len()];
-                run(&p, k, Defect::None, &mut out);
+                run(&p, Algorithm::STAGE_C.with_split(k), Defect::None, &mut out);
                 out
             })
             .collect();
@@ -532,7 +593,7 @@ mod tests {
         let p = problem(2, 1, 1000, 1.0);
         let whole = emulate(&p, Defect::None);
         let rows = RowSet::sampled(&p.shape, 0, &[32]);
-        let part = clean(&p, KV_SPLIT, &rows);
+        let part = clean(&p, Algorithm::STAGE_C, &rows);
         assert_eq!(part.len(), rows.count() * 64);
         for (full_row, compact_row) in rows.each() {
             assert_eq!(
@@ -542,7 +603,7 @@ mod tests {
             );
         }
         assert_ne!(
-            clean(&p, KV_SPLIT, &all(&p)).len(),
+            clean(&p, Algorithm::STAGE_C, &all(&p)).len(),
             part.len(),
             "not the memo of all rows"
         );
@@ -551,7 +612,7 @@ mod tests {
     #[test]
     fn skipping_the_last_kv_tile_changes_the_answer() {
         let p = problem(1, 1, 130, 1.0);
-        let refs = References::compute(&p, KV_SPLIT, &all(&p));
+        let refs = References::compute(&p, Algorithm::STAGE_C, &all(&p));
         let err = max_err(&emulate(&p, Defect::SkipLastKvTile), &refs.kernel);
         assert!(err > 0.05, "max err {err}");
     }

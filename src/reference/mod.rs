@@ -11,6 +11,8 @@ mod model;
 use model::Reader;
 pub use model::{Implementation, Model, OutputFormat, Precision, Reading};
 
+use crate::emulation::Algorithm;
+
 use std::cell::RefCell;
 
 use ndarray::linalg::general_mat_mul;
@@ -196,15 +198,18 @@ impl RowSums {
 }
 
 impl References {
-    /// Both references and their bounds for the rows of `rows`, on the host; `kv_split` is
-    /// the kernel's (it sets the length of the f32 accumulation chains in the model).
-    pub fn compute(p: &Problem, kv_split: usize, rows: &RowSet) -> Self {
-        Self::from_sums(p, kv_split, rows, RowSums::on_host(p, rows))
+    /// Both references and their bounds for the rows of `rows`, on the host, under the error
+    /// model of the kernel's algorithm ([`Model::of`]).
+    pub fn compute(p: &Problem, alg: Algorithm, rows: &RowSet) -> Self {
+        let model = Model::of(alg);
+        Self::finish(p, &model, rows, RowSums::read(p, rows, model.reading()))
     }
 
     /// The references and bounds from the sums of either engine: the same finishing for both.
-    pub fn from_sums(p: &Problem, kv_split: usize, rows: &RowSet, sums: RowSums) -> Self {
-        Self::finish(p, &Model::StageC { kv_split }, rows, sums)
+    /// The device's sums count small weights as [`Reading::STAGE_C`] does
+    /// ([`Model::device_sums_apply`]).
+    pub fn from_sums(p: &Problem, alg: Algorithm, rows: &RowSet, sums: RowSums) -> Self {
+        Self::finish(p, &Model::of(alg), rows, sums)
     }
 
     /// The references and bounds under `model` from sums read as [`Model::reading`] says.
@@ -561,7 +566,7 @@ mod tests {
         // S = 150: three row blocks, the last partial; two heads with their own scales.
         let sh = shape(1, 2, 150);
         let p = Problem::new(&sh, 3);
-        let refs = References::compute(&p, 2, &RowSet::all(&sh));
+        let refs = References::compute(&p, Algorithm::STAGE_C, &RowSet::all(&sh));
         let scale = p.softmax_scale as f64;
         let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
         let kernel = naive(
@@ -606,9 +611,9 @@ mod tests {
         // Two heads of S = 1000: rows of several blocks, each head its own random rows.
         let sh = shape(1, 2, 1000);
         let p = Problem::new(&sh, 1);
-        let full = References::compute(&p, 2, &RowSet::all(&sh));
+        let full = References::compute(&p, Algorithm::STAGE_C, &RowSet::all(&sh));
         let rows = RowSet::sampled(&sh, 1, &[32]);
-        let part = References::compute(&p, 2, &rows);
+        let part = References::compute(&p, Algorithm::STAGE_C, &rows);
         assert_eq!(part.kernel.len(), rows.count() * 64);
         for (full_row, compact_row) in rows.each() {
             let (f, c) = (

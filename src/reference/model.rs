@@ -32,6 +32,7 @@
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 
+use crate::emulation::Algorithm;
 use crate::fp8::Fp8Tensor;
 
 const U32: f64 = 1.0 / (1u64 << 24) as f64;
@@ -199,6 +200,30 @@ pub enum Model {
 }
 
 impl Model {
+    /// The model that bounds a kernel of algorithm `alg`: Stage C's own, step for step
+    /// (`bound.rs`), for Stage C's arithmetic; for any other kernel, the model of an FP8
+    /// implementation that writes f16 (P rounded to e4m3, FP8 tensor-core accumulation, f32
+    /// chains over the row's keys): it bounds the worst algorithm of that class, and a P in
+    /// f16 or a shorter chain only rounds finer.
+    pub fn of(alg: Algorithm) -> Self {
+        if alg.is_stage_c() {
+            Model::StageC {
+                kv_split: alg.kv_split,
+            }
+        } else {
+            Model::Implementation(Implementation {
+                precision: Precision::Fp8,
+                output: OutputFormat::F16,
+            })
+        }
+    }
+
+    /// Whether sums computed on the GPU (cuda/reference_f64.cu, which counts small weights
+    /// below f16's smallest normal) serve this model.
+    pub fn device_sums_apply(&self) -> bool {
+        self.reading() == Reading::STAGE_C
+    }
+
     /// What the references read, and below which weight a weight is counted small.
     pub fn reading(&self) -> Reading {
         match self {

@@ -97,6 +97,15 @@ pub fn refused_with_env(args: &[&str], env: &[(&str, &str)], code: i32, needles:
     );
 }
 
+/// A kernel of the project's manifest (cuda/kernels.toml).
+pub fn kernel_spec(name: &str) -> sdpa_runner::kernels::KernelSpec {
+    sdpa_runner::kernels::Manifest::load(&project_root().join("cuda/kernels.toml"))
+        .unwrap()
+        .get(name)
+        .unwrap()
+        .clone()
+}
+
 /// The cuda backend on GPU 0 with the project's kernel built as `specs`.
 pub fn gpu_backend(
     specs: &[sdpa_runner::backend::cuda::variant::VariantSpec],
@@ -105,6 +114,7 @@ pub fn gpu_backend(
     let source = sdpa_runner::backend::cuda::kernel::KernelSource::load(
         &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
         &root.join("cuda"),
+        &kernel_spec("stage-c"),
     )
     .unwrap();
     sdpa_runner::backend::cuda::CudaBackend::new(source, specs).unwrap()

@@ -137,7 +137,12 @@ mod tests {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join(file), text).unwrap();
         std::fs::write(dir.join("h.cuh"), header).unwrap();
-        KernelSource::load(&dir.join(file), dir).unwrap()
+        KernelSource::load(
+            &dir.join(file),
+            dir,
+            &crate::kernels::project_spec("stage-c"),
+        )
+        .unwrap()
     }
 
     const KERNEL: &str = "#include <cuda_fp16.h>\n#include \"h.cuh\"\nint f() { return H; }\n";

@@ -21,13 +21,17 @@ pub struct KernelConstants {
     /// Dynamic shared memory of the D = 128 entry.
     #[serde(default)]
     pub smem_bytes_d128: u32,
-    pub use_cp_async: u32,
+    /// The A/B switch's published value (cuda/kernels.toml `proof_constant`: Stage C's
+    /// SDPA_USE_CP_ASYNC, Stage D's SDPA_KV_STAGES).
+    #[serde(alias = "use_cp_async")]
+    pub switch: u32,
 }
 
 impl KernelConstants {
-    /// Reads the constants from PTX lines such as `.const .align 4 .u32 SDPA_BLOCK_M = 64;`.
-    /// A declaration without an initializer is zero, as PTX zero-initializes `.const` data.
-    pub fn from_ptx(ptx: &str) -> Result<Self, String> {
+    /// Reads the constants from PTX lines such as `.const .align 4 .u32 SDPA_BLOCK_M = 64;`,
+    /// the switch's from `switch_constant`. A declaration without an initializer is zero, as
+    /// PTX zero-initializes `.const` data.
+    pub fn from_ptx(ptx: &str, switch_constant: &str) -> Result<Self, String> {
         let get = |name: &str| ptx_constant(ptx, name);
         Ok(KernelConstants {
             block_m: get("SDPA_BLOCK_M")?,
@@ -36,8 +40,48 @@ impl KernelConstants {
             threads: get("SDPA_THREADS")?,
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
-            use_cp_async: get("SDPA_USE_CP_ASYNC")?,
+            switch: get(switch_constant)?,
         })
+    }
+}
+
+/// What proves that a module was built with the A/B switch it claims: the constant it
+/// publishes equals the define's value, and the proof instruction (where the manifest names
+/// one) is in the candidate's PTX and not in the baseline's. The defence against a "fast"
+/// variant that was never actually built.
+pub struct Toggle<'a> {
+    pub define: &'a str,
+    pub value: &'a str,
+    pub constant: &'a str,
+    pub instruction: Option<&'a str>,
+    /// Whether this is the candidate's value (the proof instruction must be present).
+    pub candidate: bool,
+}
+
+impl Toggle<'_> {
+    /// Fails naming what did not take in `module` (e.g. "its d128 module") of variant `name`.
+    pub fn check(&self, name: &str, module: &str, ptx: &str) -> Result<(), String> {
+        let published = ptx_constant(ptx, self.constant)?;
+        if self.value.parse::<u32>().ok() != Some(published) {
+            return Err(format!(
+                "variant {name}: asked for {}={}, but {module} publishes {}={published}: the \
+                 switch did not take",
+                self.define, self.value, self.constant
+            ));
+        }
+        if let Some(instr) = self.instruction {
+            let present = ptx_has_instruction(ptx, instr);
+            if present != self.candidate {
+                return Err(format!(
+                    "variant {name}: asked for {}={}, but {module}'s PTX {} {instr} instructions, \
+                     which cuda/kernels.toml says only the candidate's holds: the switch did not take",
+                    self.define,
+                    self.value,
+                    if present { "has" } else { "has no" }
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -94,13 +138,19 @@ pub fn ptx_code(ptx: &str) -> String {
 
 /// Whether any PTX instruction is a `cp.async` (comments and names do not count).
 pub fn ptx_has_cp_async(ptx: &str) -> bool {
+    ptx_has_instruction(ptx, "cp.async")
+}
+
+/// Whether any PTX instruction's opcode starts with `opcode` (`cp.async` also matches
+/// `cp.async.wait_group`; a predicate is skipped; comments and names do not count).
+pub fn ptx_has_instruction(ptx: &str, opcode: &str) -> bool {
     ptx.lines().any(|line| {
         let code = line.split("//").next().unwrap_or("").trim_start();
         let code = code.strip_prefix('@').map_or(code, |pred| {
             pred.split_once(char::is_whitespace)
                 .map_or("", |(_, rest)| rest.trim_start())
         });
-        code.starts_with("cp.async")
+        code.starts_with(opcode)
     })
 }
 
@@ -231,27 +281,6 @@ impl From<&VariantIdentity> for VariantMeta {
 }
 
 impl VariantIdentity {
-    /// Fails unless the PTX and the published constants agree with the requested toggle: the
-    /// defence against a "fast" variant that was never actually built.
-    pub fn check_toggle(&self, requested_cp_async: bool) -> Result<(), String> {
-        let published = self.constants.use_cp_async == 1;
-        if published != requested_cp_async || self.ptx_has_cp_async != requested_cp_async {
-            return Err(format!(
-                "variant {}: asked for USE_CP_ASYNC={}, but the module publishes SDPA_USE_CP_ASYNC={} \
-                 and its PTX {} cp.async instructions: the toggle did not take",
-                self.name,
-                requested_cp_async as u8,
-                self.constants.use_cp_async,
-                if self.ptx_has_cp_async {
-                    "has"
-                } else {
-                    "has no"
-                }
-            ));
-        }
-        Ok(())
-    }
-
     /// Registers, shared memory and spills from the driver where present, else from ptxas
     /// (the base entry's: the one reports show beside the variant).
     pub fn registers(&self) -> Option<u32> {
@@ -407,7 +436,7 @@ ptxas info    : Used 96 registers, used 1 barriers
                    .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 61440;\n\
                    .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 98304;\n\
                    .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
-        let c = KernelConstants::from_ptx(ptx).unwrap();
+        let c = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
         assert_eq!(
             (
                 c.block_n,
@@ -415,18 +444,26 @@ ptxas info    : Used 96 registers, used 1 barriers
                 c.threads,
                 c.smem_bytes,
                 c.smem_bytes_d128,
-                c.use_cp_async
+                c.switch
             ),
             (32, 2, 128, 61440, 98304, 1)
         );
         let zero = ptx.replace("SDPA_USE_CP_ASYNC = 1;", "SDPA_USE_CP_ASYNC;");
         assert_eq!(
-            KernelConstants::from_ptx(&zero).unwrap().use_cp_async,
+            KernelConstants::from_ptx(&zero, "SDPA_USE_CP_ASYNC")
+                .unwrap()
+                .switch,
             0,
             "uninitialized .const is 0"
         );
-        let err = KernelConstants::from_ptx(".const .align 4 .u32 SDPA_BLOCK_N = 64;").unwrap_err();
+        let err =
+            KernelConstants::from_ptx(".const .align 4 .u32 SDPA_BLOCK_N = 64;", "X").unwrap_err();
         assert!(err.contains("SDPA_BLOCK_M"), "{err}");
+        let err = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap_err();
+        assert!(
+            err.contains("SDPA_KV_STAGES"),
+            "the switch's constant is required: {err}"
+        );
     }
 
     #[test]
@@ -460,7 +497,7 @@ ptxas info    : Used 96 registers, used 1 barriers
                 threads: 128,
                 smem_bytes: 61440,
                 smem_bytes_d128: 61440,
-                use_cp_async: published,
+                switch: published,
             },
             ptxas: PtxasReport {
                 registers: Some(96),
@@ -509,12 +546,49 @@ ptxas info    : Used 96 registers, used 1 barriers
     }
 
     #[test]
-    fn a_toggle_that_did_not_take_is_caught() {
-        assert!(identity(true, 1).check_toggle(true).is_ok());
-        assert!(identity(false, 0).check_toggle(false).is_ok());
-        let err = identity(false, 1).check_toggle(true).unwrap_err();
-        assert!(err.contains("toggle did not take"), "{err}");
-        assert!(identity(true, 0).check_toggle(true).is_err());
+    fn a_switch_that_did_not_take_is_caught_by_its_constant_or_its_instruction() {
+        let module = |published: u32, cp: bool| {
+            format!(
+                ".const .align 4 .u32 SDPA_USE_CP_ASYNC = {published};\n{}",
+                if cp {
+                    "\tcp.async.ca.shared.global [%r1], [%rd1], 16;\n"
+                } else {
+                    ""
+                }
+            )
+        };
+        let cp = |value: &'static str, candidate| Toggle {
+            define: "USE_CP_ASYNC",
+            value,
+            constant: "SDPA_USE_CP_ASYNC",
+            instruction: Some("cp.async"),
+            candidate,
+        };
+        assert!(cp("1", true).check("cp1", "m", &module(1, true)).is_ok());
+        assert!(cp("0", false).check("cp0", "m", &module(0, false)).is_ok());
+        let err = cp("1", true)
+            .check("cp1", "m", &module(0, true))
+            .unwrap_err();
+        assert!(
+            err.contains("SDPA_USE_CP_ASYNC=0") && err.contains("did not take"),
+            "{err}"
+        );
+        let err = cp("1", true)
+            .check("cp1", "m", &module(1, false))
+            .unwrap_err();
+        assert!(err.contains("has no cp.async"), "{err}");
+        assert!(cp("0", false).check("cp0", "m", &module(0, true)).is_err());
+        // A switch proven by its constant alone (Stage D's pipeline depth).
+        let stages = Toggle {
+            define: "KV_STAGES",
+            value: "3",
+            constant: "SDPA_KV_STAGES",
+            instruction: None,
+            candidate: true,
+        };
+        let st = |n: u32| format!(".const .align 4 .u32 SDPA_KV_STAGES = {n};\n");
+        assert!(stages.check("st3", "m", &st(3)).is_ok());
+        assert!(stages.check("st3", "m", &st(2)).is_err());
     }
 
     #[test]

@@ -4,24 +4,43 @@
 use std::path::{Path, PathBuf};
 
 use super::identity::{
-    EntryIdentity, KernelConstants, PtxasReport, VariantIdentity, ptx_code, ptx_has_cp_async,
+    EntryIdentity, KernelConstants, PtxasReport, Toggle, VariantIdentity, ptx_code,
+    ptx_has_cp_async,
 };
 use super::nvrtc::{self, Compiled};
 use super::revision;
 use super::variant::VariantSpec;
 use crate::backend::BackendError;
-use crate::emulation::KV_TILE;
+use crate::kernels::KernelSpec;
 use crate::report::sha256_hex;
 use crate::schema::KernelRef;
 use crate::shapes::Entry;
 
-/// The kernel file under cuda/ and its entry point (docs/DESIGN.md "Kernel ABI").
+/// The default kernel's file under cuda/ (cuda/kernels.toml's `default`): where `git:REV`
+/// without a path looks.
 pub const KERNEL_FILE: &str = "sdpa_fp8_stage_c_mma.cu";
-pub const ENTRY: &str = "sdpa_fp8_stage_c_mma";
 
-/// The entry point of one instantiation: `<ENTRY>_d64`, `<ENTRY>_d128_causal`, ...
-pub fn entry_for(e: Entry) -> String {
-    format!("{ENTRY}_{}", e.suffix())
+/// The entry point of one instantiation of a kernel whose entries are named `prefix`:
+/// `<prefix>_d64`, `<prefix>_d128_causal`, ... (docs/DESIGN.md "Kernel ABI").
+pub fn entry_for(prefix: &str, e: Entry) -> String {
+    format!("{prefix}_{}", e.suffix())
+}
+
+/// The architecture a kernel is compiled for on a GPU of architecture `gpu_arch` (`sm_90`):
+/// the GPU's own for `arch = "native"`, else the manifest's fixed target, which must be for
+/// that GPU (`sm_90a` runs on `sm_90` only).
+pub fn target_arch(spec: &KernelSpec, gpu_arch: &str) -> Result<String, BackendError> {
+    if spec.arch == "native" {
+        return Ok(gpu_arch.to_string());
+    }
+    if spec.arch.trim_end_matches('a') == gpu_arch {
+        return Ok(spec.arch.clone());
+    }
+    Err(BackendError::Config(format!(
+        "kernel `{}` is built for {} (cuda/kernels.toml), which this GPU ({gpu_arch}) cannot \
+         run; run it on a GPU of that architecture, or run another kernel (`sdpa-runner kernels`)",
+        spec.name, spec.arch
+    )))
 }
 
 /// Where a kernel comes from: a file, or a file at a git revision (`git:REV[:PATH]`, PATH
@@ -70,13 +89,19 @@ pub struct KernelSource {
     pub include_dirs: Vec<PathBuf>,
     /// (include name, text) given to NVRTC in memory.
     pub headers: Vec<(String, String)>,
-    /// Instructions every module's PTX must hold (cuda/kernels.toml `ptx_must_hold`).
-    pub ptx_must_hold: Vec<String>,
+    /// Its manifest entry (cuda/kernels.toml): entries, target, launch ABI, the A/B switch and
+    /// its proofs, tiles, numerics, and the instructions every module's PTX must hold.
+    pub spec: KernelSpec,
 }
 
 impl KernelSource {
-    /// Reads `path`; its own folder and the project's cuda/ folder serve local includes.
-    pub fn load(path: &Path, project_cuda_dir: &Path) -> Result<Self, BackendError> {
+    /// Reads `path`, described by `spec`; its own folder and the project's cuda/ folder serve
+    /// local includes.
+    pub fn load(
+        path: &Path,
+        project_cuda_dir: &Path,
+        spec: &KernelSpec,
+    ) -> Result<Self, BackendError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             BackendError::Config(format!(
                 "cannot read the kernel source {}: {e}; pass --kernel FILE or run from the checkout",
@@ -97,25 +122,21 @@ impl KernelSource {
             text,
             include_dirs,
             headers: Vec::new(),
-            ptx_must_hold: Vec::new(),
+            spec: spec.clone(),
         })
     }
 
-    /// The same source, whose modules must hold `instructions` (the manifest's identity facts).
-    pub fn holding(mut self, instructions: &[String]) -> Self {
-        self.ptx_must_hold = instructions.to_vec();
-        self
-    }
-
     /// Reads the kernel at `location`: a file (as [`KernelSource::load`]) or a file of the
-    /// repository at `repo` as it is at a revision, with the headers of that revision only.
+    /// repository at `repo` as it is at a revision, with the headers of that revision only;
+    /// either is described by `spec` (a base kernel is the same kernel at another revision).
     pub fn locate(
         location: &KernelLocation,
         repo: &Path,
         project_cuda_dir: &Path,
+        spec: &KernelSpec,
     ) -> Result<Self, BackendError> {
         match location {
-            KernelLocation::File(path) => Self::load(path, project_cuda_dir),
+            KernelLocation::File(path) => Self::load(path, project_cuda_dir, spec),
             KernelLocation::Git { rev, path } => {
                 let files = revision::read(repo, rev, path).map_err(BackendError::Config)?;
                 Ok(KernelSource {
@@ -125,7 +146,7 @@ impl KernelSource {
                     text: files.text,
                     include_dirs: Vec::new(),
                     headers: files.headers,
-                    ptx_must_hold: Vec::new(),
+                    spec: spec.clone(),
                 })
             }
         }
@@ -148,6 +169,8 @@ pub fn require_nvrtc() -> Result<String, BackendError> {
 #[derive(Clone)]
 pub struct BuiltVariant {
     pub spec: VariantSpec,
+    /// The manifest entry of the kernel it was built from.
+    pub kernel: KernelSpec,
     /// The module of [`Entry::BASE`].
     pub compiled: Compiled,
     /// The modules of the other entries the run's problems need.
@@ -155,18 +178,22 @@ pub struct BuiltVariant {
     pub identity: VariantIdentity,
 }
 
-/// Compiles one variant for `arch` and checks that the module is what was asked for: the
-/// published BLOCK_N matches the runner's, and the cp.async toggle took. The variant's
-/// identity is its [`Entry::BASE`] module's; the modules of the other `entries` (those the
-/// run's problems need) are compiled on threads of their own beside it, checked the same way
-/// and recorded beside it (`VariantIdentity::entries`).
+/// Compiles one variant for a GPU of architecture `gpu_arch` (for the kernel's target:
+/// [`target_arch`]) and checks that the module is what was asked for: the published tiles
+/// match the manifest's, which the emulation and the launch follow, and the A/B switch took
+/// (its published constant, and its proof instruction where the manifest names one). The
+/// variant's identity is its [`Entry::BASE`] module's; the modules of the other `entries`
+/// (those the run's problems need) are compiled on threads of their own beside it, checked
+/// the same way and recorded beside it (`VariantIdentity::entries`).
 pub fn build_variant(
     src: &KernelSource,
     cuda_include: &Path,
-    arch: &str,
+    gpu_arch: &str,
     spec: &VariantSpec,
     entries: &[Entry],
 ) -> Result<BuiltVariant, BackendError> {
+    let arch = target_arch(&src.spec, gpu_arch)?;
+    let arch = arch.as_str();
     let others: Vec<Entry> = entries
         .iter()
         .copied()
@@ -200,12 +227,22 @@ pub fn build_variant(
         &spec.define_strings(),
         &entry_options(src, cuda_include, arch, spec, Entry::BASE),
     );
-    let constants = KernelConstants::from_ptx(&compiled.ptx).map_err(refuse)?;
-    if constants.block_n as usize != KV_TILE {
+    let switch = &src.spec.variants;
+    let constants =
+        KernelConstants::from_ptx(&compiled.ptx, &switch.proof_constant).map_err(refuse)?;
+    let tiles = &src.spec.tiles;
+    if constants.block_n != tiles.block_n || tiles.block_m.is_some_and(|m| m != constants.block_m) {
         return Err(refuse(format!(
-            "the kernel publishes BLOCK_N={}, but the runner and its CPU emulation use \
-             KV_TILE={KV_TILE}; keep src/emulation/mod.rs and cuda/emulation_f32.cu in step with the kernel",
-            constants.block_n
+            "the kernel publishes SDPA_BLOCK_M={} and SDPA_BLOCK_N={}, but cuda/kernels.toml \
+             describes `{}` with block_m {} and block_n {}, which the emulation and the launch \
+             follow; keep the manifest in step with the kernel",
+            constants.block_m,
+            constants.block_n,
+            src.spec.name,
+            tiles
+                .block_m
+                .map_or_else(|| "(any)".to_string(), |m| m.to_string()),
+            tiles.block_n
         )));
     }
     if constants.block_m < 16 {
@@ -218,7 +255,14 @@ pub fn build_variant(
     for (e, module) in
         std::iter::once((Entry::BASE, &compiled)).chain(others.iter().map(|(e, c)| (*e, c)))
     {
-        if let Some(missing) = missing_instruction(&module.ptx, &src.ptx_must_hold) {
+        if let Some(line) = forbidden_message(&module.log, &src.spec.ptxas_must_not_say) {
+            return Err(refuse(format!(
+                "ptxas said, compiling its {} module, what cuda/kernels.toml says it must not \
+                 (the compiled code is not what the source says): {line}",
+                e.suffix()
+            )));
+        }
+        if let Some(missing) = missing_instruction(&module.ptx, &src.spec.ptx_must_hold) {
             return Err(refuse(format!(
                 "its {} module's PTX holds no `{missing}`, which cuda/kernels.toml names as proof \
                  that the module is this kernel",
@@ -226,9 +270,16 @@ pub fn build_variant(
             )));
         }
     }
+    let toggle = Toggle {
+        define: &switch.define,
+        value: &spec.defines[0].1,
+        constant: &switch.proof_constant,
+        instruction: switch.proof_instruction.as_deref(),
+        candidate: spec.candidate,
+    };
     let mut entry_ids = Vec::new();
     for (e, c) in &others {
-        let theirs = KernelConstants::from_ptx(&c.ptx).map_err(refuse)?;
+        let theirs = KernelConstants::from_ptx(&c.ptx, &switch.proof_constant).map_err(refuse)?;
         if theirs != constants {
             return Err(refuse(format!(
                 "its {} module publishes other constants than its {} module ({theirs:?} \
@@ -237,20 +288,13 @@ pub fn build_variant(
                 Entry::BASE.suffix()
             )));
         }
-        let toggled = ptx_has_cp_async(&c.ptx);
-        if toggled != spec.use_cp_async {
-            return Err(refuse(format!(
-                "asked for USE_CP_ASYNC={}, but its {} module's PTX {} cp.async instructions: \
-                 the toggle did not take",
-                spec.use_cp_async as u8,
-                e.suffix(),
-                if toggled { "has" } else { "has no" }
-            )));
-        }
+        toggle
+            .check(&spec.name, &format!("its {} module", e.suffix()), &c.ptx)
+            .map_err(BackendError::Kernel)?;
         entry_ids.push(EntryIdentity {
             entry: *e,
             ptx_sha256: sha256_hex(c.ptx.as_bytes()),
-            ptxas: PtxasReport::parse(&c.log, &entry_for(*e)),
+            ptxas: PtxasReport::parse(&c.log, &entry_for(&src.spec.entry, *e)),
             driver: None,
         });
     }
@@ -261,7 +305,7 @@ pub fn build_variant(
         cubin_sha256: sha256_hex(&compiled.cubin),
         ptx_has_cp_async: ptx_has_cp_async(&compiled.ptx),
         constants,
-        ptxas: PtxasReport::parse(&compiled.log, &entry_for(Entry::BASE)),
+        ptxas: PtxasReport::parse(&compiled.log, &entry_for(&src.spec.entry, Entry::BASE)),
         driver: None,
         entries: entry_ids,
         kernel: KernelRef {
@@ -272,15 +316,23 @@ pub fn build_variant(
         ptx_code_sha256: sha256_hex(ptx_code(&compiled.ptx).as_bytes()),
         code,
     };
-    identity
-        .check_toggle(spec.use_cp_async)
+    toggle
+        .check(&spec.name, "its module", &compiled.ptx)
         .map_err(BackendError::Kernel)?;
     Ok(BuiltVariant {
         spec: spec.clone(),
+        kernel: src.spec.clone(),
         compiled,
         others,
         identity,
     })
+}
+
+/// The first line of a compile log that holds one of `codes` (e.g. `(C7514)`).
+fn forbidden_message<'a>(log: &'a str, codes: &[String]) -> Option<&'a str> {
+    log.lines()
+        .find(|l| codes.iter().any(|c| l.contains(&format!("({c})"))))
+        .map(str::trim)
 }
 
 /// The first of `instructions` that no instruction line of `ptx` holds (comments and
@@ -338,15 +390,17 @@ fn compile_entry(
             ))
         },
     )?;
-    let entry = entry_for(e);
+    let entry = entry_for(&src.spec.entry, e);
     if !compiled.ptx.contains(&format!(".entry {entry}(")) {
+        let prefix = &src.spec.entry;
         return Err(BackendError::Kernel(format!(
-            "variant {} of {}: its module for {} has no entry {entry}; a kernel defines \
-             `{ENTRY}_d64`, `{ENTRY}_d64_causal`, `{ENTRY}_d128` and `{ENTRY}_d128_causal` \
-             (cuda/sdpa_fp8_stage_c_mma.cu)",
+            "variant {} of {}: its module for {} has no entry {entry}; kernel `{}` defines \
+             `{prefix}_d64`, `{prefix}_d64_causal`, `{prefix}_d128` and `{prefix}_d128_causal` \
+             (cuda/kernels.toml)",
             spec.name,
             src.origin,
-            e.suffix()
+            e.suffix(),
+            src.spec.name
         )));
     }
     crate::trace::mark(|| format!("nvrtc {} {}: built", spec.name, e.suffix()));
@@ -356,6 +410,20 @@ fn compile_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ptxas_message_the_manifest_forbids_is_found_by_its_code() {
+        let log = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+                   ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async \
+                   instructions are serialized\n";
+        let codes = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(
+            forbidden_message(log, &codes(&["C7517", "C7514"]))
+                .is_some_and(|l| l.starts_with("ptxas info    : (C7514)"))
+        );
+        assert_eq!(forbidden_message(log, &codes(&["C7517"])), None);
+        assert_eq!(forbidden_message(log, &[]), None);
+    }
 
     #[test]
     fn a_module_must_hold_every_instruction_the_manifest_names_outside_comments() {

@@ -1,13 +1,17 @@
-//! Device buffers of one problem and the kernel launch (docs/DESIGN.md "Kernel ABI").
+//! Device buffers of one problem and the kernel launch (docs/DESIGN.md "Kernel ABI"): Q, K and V
+//! as pointers, or as tensor maps (`abi = "tensor-maps"`, src/backend/cuda/tensor_map.rs), as
+//! the variant's manifest entry says.
 
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
 };
 use half::f16;
 
 use super::LoadedVariant;
+use super::tensor_map::{self, Operand, TmaDesc};
+use crate::kernels::Abi;
 use crate::metrics::POISON;
 use crate::problem::Problem;
 
@@ -29,6 +33,9 @@ pub struct DeviceProblem {
     causal: i32,
     entry: crate::shapes::Entry,
     softmax_scale: f32,
+    /// The Q, K and V tensor maps for KV tiles of `.0` keys, built at the first launch of a
+    /// `tensor-maps` variant.
+    maps: Option<(u32, [TmaDesc; 3])>,
 }
 
 impl DeviceProblem {
@@ -56,7 +63,35 @@ impl DeviceProblem {
             causal: i32::from(p.shape.causal),
             entry: p.shape.entry(),
             softmax_scale: p.softmax_scale,
+            maps: None,
         })
+    }
+
+    /// The Q, K, V tensor maps over this problem's codes, for KV tiles of `block_n` keys.
+    fn tensor_maps(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        block_n: u32,
+    ) -> Result<[TmaDesc; 3], String> {
+        if let Some((n, maps)) = self.maps
+            && n == block_n
+        {
+            return Ok(maps);
+        }
+        let d = self.entry.d;
+        let (sq, sk) = (self.sq as usize, self.sk as usize);
+        let (heads, kv_heads) = ((self.b * self.h) as usize, (self.b * self.hkv) as usize);
+        let addr = |s: &CudaSlice<u8>| {
+            let (ptr, _sync) = s.device_ptr(stream);
+            ptr
+        };
+        let maps = [
+            tensor_map::encode(Operand::Q, addr(&self.q), d, sq, heads, block_n)?,
+            tensor_map::encode(Operand::K, addr(&self.k), d, sk, kv_heads, block_n)?,
+            tensor_map::encode(Operand::V, addr(&self.v), d, sk, kv_heads, block_n)?,
+        ];
+        self.maps = Some((block_n, maps));
+        Ok(maps)
     }
 
     /// Makes sure `count` output buffers exist.
@@ -111,11 +146,19 @@ impl DeviceProblem {
             block_dim: (consts.threads, 1, 1),
             shared_mem_bytes: smem_bytes,
         };
+        let maps = match variant.kernel.abi {
+            Abi::Pointers => None,
+            Abi::TensorMaps => Some(self.tensor_maps(stream, consts.block_n).map_err(|why| {
+                crate::trace::mark(|| why.clone());
+                DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE)
+            })?),
+        };
         let mut args = stream.launch_builder(function);
-        args.arg(&self.q)
-            .arg(&self.k)
-            .arg(&self.v)
-            .arg(&self.q_scale)
+        match &maps {
+            None => args.arg(&self.q).arg(&self.k).arg(&self.v),
+            Some([q, k, v]) => args.arg(q).arg(k).arg(v),
+        };
+        args.arg(&self.q_scale)
             .arg(&self.k_scale)
             .arg(&self.v_scale)
             .arg(&mut self.outs[slot])

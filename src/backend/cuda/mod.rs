@@ -14,6 +14,7 @@ pub mod launch;
 pub mod nvrtc;
 pub mod reference;
 pub mod revision;
+pub mod tensor_map;
 pub mod timer;
 pub mod variant;
 
@@ -28,6 +29,8 @@ use half::f16;
 
 use super::{Backend, BackendError, DeviceSums, OnDevice};
 use crate::devices::GpuId;
+use crate::emulation::Algorithm;
+use crate::kernels::KernelSpec;
 use crate::problem::Problem;
 use crate::rows::RowSet;
 use crate::schema::{GpuSlot, VariantMeta};
@@ -43,6 +46,8 @@ use variant::VariantSpec;
 /// A variant loaded on the device.
 pub struct LoadedVariant {
     pub identity: VariantIdentity,
+    /// The manifest entry of its kernel: entry names, launch ABI, numerics.
+    pub kernel: KernelSpec,
     pub options: Vec<String>,
     /// The entries built (the base entry first), each with its function.
     functions: Vec<(Entry, CudaFunction)>,
@@ -87,8 +92,9 @@ pub struct CudaBackend {
     kernels: Vec<KernelSource>,
     /// (shape, seed) of the loaded problem, for error messages.
     loaded: String,
-    /// The KV split each variant builds (shared by the variants of one source).
-    kv_splits: Vec<usize>,
+    /// The algorithm each variant runs: its kernel's numerics with the KV split its module
+    /// publishes (shared by the variants of one source).
+    algorithms: Vec<Algorithm>,
 }
 
 impl CudaBackend {
@@ -189,7 +195,7 @@ impl CudaBackend {
                 crate::trace::mark(|| format!("gpu {}: loaded", id.ordinal));
                 Ok(CudaBackend {
                     names: specs.iter().flatten().map(|s| s.name.clone()).collect(),
-                    kv_splits: gpu.kv_splits,
+                    algorithms: gpu.algorithms,
                     gpu: ManuallyDrop::new(gpu.gpu),
                     faulted: false,
                     device,
@@ -237,10 +243,10 @@ impl<K> Lazy<K> {
     }
 }
 
-/// A [`Gpu`] just loaded, with the KV split of each of its variants.
+/// A [`Gpu`] just loaded, with the algorithm of each of its variants.
 struct Loaded {
     gpu: Gpu,
-    kv_splits: Vec<usize>,
+    algorithms: Vec<Algorithm>,
 }
 
 impl Gpu {
@@ -263,7 +269,7 @@ impl Gpu {
         let emulation = Lazy::Compiling(build.emulation);
         let mut built = build.variants.into_iter();
         let mut variants = Vec::new();
-        let mut kv_splits = Vec::new();
+        let mut algorithms = Vec::new();
         for specs in specs {
             let first = variants.len();
             for _ in specs {
@@ -276,7 +282,13 @@ impl Gpu {
                 .collect();
             let split =
                 identity::shared_kv_split(&constants).map_err(BackendError::Config)? as usize;
-            kv_splits.extend(std::iter::repeat_n(split, specs.len()));
+            let alg = variants[first..]
+                .first()
+                .map_or(Algorithm::STAGE_C, |v: &LoadedVariant| {
+                    Algorithm::of(&v.kernel)
+                })
+                .with_split(split);
+            algorithms.extend(std::iter::repeat_n(alg, specs.len()));
         }
         Ok(Loaded {
             gpu: Gpu {
@@ -289,7 +301,7 @@ impl Gpu {
                 emulation,
                 pair: None,
             },
-            kv_splits,
+            algorithms,
         })
     }
 }
@@ -300,6 +312,7 @@ fn load_variant(
 ) -> Result<LoadedVariant, BackendError> {
     let BuiltVariant {
         spec,
+        kernel,
         compiled,
         others,
         mut identity,
@@ -322,7 +335,7 @@ fn load_variant(
             c.smem_bytes
         };
         let function = module
-            .load_function(&kernel::entry_for(e))
+            .load_function(&kernel::entry_for(&kernel.entry, e))
             .map_err(|err| refuse("the entry point is missing", err))?;
         function
             .set_attribute(
@@ -356,6 +369,7 @@ fn load_variant(
     }
     Ok(LoadedVariant {
         identity,
+        kernel,
         options: compiled.options,
         functions,
         _modules: modules,
@@ -514,15 +528,15 @@ impl Backend for CudaBackend {
         &self.names
     }
 
-    fn kv_split(&self) -> usize {
-        self.kv_splits
+    fn algorithm(&self) -> Algorithm {
+        self.algorithms
             .first()
             .copied()
-            .unwrap_or(crate::emulation::KV_SPLIT)
+            .unwrap_or(Algorithm::STAGE_C)
     }
 
-    fn kv_split_of(&self, variant: usize) -> usize {
-        self.kv_splits[variant]
+    fn algorithm_of(&self, variant: usize) -> Algorithm {
+        self.algorithms[variant]
     }
 
     fn query_tile_of(&self, variant: usize) -> usize {
@@ -785,7 +799,10 @@ impl Backend for CudaBackend {
         self.gpu
             .variants
             .iter()
-            .map(|v| (v.identity.name.clone(), v.identity.resource_verdict(gates)))
+            .map(|v| {
+                let gates = v.kernel.resource_gates(gates);
+                (v.identity.name.clone(), v.identity.resource_verdict(&gates))
+            })
             .collect()
     }
 }

@@ -1,8 +1,10 @@
-//! Kernel variants: which build-time defines each one gets, and which ones a run selects
-//! from `--cp-async` and the `USE_CP_ASYNC` environment variable.
+//! Kernel variants: which build-time defines each one gets (the kernel's A/B switch from
+//! cuda/kernels.toml first), and which ones a run selects from `--cp-async` and the
+//! `USE_CP_ASYNC` environment variable (baseline, candidate or both, whatever the switch).
 
 use serde::{Deserialize, Serialize};
 
+use crate::kernels::{VariantSwitch, VariantValue};
 use crate::schema::{BASE_PREFIX, KernelRole};
 use crate::usage::ConfigError;
 
@@ -23,8 +25,10 @@ pub enum CpAsyncChoice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VariantSpec {
     pub name: String,
-    pub use_cp_async: bool,
-    /// `(NAME, VALUE)` pairs passed as `-DNAME=VALUE`; USE_CP_ASYNC first.
+    /// The switch's candidate value (Stage C: cp.async on), not the baseline's.
+    #[serde(alias = "use_cp_async")]
+    pub candidate: bool,
+    /// `(NAME, VALUE)` pairs passed as `-DNAME=VALUE`; the kernel's switch first.
     pub defines: Vec<(String, String)>,
     /// Built from the kernel under test, or from `--base-kernel`.
     #[serde(default)]
@@ -32,15 +36,40 @@ pub struct VariantSpec {
 }
 
 impl VariantSpec {
+    /// Stage C's variants (cp0, cp1: `USE_CP_ASYNC`), as its manifest entry names them.
     pub fn new(use_cp_async: bool, extra_defines: &[(String, String)]) -> Self {
-        let mut defines = vec![(
-            "USE_CP_ASYNC".to_string(),
-            if use_cp_async { "1" } else { "0" }.to_string(),
-        )];
+        let stage_c = VariantSwitch {
+            define: "USE_CP_ASYNC".into(),
+            baseline: VariantValue {
+                name: "cp0".into(),
+                value: "0".into(),
+            },
+            candidate: VariantValue {
+                name: "cp1".into(),
+                value: "1".into(),
+            },
+            proof_instruction: Some("cp.async".into()),
+            proof_constant: "SDPA_USE_CP_ASYNC".into(),
+        };
+        Self::of_switch(&stage_c, use_cp_async, extra_defines)
+    }
+
+    /// The baseline or the candidate of a kernel's A/B switch (cuda/kernels.toml `[variants]`).
+    pub fn of_switch(
+        switch: &VariantSwitch,
+        candidate: bool,
+        extra_defines: &[(String, String)],
+    ) -> Self {
+        let chosen = if candidate {
+            &switch.candidate
+        } else {
+            &switch.baseline
+        };
+        let mut defines = vec![(switch.define.clone(), chosen.value.clone())];
         defines.extend_from_slice(extra_defines);
         VariantSpec {
-            name: if use_cp_async { "cp1" } else { "cp0" }.to_string(),
-            use_cp_async,
+            name: chosen.name.clone(),
+            candidate,
             defines,
             role: KernelRole::Candidate,
         }
@@ -198,7 +227,7 @@ mod tests {
         let base = VariantSpec::new(true, &[]);
         let cand = base.with_candidate_defines(&[("SDPA_DELAY_CYCLES".into(), "900".into())]);
         assert_eq!(cand.name, "cp1+SDPA_DELAY_CYCLES=900");
-        assert!(cand.use_cp_async);
+        assert!(cand.candidate);
         assert_eq!(
             cand.define_strings(),
             ["USE_CP_ASYNC=1", "SDPA_DELAY_CYCLES=900"]

@@ -1,0 +1,96 @@
+//! Which algorithm the emulation follows: a kernel's numerics as cuda/kernels.toml describes
+//! them (`[tiles]` block_n, `[numerics]`), plus the KV split its module publishes. A kernel
+//! whose numerics are a combination of these needs no Rust to be emulated.
+
+use serde::Serialize;
+
+use crate::kernels::{KernelSpec, PPrecision, PvAccumulation, RowSum};
+
+/// Every choice of a kernel that its output's bits depend on, as far as the emulation models it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Algorithm {
+    /// Chains a row's KV tiles are dealt to (split k takes tiles k, k + kv_split, ...).
+    pub kv_split: usize,
+    /// Keys per KV tile.
+    pub block_n: usize,
+    /// Depth of one tensor-core step of both products.
+    pub mma_k: usize,
+    pub p: PPrecision,
+    pub row_sum: RowSum,
+    pub pv: PvAccumulation,
+}
+
+/// The largest tile the emulation's fixed buffers hold (cuda/kernels.toml allows up to 128).
+pub const MAX_TILE: usize = 128;
+
+impl Algorithm {
+    /// Stage C as cuda/kernels.toml describes it, with the KV split its source defaults to: the
+    /// `cpu` backend's algorithm without a manifest, and the tests'.
+    pub const STAGE_C: Algorithm = Algorithm {
+        kv_split: super::KV_SPLIT,
+        block_n: super::KV_TILE,
+        mma_k: 16,
+        p: PPrecision::F16,
+        row_sum: RowSum::RoundedP,
+        pv: PvAccumulation::Running,
+    };
+
+    /// The algorithm of a manifest kernel, with the KV split of its default build
+    /// (`tiles.kv_split`); a GPU run replaces it with the module's ([`Algorithm::with_split`]).
+    pub fn of(spec: &KernelSpec) -> Self {
+        let kv_split = spec.tiles.kv_split;
+        Algorithm {
+            kv_split: kv_split.max(1),
+            block_n: spec.tiles.block_n as usize,
+            mma_k: spec.numerics.mma_k,
+            p: spec.numerics.p_precision,
+            row_sum: spec.numerics.row_sum,
+            pv: spec.numerics.pv,
+        }
+    }
+
+    /// The same algorithm with another KV split.
+    pub fn with_split(self, kv_split: usize) -> Self {
+        Algorithm {
+            kv_split: kv_split.max(1),
+            ..self
+        }
+    }
+
+    /// Stage C's arithmetic, whatever its split: the GPU emulation (cuda/emulation_f32.cu)
+    /// implements this one only, and the host runs it on its vectorized path.
+    pub fn is_stage_c(&self) -> bool {
+        self.with_split(1) == Self::STAGE_C.with_split(1)
+    }
+
+    /// `x` rounded to the precision of P (a value in [0, 1] or NaN).
+    pub fn round_p(&self, x: f32) -> f32 {
+        match self.p {
+            PPrecision::F16 => half::f16::from_f32(x).to_f32(),
+            PPrecision::E4m3 => crate::fp8::decode(crate::fp8::encode(x)),
+        }
+    }
+
+    /// One line for reports, e.g. `128-key tiles, k32 steps, P e4m3, l from f32 P, per-tile P·V, 1 split`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}-key tiles, k{} steps, P {}, l from {} P, {} P·V, {} split{}",
+            self.block_n,
+            self.mma_k,
+            match self.p {
+                PPrecision::F16 => "f16",
+                PPrecision::E4m3 => "e4m3",
+            },
+            match self.row_sum {
+                RowSum::RoundedP => "rounded",
+                RowSum::F32P => "f32",
+            },
+            match self.pv {
+                PvAccumulation::Running => "running",
+                PvAccumulation::PerTile => "per-tile",
+            },
+            self.kv_split,
+            if self.kv_split == 1 { "" } else { "s" }
+        )
+    }
+}
