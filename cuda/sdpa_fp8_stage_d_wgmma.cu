@@ -238,7 +238,11 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     for (int j = 0; j < n_tiles; ++j) {
         const int s = j % KV_STAGES;
         const unsigned parity = (j / KV_STAGES) & 1;
+#ifdef MUTANT_WRONG_PARITY
+        mbar_wait(&bars.k_full[s], parity ^ 1u);
+#else
         mbar_wait(&bars.k_full[s], parity);
+#endif
         float sc[S_REGS];
         const unsigned k_base = smem_addr(smem + T::OFF_K + s * T::K_BYTES);
         wgmma_fence();

@@ -44,7 +44,7 @@ Examples:
 Exit codes: 0 all gates passed, 1 a gate failed, 2 usage or configuration error,
 3 environment error (no GPU, driver, NVRTC or headers), 4 kernel compile error or fault.";
 
-/// Tells whether a change to the Stage-C FP8 attention kernel is still correct.
+/// Tells whether a change to an FP8 attention kernel (cuda/kernels.toml) is still correct.
 #[derive(Parser, Debug)]
 #[command(
     name = "sdpa-runner",
@@ -262,8 +262,9 @@ impl SetupArgs {
 /// Which kernel, and which of its variants.
 #[derive(Args, Debug, Clone, Default)]
 pub struct KernelArgs {
-    /// Variants: 0 (cp0, synchronous loads), 1 (cp1, cp.async pipeline) or both [default: both,
-    /// or the USE_CP_ASYNC environment variable]
+    /// Variants: 0 (the kernel's baseline: stage-c's cp0, synchronous loads; stage-d's st2),
+    /// 1 (its candidate: cp1, the cp.async pipeline; st3) or both [default: both, or, for
+    /// stage-c, the USE_CP_ASYNC environment variable]
     #[arg(long, value_enum, value_name = "0|1|both")]
     pub cp_async: Option<CpAsyncChoice>,
     /// Extra define for every variant, passed to NVRTC and recorded (repeatable)

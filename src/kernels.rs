@@ -358,7 +358,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 14] = [
+        let checks: [(bool, &'static str, String); 15] = [
             (
                 !self.name.is_empty()
                     && self
@@ -407,9 +407,14 @@ impl KernelSpec {
                 ),
             ),
             (
-                [16, 32, 64, 128].contains(&self.tiles.block_n),
+                [64, 128].contains(&self.tiles.block_n),
                 "tiles.block_n",
-                "16, 32, 64 or 128".into(),
+                "64 or 128 (the sampled rows cover the edges of 64-key tiles, src/rows.rs)".into(),
+            ),
+            (
+                v.baseline.value.parse::<u32>().is_ok() && v.candidate.value.parse::<u32>().is_ok(),
+                "variants",
+                "the switch's values are non-negative integers (its published constant must equal them)".into(),
             ),
             (
                 (1..=8).contains(&self.tiles.kv_split),

@@ -143,3 +143,60 @@ fn a_kernel_whose_toggle_did_not_take_exits_4() {
     assert_eq!(code, 4, "{stderr}");
     assert!(stderr.contains("toggle did not take"), "{stderr}");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
+fn a_kernel_that_hangs_is_stopped_at_the_launch_limit_with_exit_4_and_nothing_written() {
+    // MUTANT_WRONG_PARITY waits on an mbarrier phase that never completes: a deadlock.
+    let results = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let (code, stdout, stderr) = output(runner().env("SDPA_RUNNER_LAUNCH_LIMIT_S", "3").args([
+        "--kernel",
+        "stage-d",
+        "--define",
+        "MUTANT_WRONG_PARITY",
+        "--shapes",
+        "mission",
+        "--seeds",
+        "0",
+        "--iters",
+        "0",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 4, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("did not finish") && stderr.contains("after 3.0 s"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert!(run_dirs(results.path()).is_empty(), "nothing is written");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
+fn stage_d_runs_the_main_job_through_tensor_maps_and_proves_its_pipeline_depth() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(runner().args([
+        "--kernel",
+        "stage-d",
+        "--shapes",
+        "small,1x4x77x128:sk=300:hkv=2:causal",
+        "--seeds",
+        "0",
+        "--iters",
+        "0",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("4/4 PASS (st2 2/2, st3 2/2)"), "{stdout}");
+    let dir = &run_dirs(results.path())[0];
+    let meta = read_json(&dir.join("build_meta.json"));
+    let variants = meta["backend_details"]["variants"].as_array().unwrap();
+    let switch: Vec<_> = variants
+        .iter()
+        .map(|v| v["identity"]["constants"]["switch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(switch, [2, 3], "SDPA_KV_STAGES as each module publishes it");
+}

@@ -164,9 +164,17 @@ pub fn variant_specs(
             switch.candidate.name
         )));
     }
-    if let Some((name, _)) = args.defines.iter().find(|(n, _)| *n == switch.define) {
+    let all_defines = args.defines.iter().map(|d| ("--define", d));
+    let candidate = args
+        .candidate_defines
+        .iter()
+        .map(|d| ("--candidate-define", d));
+    if let Some((flag, (name, _))) = all_defines
+        .chain(candidate)
+        .find(|(_, (n, _))| *n == switch.define)
+    {
         return Err(ConfigError::Usage(format!(
-            "--define {name}: {name} is kernel `{}`'s A/B switch, which --cp-async 0|1|both \
+            "{flag} {name}: {name} is kernel `{}`'s A/B switch, which --cp-async 0|1|both \
              chooses ({} or {})",
             kernel.name, switch.baseline.name, switch.candidate.name
         )));

@@ -36,7 +36,8 @@ impl KernelConstants {
         Ok(KernelConstants {
             block_m: get("SDPA_BLOCK_M")?,
             block_n: get("SDPA_BLOCK_N")?,
-            kv_split: get("SDPA_KV_SPLIT")?,
+            // A kernel that publishes no split runs one chain of KV tiles per row.
+            kv_split: get("SDPA_KV_SPLIT").unwrap_or(1),
             threads: get("SDPA_THREADS")?,
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
@@ -136,9 +137,17 @@ pub fn ptx_code(ptx: &str) -> String {
     out
 }
 
-/// Whether any PTX instruction is a `cp.async` (comments and names do not count).
+/// Whether any PTX instruction is a `cp.async` of the Ampere kind (comments and names do not
+/// count; the bulk copies of TMA, `cp.async.bulk`, are not).
 pub fn ptx_has_cp_async(ptx: &str) -> bool {
-    ptx_has_instruction(ptx, "cp.async")
+    ptx.lines().any(|line| {
+        let code = line.split("//").next().unwrap_or("").trim_start();
+        let code = code.strip_prefix('@').map_or(code, |pred| {
+            pred.split_once(char::is_whitespace)
+                .map_or("", |(_, rest)| rest.trim_start())
+        });
+        code.starts_with("cp.async") && !code.starts_with("cp.async.bulk")
+    })
 }
 
 /// Whether any PTX instruction's opcode starts with `opcode` (`cp.async` also matches

@@ -16,10 +16,6 @@ use crate::report::sha256_hex;
 use crate::schema::KernelRef;
 use crate::shapes::Entry;
 
-/// The default kernel's file under cuda/ (cuda/kernels.toml's `default`): where `git:REV`
-/// without a path looks.
-pub const KERNEL_FILE: &str = "sdpa_fp8_stage_c_mma.cu";
-
 /// The entry point of one instantiation of a kernel whose entries are named `prefix`:
 /// `<prefix>_d64`, `<prefix>_d128_causal`, ... (docs/DESIGN.md "Kernel ABI").
 pub fn entry_for(prefix: &str, e: Entry) -> String {
@@ -33,7 +29,7 @@ pub fn target_arch(spec: &KernelSpec, gpu_arch: &str) -> Result<String, BackendE
     if spec.arch == "native" {
         return Ok(gpu_arch.to_string());
     }
-    if spec.arch.trim_end_matches('a') == gpu_arch {
+    if spec.arch.trim_end_matches('a') == gpu_arch.trim_end_matches('a') {
         return Ok(spec.arch.clone());
     }
     Err(BackendError::Config(format!(
@@ -44,11 +40,11 @@ pub fn target_arch(spec: &KernelSpec, gpu_arch: &str) -> Result<String, BackendE
 }
 
 /// Where a kernel comes from: a file, or a file at a git revision (`git:REV[:PATH]`, PATH
-/// relative to the repository root, by default cuda/<KERNEL_FILE>).
+/// relative to the repository root, by default the chosen kernel's source under cuda/).
 #[derive(Debug, Clone, PartialEq)]
 pub enum KernelLocation {
     File(PathBuf),
-    Git { rev: String, path: String },
+    Git { rev: String, path: Option<String> },
 }
 
 impl KernelLocation {
@@ -61,10 +57,10 @@ impl KernelLocation {
             return Ok(KernelLocation::File(PathBuf::from(text)));
         };
         let (rev, path) = match rest.split_once(':') {
-            Some((rev, path)) => (rev, path.to_string()),
-            None => (rest, format!("cuda/{KERNEL_FILE}")),
+            Some((rev, path)) => (rev, Some(path.to_string())),
+            None => (rest, None),
         };
-        if rev.is_empty() || path.is_empty() {
+        if rev.is_empty() || path.as_deref() == Some("") {
             return Err(format!(
                 "`{text}`: write git:REV or git:REV:PATH, e.g. git:origin/main"
             ));
@@ -138,10 +134,13 @@ impl KernelSource {
         match location {
             KernelLocation::File(path) => Self::load(path, project_cuda_dir, spec),
             KernelLocation::Git { rev, path } => {
-                let files = revision::read(repo, rev, path).map_err(BackendError::Config)?;
+                let path = path
+                    .clone()
+                    .unwrap_or_else(|| format!("cuda/{}", spec.source));
+                let files = revision::read(repo, rev, &path).map_err(BackendError::Config)?;
                 Ok(KernelSource {
-                    path: PathBuf::from(path),
                     origin: format!("git:{rev} ({}):{path}", &files.commit[..12]),
+                    path: PathBuf::from(path),
                     sha256: sha256_hex(files.text.as_bytes()),
                     text: files.text,
                     include_dirs: Vec::new(),
@@ -379,7 +378,7 @@ fn compile_entry(
         .path
         .file_name()
         .and_then(|n| n.to_str())
-        .unwrap_or(KERNEL_FILE);
+        .unwrap_or(&src.spec.source);
     let compiled = nvrtc::compile_with_headers(&src.text, name, &src.headers, &options).map_err(
         |failure| {
             BackendError::Kernel(format!(
@@ -450,14 +449,14 @@ mod tests {
             KernelLocation::parse("git:origin/main").unwrap(),
             KernelLocation::Git {
                 rev: "origin/main".into(),
-                path: format!("cuda/{KERNEL_FILE}")
+                path: None
             }
         );
         assert_eq!(
             KernelLocation::parse("git:abc123:kernels/k.cu").unwrap(),
             KernelLocation::Git {
                 rev: "abc123".into(),
-                path: "kernels/k.cu".into()
+                path: Some("kernels/k.cu".into())
             }
         );
         for bad in ["git:", "git::x.cu", "git:HEAD:", ""] {

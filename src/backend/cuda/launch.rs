@@ -67,8 +67,9 @@ impl DeviceProblem {
         })
     }
 
-    /// The Q, K, V tensor maps over this problem's codes, for KV tiles of `block_n` keys.
-    fn tensor_maps(
+    /// The Q, K, V tensor maps over this problem's codes, for KV tiles of `block_n` keys
+    /// (built once, at the first call: `CudaBackend::load` builds them before any launch).
+    pub fn tensor_maps(
         &mut self,
         stream: &Arc<CudaStream>,
         block_n: u32,

@@ -17,6 +17,7 @@ pub mod revision;
 pub mod tensor_map;
 pub mod timer;
 pub mod variant;
+pub mod watchdog;
 
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
@@ -30,7 +31,7 @@ use half::f16;
 use super::{Backend, BackendError, DeviceSums, OnDevice};
 use crate::devices::GpuId;
 use crate::emulation::Algorithm;
-use crate::kernels::KernelSpec;
+use crate::kernels::{Abi, KernelSpec};
 use crate::problem::Problem;
 use crate::rows::RowSet;
 use crate::schema::{GpuSlot, VariantMeta};
@@ -216,6 +217,44 @@ impl CudaBackend {
             "variant {} on {} failed while {what}: {e}",
             self.names[variant], self.loaded
         ))
+    }
+
+    /// A checked launch that stopped: a driver error ([`CudaBackend::fault`]), or a hang past
+    /// the watchdog's limit (exit 4; the context, with the kernel still in it, is left alone).
+    fn stopped(&mut self, variant: usize, s: Stopped) -> BackendError {
+        match s {
+            Stopped::Driver(what, e) => self.fault(variant, what, e),
+            Stopped::Hung(waited) => {
+                self.faulted = true;
+                BackendError::Kernel(format!(
+                    "variant {} on {} {}",
+                    self.names[variant],
+                    self.loaded,
+                    watchdog::hung_message("did not finish", waited)
+                ))
+            }
+        }
+    }
+}
+
+/// Why a checked launch stopped.
+enum Stopped {
+    Driver(&'static str, DriverError),
+    Hung(std::time::Duration),
+}
+
+impl From<(&'static str, DriverError)> for Stopped {
+    fn from((what, e): (&'static str, DriverError)) -> Self {
+        Stopped::Driver(what, e)
+    }
+}
+
+/// Waits for `stream` within the watchdog's limit.
+fn finish_checked(stream: &CudaStream) -> Result<(), Stopped> {
+    match watchdog::finish(stream, watchdog::limit()) {
+        Ok(watchdog::Waited::Done) => Ok(()),
+        Ok(watchdog::Waited::Hung(waited)) => Err(Stopped::Hung(waited)),
+        Err(e) => Err(Stopped::Driver("running (fault in the kernel)", e)),
     }
 }
 
@@ -622,7 +661,24 @@ impl Backend for CudaBackend {
             )));
         }
         match DeviceProblem::upload(&self.gpu.stream, p) {
-            Ok(dp) => {
+            Ok(mut dp) => {
+                // The tensor maps of a `tensor-maps` kernel, built once per problem: a map the
+                // driver refuses is named here, before any launch (exit 4: the kernel's ABI
+                // cannot take this problem).
+                let tiles = self
+                    .gpu
+                    .variants
+                    .iter()
+                    .filter(|v| v.kernel.abi == Abi::TensorMaps);
+                for v in tiles {
+                    let block_n = v.identity.constants.block_n;
+                    dp.tensor_maps(&self.gpu.stream, block_n).map_err(|why| {
+                        BackendError::Kernel(format!(
+                            "variant {} on {}: {why}",
+                            v.identity.name, self.loaded
+                        ))
+                    })?;
+                }
                 self.gpu.problem = Some(dp);
                 Ok(())
             }
@@ -644,23 +700,22 @@ impl Backend for CudaBackend {
             .as_mut()
             .expect("load() before launch_poisoned()");
         let v = &gpu.variants[variant];
-        let result = (|| {
+        let result = (|| -> Result<Vec<f16>, Stopped> {
             dp.poison(&gpu.stream, 0)
                 .map_err(|e| ("poisoning the output", e))?;
             dp.launch(&gpu.stream, v, 0).map_err(|e| ("launching", e))?;
-            gpu.stream
-                .synchronize()
-                .map_err(|e| ("running (fault in the kernel)", e))?;
-            dp.download(&gpu.stream, 0)
-                .map_err(|e| ("reading the output back", e))
+            finish_checked(&gpu.stream)?;
+            Ok(dp
+                .download(&gpu.stream, 0)
+                .map_err(|e| ("reading the output back", e))?)
         })();
-        result.map_err(|(what, e)| self.fault(variant, what, e))
+        result.map_err(|s| self.stopped(variant, s))
     }
 
     /// Poisons two outputs and launches the variant into both at once on two streams.
     fn run_concurrent(&mut self, variant: usize) -> Result<[Vec<f16>; 2], BackendError> {
         let gpu = &mut *self.gpu;
-        let result = (|| -> Result<[Vec<f16>; 2], (&'static str, DriverError)> {
+        let result = (|| -> Result<[Vec<f16>; 2], Stopped> {
             if gpu.pair.is_none() {
                 let made = |_| gpu.ctx.new_stream().map_err(|e| ("creating streams", e));
                 gpu.pair = Some([made(0)?, made(1)?]);
@@ -680,9 +735,7 @@ impl Backend for CudaBackend {
                 dp.launch(stream, v, slot).map_err(|e| ("launching", e))?;
             }
             for stream in pair {
-                stream
-                    .synchronize()
-                    .map_err(|e| ("running (fault in the kernel)", e))?;
+                finish_checked(stream)?;
             }
             let read = |slot: usize| {
                 dp.download(&pair[slot], slot)
@@ -690,7 +743,7 @@ impl Backend for CudaBackend {
             };
             Ok([read(0)?, read(1)?])
         })();
-        result.map_err(|(what, e)| self.fault(variant, what, e))
+        result.map_err(|s| self.stopped(variant, s))
     }
 
     fn warm_up(&mut self, variant: usize, launches: usize) -> Result<(), BackendError> {
