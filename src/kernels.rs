@@ -141,6 +141,18 @@ pub struct Numerics {
     pub row_sum: RowSum,
     /// How a tile's P·V reaches O.
     pub pv: PvAccumulation,
+    /// What the tensor cores keep of a product's running sum between `mma_k`-deep steps.
+    pub accumulator: Accumulator,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Accumulator {
+    /// f32, rounded to nearest (mma.sync with f16 operands).
+    F32,
+    /// 13 fraction bits, truncated, after each step (Hopper's FP8 tensor cores: about 14 bits
+    /// kept, DeepSeek-V3 §3.3.2; SageAttention2's "FP22").
+    Fp22,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]

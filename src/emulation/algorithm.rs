@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::kernels::{KernelSpec, PPrecision, PvAccumulation, RowSum};
+use crate::kernels::{Accumulator, KernelSpec, PPrecision, PvAccumulation, RowSum};
 
 /// Every choice of a kernel that its output's bits depend on, as far as the emulation models it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -18,6 +18,7 @@ pub struct Algorithm {
     pub p: PPrecision,
     pub row_sum: RowSum,
     pub pv: PvAccumulation,
+    pub accumulator: Accumulator,
 }
 
 /// The largest tile the emulation's fixed buffers hold (cuda/kernels.toml allows up to 128).
@@ -33,6 +34,7 @@ impl Algorithm {
         p: PPrecision::F16,
         row_sum: RowSum::RoundedP,
         pv: PvAccumulation::Running,
+        accumulator: Accumulator::F32,
     };
 
     /// The algorithm of a manifest kernel, with the KV split of its default build
@@ -46,6 +48,7 @@ impl Algorithm {
             p: spec.numerics.p_precision,
             row_sum: spec.numerics.row_sum,
             pv: spec.numerics.pv,
+            accumulator: spec.numerics.accumulator,
         }
     }
 
@@ -74,9 +77,13 @@ impl Algorithm {
     /// One line for reports, e.g. `128-key tiles, k32 steps, P e4m3, l from f32 P, per-tile P·V, 1 split`.
     pub fn describe(&self) -> String {
         format!(
-            "{}-key tiles, k{} steps, P {}, l from {} P, {} P·V, {} split{}",
+            "{}-key tiles, k{} steps{}, P {}, l from {} P, {} P·V, {} split{}",
             self.block_n,
             self.mma_k,
+            match self.accumulator {
+                Accumulator::F32 => "",
+                Accumulator::Fp22 => " (FP22)",
+            },
             match self.p {
                 PPrecision::F16 => "f16",
                 PPrecision::E4m3 => "e4m3",
