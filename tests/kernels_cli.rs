@@ -55,7 +55,9 @@ fn the_cpu_backend_emulates_the_chosen_kernels_algorithm_and_its_model_bounds_it
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.contains("128-key tiles, k32 steps, P e4m3, l from f32 P, per-tile P·V, 1 split"),
+        stdout.contains(
+            "128-key tiles, k32 steps (FP22), P e4m3, l from f32 P, per-tile P·V, 1 split"
+        ),
         "{stdout}"
     );
     assert!(stdout.contains("2/2 PASS"), "{stdout}");

@@ -74,7 +74,8 @@ impl Algorithm {
         }
     }
 
-    /// One line for reports, e.g. `128-key tiles, k32 steps, P e4m3, l from f32 P, per-tile P·V, 1 split`.
+    /// One line for reports, e.g. `128-key tiles, k32 steps (FP22), P e4m3, l from f32 P,
+    /// per-tile P·V, 1 split`.
     pub fn describe(&self) -> String {
         format!(
             "{}-key tiles, k{} steps{}, P {}, l from {} P, {} P·V, {} split{}",
