@@ -42,7 +42,7 @@ Examples:
                                                        grade another implementation's outputs
 
 Exit codes: 0 all gates passed, 1 a gate failed, 2 usage or configuration error,
-3 environment error (no GPU, driver, NVRTC or headers), 4 kernel compile error or fault.";
+3 environment error (no GPU, driver, NVRTC or headers), 4 kernel compile error, fault or hang.";
 
 /// Tells whether a change to an FP8 attention kernel (cuda/kernels.toml) is still correct.
 #[derive(Parser, Debug)]
