@@ -29,7 +29,9 @@
 //   Q      BLOCK_M x D codes, TMA swizzle of D bytes (64B or 128B), K-major for wgmma A.
 //   per stage s < KV_STAGES:
 //     K[s]   BLOCK_N x D codes, swizzle of D bytes, K-major for wgmma B of Q Kᵀ.
-//     V[s]   BLOCK_N x D codes as TMA writes them, unswizzled: [key][dim].
+//     V[s]   BLOCK_N x D codes as TMA writes them, [key][dim]: unswizzled, or (V_SWIZZLE=1)
+//            swizzled like K, which lets the transpose read and write with 2-way bank
+//            conflicts instead of 16-way stores (transpose_v).
 //     Vt[s]  D x BLOCK_N codes, 128B swizzle, K-major for wgmma B of P Vᵀ: FP8 wgmma reads only
 //            K-major operands, so V must be transposed. Within each 32-key block, column
 //            (logical key) 16h + 4t + i holds physical key 16h + 8(i / 2) + 2t + i % 2: the keys
@@ -43,15 +45,24 @@
 // diagonal are never loaded); the tiles the diagonal crosses, and the tile holding S_k, are
 // masked per element. Causal CTAs are scheduled heaviest first.
 //
-// Switches (build-time defines; the runner passes them from cuda/kernels.toml):
+// Switches (build-time defines; the runner passes them from cuda/kernels.toml or --define):
 //   KV_STAGES=2|3   the depth of the K/V ring (the A/B variants st2 and st3).
+//   V_SWIZZLE=0|1   V's layout in shared memory (above); published as SDPA_V_SWIZZLE, from
+//                   which the host builds V's tensor map. 1 is 18-20% faster at D 128 and 4% at
+//                   D 64 on an H100 (docs/PERF.md, change 12); the default stays 0 until the
+//                   runner's checks have run on it.
+//   PINGPONG=0|1    the consumers take turns to issue their GEMMs (turn_wait): with V_SWIZZLE,
+//                   3% faster causal, 4-11% slower otherwise (change 12).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
+//   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
+//                   costs, for scripts/stage_d/variants.sh only.
 //
 // Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES_D<D> bytes of
 // dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
 // (D, 64) and the Q swizzle, K [D, S_k, B·H_kv] with box (D, BLOCK_N) and the K swizzle, V the
-// same shape unswizzled. The host reads the SDPA_* constants below from the module.
+// same shape, swizzled like K if SDPA_V_SWIZZLE is 1. The host reads the SDPA_* constants below
+// from the module.
 #include <cuda_fp16.h>
 
 #include "hopper_async.cuh"
@@ -64,6 +75,12 @@
 #endif
 #ifndef SDPA_CAUSAL
 #define SDPA_CAUSAL 2
+#endif
+#ifndef V_SWIZZLE
+#define V_SWIZZLE 0
+#endif
+#ifndef PINGPONG
+#define PINGPONG 0
 #endif
 
 constexpr int BLOCK_M = 128;
@@ -97,6 +114,7 @@ __constant__ int SDPA_BLOCK_N = BLOCK_N;
 __constant__ int SDPA_THREADS = THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
+__constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
 
@@ -149,9 +167,37 @@ __device__ __forceinline__ void issue_kv(u8* smem, Barriers& bars, const TmaDesc
     tma_load_3d(smem + T::OFF_V + s * T::V_BYTES, tm_v, &bars.v_full[s], 0, tile * BLOCK_N, kv_bh);
 }
 
-// V[s] ([key][dim]) -> Vt[s] ([dim][logical key], 128B swizzle), by the 128 producer threads.
-// A unit is 4 physical keys {2t, 2t+1, 8+2t, 9+2t} + 16h + 32kb (logical 16h + 4t .. +3 of
-// block kb) x 4 dims: four 32-bit loads, a 4x4 byte transpose, four 32-bit stores.
+// V[s] ([key][dim] as TMA writes it) -> Vt[s] ([dim][logical key], 128B swizzle), by the 128
+// producer threads. A unit is 4 physical keys {2t, 2t+1, 8+2t, 9+2t} + 16h + 32kb (logical
+// 16h + 4t .. +3 of block kb) x 4 dims 4dq .. 4dq+3: four 32-bit loads, a 4x4 byte transpose,
+// four 32-bit stores.
+#if V_SWIZZLE
+// V is swizzled like K (D bytes). A lane holds t = lane % 4, dq % 4 = (lane / 4) % 4 and
+// h = lane / 16; warp and iteration pick kb and dq / 4. Loads: the bank is ((dq / 4) ^ (2t + x))
+// (mod 8) x 4 + dq % 4 at D 128 (x the key's offset within its pair), x' x 16 + ((dq / 4) ^ t) x 4
+// + dq % 4 at D 64: 16 banks for 32 lanes, 2-way. Stores: the bank is ((2kb + h) ^ (d % 8)) x 4
+// + t with d % 8 = 4 (dq % 2) + i: 16 banks, 2-way (the unswizzled version was 16-way).
+template <int D>
+__device__ __forceinline__ unsigned v_word(const u8* v, int key, int dq) {
+    constexpr int SWZ_MASK = D == 128 ? 7 : 3; // 128B or 64B swizzle: chunk ^= address bits 7..
+    const int swz = ((key * D) >> 7) & SWZ_MASK;
+    return *(const unsigned*)(v + key * D + ((((dq >> 2) ^ swz) & (D / 16 - 1)) << 4) + 4 * (dq & 3));
+}
+template <int D>
+__device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
+    constexpr int ITERS = (BLOCK_N / 4) * (D / 4) / 128;
+    const int lane = ptid & 31, warp = ptid >> 5;
+    const int t = lane & 3, dq_lo = (lane >> 2) & 3, h = lane >> 4;
+#pragma unroll 2
+    for (int it = 0; it < ITERS; ++it) {
+        const int r = warp + 4 * it;
+        const int kb = r & 3, dq = dq_lo + 4 * (r >> 2);
+        const int key0 = 32 * kb + 16 * h + 2 * t;
+        const unsigned w0 = v_word<D>(v, key0 + 0, dq);
+        const unsigned w1 = v_word<D>(v, key0 + 1, dq);
+        const unsigned w2 = v_word<D>(v, key0 + 8, dq);
+        const unsigned w3 = v_word<D>(v, key0 + 9, dq);
+#else
 template <int D>
 __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
     constexpr int UNITS = (BLOCK_N / 4) * (D / 4);
@@ -165,6 +211,7 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
         const unsigned w1 = *(const unsigned*)(v + (key0 + 1) * D + 4 * dq);
         const unsigned w2 = *(const unsigned*)(v + (key0 + 8) * D + 4 * dq);
         const unsigned w3 = *(const unsigned*)(v + (key0 + 9) * D + 4 * dq);
+#endif
         const unsigned a_lo = prmt(w0, w1, 0x5140), a_hi = prmt(w0, w1, 0x7362);
         const unsigned b_lo = prmt(w2, w3, 0x5140), b_hi = prmt(w2, w3, 0x7362);
         const unsigned out[4] = {prmt(a_lo, b_lo, 0x5410), prmt(a_lo, b_lo, 0x7632),
@@ -206,7 +253,9 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         const int s = j % KV_STAGES;
         if (j >= KV_STAGES) mbar_wait(&bars.empty[s], ((j / KV_STAGES) - 1) & 1);
         mbar_wait(&bars.v_full[s], (j / KV_STAGES) & 1);
+#ifndef DIAG_NO_TRANSPOSE
         transpose_v<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES, ptid);
+#endif
 #ifndef MUTANT_NO_PROXY_FENCE
         fence_proxy_async_smem();
 #endif
@@ -215,6 +264,21 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
 }
 
 // ---- consumers ----------------------------------------------------------------------------
+
+// Ping-pong (PINGPONG=1): the two consumer warpgroups take turns to issue their GEMMs, so that
+// one's softmax runs while the other's GEMMs hold the tensor cores. Warpgroup c waits on named
+// barrier 1 + c (its turn) and, once its GEMMs are issued, arrives on the other's; consumer 1
+// opens the first turn and skips its last arrival, so every barrier ends balanced.
+__device__ __forceinline__ void turn_wait(int c) {
+#if PINGPONG
+    asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
+#endif
+}
+__device__ __forceinline__ void turn_pass(int c) {
+#if PINGPONG
+    asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
+#endif
+}
 
 template <int D, bool CAUSAL>
 __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_block, int bh,
@@ -233,6 +297,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
+    if (n_tiles > 0 && c == 1) turn_pass(c);
     const unsigned q_base = smem_addr(smem + c * 64 * D);
     const int cta_row0 = m_block * BLOCK_M;
     for (int j = 0; j < n_tiles; ++j) {
@@ -245,12 +310,14 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
 #endif
         float sc[S_REGS];
         const unsigned k_base = smem_addr(smem + T::OFF_K + s * T::K_BYTES);
+        turn_wait(c);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < T::QK_STEPS; ++kk)
             wgmma_ss_n128(sc, wgmma_desc<D>(q_base + 32 * kk), wgmma_desc<D>(k_base + 32 * kk),
                           kk > 0);
         wgmma_commit();
+        turn_pass(c);
         wgmma_wait<0>();
         wgmma_hold(sc);
 
@@ -307,6 +374,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
         mbar_wait(&bars.vt_full[s], parity);
         float ot[T::O_REGS];
         const unsigned vt_base = smem_addr(smem + T::OFF_VT + s * T::VT_BYTES);
+        turn_wait(c);
         wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < T::PV_STEPS; ++kb) {
@@ -316,6 +384,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
                 wgmma_rs_n128(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
         }
         wgmma_commit();
+        if (c == 0 || j + 1 < n_tiles) turn_pass(c);
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
         wgmma_wait<1>();
 #else

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
         CK(cudaMemset(dout, 0xFF, on * 2));
         TmaDesc tq = make_map(dq, p.D, p.Sq, p.B * p.H, 64, true);
         TmaDesc tk = make_map(dk, p.D, p.Sk, p.B * p.Hkv, BLOCK_N, true);
-        TmaDesc tv = make_map(dv, p.D, p.Sk, p.B * p.Hkv, BLOCK_N, false);
+        TmaDesc tv = make_map(dv, p.D, p.Sk, p.B * p.Hkv, BLOCK_N, V_SWIZZLE != 0);
         float sm = 1.f / std::sqrt((float)p.D);
         int smem = p.D == 64 ? Tiles<64>::SMEM_BYTES : Tiles<128>::SMEM_BYTES;
         dim3 grid((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tensor_map::MapLayout;
 use crate::schema::{KernelRef, VariantMeta};
 use crate::shapes::Entry;
 use crate::verdict::{Check, Verdict};
@@ -25,6 +26,10 @@ pub struct KernelConstants {
     /// SDPA_USE_CP_ASYNC, Stage D's SDPA_KV_STAGES).
     #[serde(alias = "use_cp_async")]
     pub switch: u32,
+    /// V's tensor map swizzled like K's (`SDPA_V_SWIZZLE`; absent: unswizzled). Only a
+    /// `tensor-maps` kernel reads it.
+    #[serde(default)]
+    pub v_swizzle: bool,
 }
 
 impl KernelConstants {
@@ -42,7 +47,16 @@ impl KernelConstants {
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
             switch: get(switch_constant)?,
+            v_swizzle: get("SDPA_V_SWIZZLE").is_ok_and(|v| v != 0),
         })
+    }
+
+    /// The tensor-map layout this module asks for (src/backend/cuda/tensor_map.rs).
+    pub fn map_layout(&self) -> MapLayout {
+        MapLayout {
+            block_n: self.block_n,
+            v_swizzled: self.v_swizzle,
+        }
     }
 }
 
@@ -476,6 +490,36 @@ ptxas info    : Used 96 registers, used 1 barriers
     }
 
     #[test]
+    fn a_module_that_publishes_v_swizzle_gets_a_swizzled_v_map_and_one_that_does_not_an_unswizzled_one()
+     {
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 128;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 384;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
+                   .const .align 4 .u32 SDPA_KV_STAGES = 2;\n";
+        let layout = |ptx: &str| {
+            KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES")
+                .unwrap()
+                .map_layout()
+        };
+        let unswizzled = MapLayout {
+            block_n: 128,
+            v_swizzled: false,
+        };
+        assert_eq!(layout(ptx), unswizzled, "absent: unswizzled");
+        let with = |v: &str| format!("{ptx}.const .align 4 .u32 SDPA_V_SWIZZLE{v};\n");
+        assert_eq!(layout(&with(" = 0")), unswizzled);
+        assert_eq!(layout(&with("")), unswizzled, "uninitialized .const is 0");
+        assert_eq!(
+            layout(&with(" = 1")),
+            MapLayout {
+                block_n: 128,
+                v_swizzled: true
+            }
+        );
+    }
+
+    #[test]
     fn variants_that_split_the_keys_differently_cannot_share_a_run() {
         let with_split = |kv_split| KernelConstants {
             kv_split,
@@ -507,6 +551,7 @@ ptxas info    : Used 96 registers, used 1 barriers
                 smem_bytes: 61440,
                 smem_bytes_d128: 61440,
                 switch: published,
+                v_swizzle: false,
             },
             ptxas: PtxasReport {
                 registers: Some(96),

@@ -10,7 +10,7 @@ use cudarc::driver::{
 use half::f16;
 
 use super::LoadedVariant;
-use super::tensor_map::{self, Operand, TmaDesc};
+use super::tensor_map::{self, MapLayout, Operand, TmaDesc};
 use crate::kernels::Abi;
 use crate::metrics::POISON;
 use crate::problem::Problem;
@@ -33,9 +33,9 @@ pub struct DeviceProblem {
     causal: i32,
     entry: crate::shapes::Entry,
     softmax_scale: f32,
-    /// The Q, K and V tensor maps for KV tiles of `.0` keys, built at the first launch of a
-    /// `tensor-maps` variant.
-    maps: Option<(u32, [TmaDesc; 3])>,
+    /// The Q, K and V tensor maps of each layout a `tensor-maps` variant asked for, built at
+    /// its first launch.
+    maps: Vec<(MapLayout, [TmaDesc; 3])>,
 }
 
 impl DeviceProblem {
@@ -63,21 +63,19 @@ impl DeviceProblem {
             causal: i32::from(p.shape.causal),
             entry: p.shape.entry(),
             softmax_scale: p.softmax_scale,
-            maps: None,
+            maps: Vec::new(),
         })
     }
 
-    /// The Q, K, V tensor maps over this problem's codes, for KV tiles of `block_n` keys
-    /// (built once, at the first call: `CudaBackend::load` builds them before any launch).
+    /// The Q, K, V tensor maps over this problem's codes in `layout` (built once per layout,
+    /// at the first call: `CudaBackend::load` builds them before any launch).
     pub fn tensor_maps(
         &mut self,
         stream: &Arc<CudaStream>,
-        block_n: u32,
+        layout: MapLayout,
     ) -> Result<[TmaDesc; 3], String> {
-        if let Some((n, maps)) = self.maps
-            && n == block_n
-        {
-            return Ok(maps);
+        if let Some((_, maps)) = self.maps.iter().find(|(l, _)| *l == layout) {
+            return Ok(*maps);
         }
         let d = self.entry.d;
         let (sq, sk) = (self.sq as usize, self.sk as usize);
@@ -87,11 +85,11 @@ impl DeviceProblem {
             ptr
         };
         let maps = [
-            tensor_map::encode(Operand::Q, addr(&self.q), d, sq, heads, block_n)?,
-            tensor_map::encode(Operand::K, addr(&self.k), d, sk, kv_heads, block_n)?,
-            tensor_map::encode(Operand::V, addr(&self.v), d, sk, kv_heads, block_n)?,
+            tensor_map::encode(Operand::Q, addr(&self.q), d, sq, heads, layout)?,
+            tensor_map::encode(Operand::K, addr(&self.k), d, sk, kv_heads, layout)?,
+            tensor_map::encode(Operand::V, addr(&self.v), d, sk, kv_heads, layout)?,
         ];
-        self.maps = Some((block_n, maps));
+        self.maps.push((layout, maps));
         Ok(maps)
     }
 
@@ -149,10 +147,12 @@ impl DeviceProblem {
         };
         let maps = match variant.kernel.abi {
             Abi::Pointers => None,
-            Abi::TensorMaps => Some(self.tensor_maps(stream, consts.block_n).map_err(|why| {
-                crate::trace::mark(|| why.clone());
-                DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE)
-            })?),
+            Abi::TensorMaps => Some(self.tensor_maps(stream, consts.map_layout()).map_err(
+                |why| {
+                    crate::trace::mark(|| why.clone());
+                    DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE)
+                },
+            )?),
         };
         let mut args = stream.launch_builder(function);
         match &maps {

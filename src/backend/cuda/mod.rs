@@ -671,8 +671,8 @@ impl Backend for CudaBackend {
                     .iter()
                     .filter(|v| v.kernel.abi == Abi::TensorMaps);
                 for v in tiles {
-                    let block_n = v.identity.constants.block_n;
-                    dp.tensor_maps(&self.gpu.stream, block_n).map_err(|why| {
+                    let layout = v.identity.constants.map_layout();
+                    dp.tensor_maps(&self.gpu.stream, layout).map_err(|why| {
                         BackendError::Kernel(format!(
                             "variant {} on {}: {why}",
                             v.identity.name, self.loaded

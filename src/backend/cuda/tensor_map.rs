@@ -5,7 +5,8 @@
 //! - Q: [D, S_q, B·H_q], box (D, 64), swizzled by D bytes (64B or 128B): one consumer
 //!   warpgroup's 64 rows, K-major for wgmma's A operand;
 //! - K: [D, S_k, B·H_kv], box (D, block_n), swizzled by D bytes: K-major for wgmma's B;
-//! - V: [D, S_k, B·H_kv], box (D, block_n), unswizzled (the kernel transposes it).
+//! - V: [D, S_k, B·H_kv], box (D, block_n), unswizzled, or swizzled like K where the module
+//!   publishes `SDPA_V_SWIZZLE = 1` (the kernel transposes it either way; [`MapLayout`]).
 //!
 //! Rows past S are zero-filled by the TMA unit, so partial tiles need no masking of loads.
 
@@ -29,6 +30,15 @@ pub struct TmaDesc {
 // copies kernel parameters by the sizes and offsets of the kernel's own signature.
 unsafe impl DeviceRepr for TmaDesc {}
 
+/// What a module asks of its maps: KV tiles of `block_n` keys, and V swizzled like K (its
+/// `SDPA_V_SWIZZLE`) or not. Variants of one run may differ (an A/B of the V layout), so the
+/// maps are built per layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapLayout {
+    pub block_n: u32,
+    pub v_swizzled: bool,
+}
+
 /// Which of the three maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operand {
@@ -38,25 +48,25 @@ pub enum Operand {
 }
 
 /// The map of `operand` over `rows` × `heads` rows of `d` codes at `base` (a device
-/// address), for KV tiles of `block_n` keys.
+/// address), for the module's `layout`.
 pub fn encode(
     operand: Operand,
     base: u64,
     d: usize,
     rows: usize,
     heads: usize,
-    block_n: u32,
+    layout: MapLayout,
 ) -> Result<TmaDesc, String> {
     let dims = [d as u64, rows as u64, heads as u64];
     let strides = [d as u64, (d * rows) as u64];
     let box_rows = match operand {
         Operand::Q => Q_BOX_ROWS,
-        Operand::K | Operand::V => block_n,
+        Operand::K | Operand::V => layout.block_n,
     };
     let boxes = [d as u32, box_rows, 1];
     let unit = [1u32; 3];
     let swizzle = match (operand, d) {
-        (Operand::V, _) => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        (Operand::V, _) if !layout.v_swizzled => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         (_, 128) => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
         (_, 64) => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
         (_, other) => {
