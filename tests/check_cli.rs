@@ -494,6 +494,30 @@ fn export_force_replaces_an_earlier_export_but_never_an_unrelated_folder() {
 }
 
 #[test]
+fn export_force_into_the_folder_it_runs_in_is_refused_up_front_and_keeps_the_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ex");
+    export(&dir);
+    let before = std::fs::read(dir.join("manifest.json")).unwrap();
+    for target in [".", ".."] {
+        let cwd = if target == "." {
+            dir.clone()
+        } else {
+            dir.join("small-seed0")
+        };
+        let (code, out, err) = output(runner().current_dir(&cwd).args([
+            "export", "--shapes", "mission", "--seeds", "1", "--force", target,
+        ]));
+        assert_eq!(code, 2, "{target}: {out}{err}");
+        assert!(
+            err.contains("the current folder or holds it") && err.contains("outside it"),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::read(dir.join("manifest.json")).unwrap(), before);
+}
+
+#[test]
 fn fp8_and_fp16_outputs_computed_from_what_each_read_pass_and_a_row_scaled_beyond_the_model_fails()
 {
     let s = setup();

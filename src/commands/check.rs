@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use super::Project;
+use crate::backend::BackendError;
 use crate::cli::CheckArgs;
 use crate::error::{AppError, Outcome};
 use crate::exchange::{self, ImplementationFile};
@@ -50,14 +51,17 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
         Some(kind) => {
             let entries = crate::shapes::Entry::of(&shapes);
             precisions.push(Precision::Fp8);
-            Some(super::open_backend(
-                kind,
-                &args.kernel,
-                None,
-                crate::emulation::Defect::None,
-                &project,
-                &entries,
-            )?)
+            Some(
+                super::open_backend(
+                    kind,
+                    &args.kernel,
+                    None,
+                    crate::emulation::Defect::None,
+                    &project,
+                    &entries,
+                )
+                .map_err(ours_advice)?,
+            )
         }
         None => None,
     };
@@ -162,6 +166,20 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
 /// Launches: untimed ones before timing, and timed ones (one sample each) for the median.
 const OURS_WARMUP: usize = 10;
 const OURS_TIMED: usize = 50;
+
+/// A GPU that cannot be opened for `--ours cuda`: the advice the run commands give names their
+/// `--backend cpu`; here the flag is `--ours cpu`.
+fn ours_advice(e: AppError) -> AppError {
+    match e {
+        AppError::Backend(BackendError::Environment(why)) => {
+            AppError::Backend(BackendError::Environment(why.replace(
+                super::CPU_BACKEND_ADVICE,
+                "`--ours cpu` grades the CPU emulation of the kernel instead, with no GPU.",
+            )))
+        }
+        other => other,
+    }
+}
 
 /// sdpa-runner's own kernel on problem `p`: each variant launched into a poisoned output and
 /// graded (fp8 in, f16 out) as the others are, with its median time.
@@ -308,5 +326,29 @@ fn print_grade(id: &str, g: &Grade) {
         for f in &g.failures {
             outln!("        {f}{at}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_that_cannot_be_opened_for_ours_advises_ours_cpu_not_backend_cpu() {
+        let opened = AppError::Backend(BackendError::Environment(format!(
+            "no usable GPU: no driver\n{}",
+            super::super::CPU_BACKEND_ADVICE
+        )));
+        let said = ours_advice(opened);
+        assert_eq!(said.exit_code(), crate::error::EXIT_ENVIRONMENT);
+        let said = said.to_string();
+        assert!(
+            said.contains("no usable GPU: no driver") && said.contains("`--ours cpu`"),
+            "{said}"
+        );
+        assert!(!said.contains("--backend"), "{said}");
+        // Other errors pass through untouched.
+        let usage = AppError::Config(ConfigError::Usage("bad".into()));
+        assert_eq!(ours_advice(usage).to_string(), "bad");
     }
 }

@@ -93,6 +93,18 @@ fn check_target(args: &ExportArgs) -> Result<(), ConfigError> {
                 exchange::MANIFEST
             )));
         }
+        // The export is renamed into place whole: DIR cannot be the folder the command runs
+        // in, or hold it (checked before any work, not found at the end).
+        let cwd = std::env::current_dir().and_then(|c| c.canonicalize());
+        if let (Ok(target), Ok(cwd)) = (dir.canonicalize(), cwd)
+            && cwd.starts_with(&target)
+        {
+            return Err(ConfigError::Usage(format!(
+                "{} is the current folder or holds it, and an export replaces its folder whole; \
+                 run the command from outside it",
+                dir.display()
+            )));
+        }
     }
     let parent = dir
         .parent()

@@ -107,6 +107,12 @@ pub fn read_output(
     u16_is_bf16: bool,
 ) -> Result<Output, OutputFault> {
     let path = out.join(format!("{id}.npy"));
+    if path.is_dir() {
+        return Err(OutputFault::Unreadable(format!(
+            "{}: a folder, not a .npy file; write the output there as a file",
+            path.display()
+        )));
+    }
     if !path.is_file() {
         return Err(OutputFault::Missing {
             path,
@@ -224,7 +230,7 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_misshaped_or_unexplained_output_is_a_fault_naming_the_file() {
+    fn a_missing_misshaped_folder_or_unexplained_output_is_a_fault_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "m", npy::encode_f32(&[1, 1, 2, 1], &[0.0, 1.0]));
         write(
@@ -234,9 +240,11 @@ mod tests {
         );
         write(dir.path(), "c", npy::encode(Dtype::U8, &[1, 1, 1, 1], &[0]));
         std::fs::write(dir.path().join("x.npy"), b"junk").unwrap();
+        std::fs::create_dir(dir.path().join("f.npy")).unwrap();
         let shape = [1, 1, 1, 2];
         let cases = [
             ("gone", "missing"),
+            ("f", "a folder, not a .npy file"),
             ("m", "shape [1, 1, 2, 1]"),
             ("u", "uint16 without a meaning"),
             ("x", "not a .npy file"),
