@@ -1,5 +1,9 @@
 //! The `cuda` backend: compiles the kernel's variants with NVRTC for the device's
 //! architecture, proves each is the variant it claims, loads it, and launches it.
+//!
+//! This file holds the backend's state and its [`Backend`] methods; opening it on its GPUs
+//! is `open.rs`, the runner's own GPU kernels (references, emulation) `yardsticks.rs`,
+//! launching one problem `launch.rs`, timing `timer.rs`.
 
 mod build;
 pub mod device;
@@ -12,20 +16,20 @@ pub mod identity;
 pub mod kernel;
 pub mod launch;
 pub mod nvrtc;
+mod open;
 pub mod reference;
 pub mod revision;
 pub mod tensor_map;
 pub mod timer;
 pub mod variant;
 pub mod watchdog;
+mod yardsticks;
 
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
-use cudarc::nvrtc::Ptx;
 use half::f16;
 
 use super::{Backend, BackendError, DeviceSums, OnDevice};
@@ -39,10 +43,10 @@ use crate::shapes::Entry;
 use crate::timing::{TimedBlock, TimingPlan};
 use crate::verdict::Verdict;
 use device::DeviceInfo;
-use identity::{DriverResources, KernelConstants, VariantIdentity};
-use kernel::{BuiltVariant, KernelSource};
+use identity::VariantIdentity;
+use kernel::KernelSource;
 use launch::DeviceProblem;
-use variant::VariantSpec;
+use yardsticks::{Lazy, uncovered};
 
 /// A variant loaded on the device.
 pub struct LoadedVariant {
@@ -99,117 +103,6 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens the GPU, finds NVRTC and the headers, compiles and loads every variant.
-    pub fn new(kernel: KernelSource, specs: &[VariantSpec]) -> Result<Self, BackendError> {
-        Self::from_sources(vec![(kernel, specs.to_vec())])
-    }
-
-    /// As [`CudaBackend::new`], with every entry of the kernel (D = 128, causal).
-    pub fn with_every_entry(
-        kernel: KernelSource,
-        specs: &[VariantSpec],
-    ) -> Result<Self, BackendError> {
-        let mut one = Self::on_gpus(&[0], vec![(kernel, specs.to_vec())], &Entry::all())?;
-        Ok(one.pop().expect("one backend per GPU"))
-    }
-
-    /// As [`CudaBackend::new`], for variants of several kernel sources (the kernel under test
-    /// and `--base-kernel`), in the order given. The variants of one source must share their
-    /// KV split; each source may have its own.
-    pub fn from_sources(
-        sources: Vec<(KernelSource, Vec<VariantSpec>)>,
-    ) -> Result<Self, BackendError> {
-        Self::on_gpu(0, sources)
-    }
-
-    /// As [`CudaBackend::from_sources`], on the GPU of CUDA ordinal `ordinal`.
-    pub fn on_gpu(
-        ordinal: usize,
-        sources: Vec<(KernelSource, Vec<VariantSpec>)>,
-    ) -> Result<Self, BackendError> {
-        let mut one = Self::on_gpus(&[ordinal], sources, &[Entry::BASE])?;
-        Ok(one.pop().expect("one backend per GPU"))
-    }
-
-    /// One backend per GPU of `ordinals` (an ordinal may repeat: two workers on one GPU).
-    /// The GPUs' contexts open while NVRTC compiles, once per architecture ([`build`]), and
-    /// every GPU then loads that architecture's CUBINs. `entries`: those of the problems the
-    /// backend will be given (each other than the base entry is a module of its own, built
-    /// only when asked for). The first failure is returned.
-    pub fn on_gpus(
-        ordinals: &[usize],
-        sources: Vec<(KernelSource, Vec<VariantSpec>)>,
-        entries: &[Entry],
-    ) -> Result<Vec<Self>, BackendError> {
-        let archs = ordinals
-            .iter()
-            .map(|&o| device::arch(o))
-            .collect::<Result<Vec<_>, _>>()?;
-        let nvrtc_version = kernel::require_nvrtc()?;
-        let include_dir =
-            headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;
-        let mut distinct = archs.clone();
-        distinct.sort();
-        distinct.dedup();
-        let (opened, builds) = std::thread::scope(|scope| {
-            let opening: Vec<_> = ordinals
-                .iter()
-                .map(|&o| {
-                    scope.spawn(move || {
-                        let opened = device::open(o);
-                        crate::trace::mark(|| format!("gpu {o}: context open"));
-                        opened
-                    })
-                })
-                .collect();
-            let building: Vec<_> = distinct
-                .iter()
-                .map(|arch| {
-                    let (sources, include_dir) = (&sources, &include_dir);
-                    scope.spawn(move || {
-                        let built = build::compile(sources, include_dir, arch, entries);
-                        crate::trace::mark(|| format!("{arch}: compiled"));
-                        built
-                    })
-                })
-                .collect();
-            let opened: Vec<_> = opening
-                .into_iter()
-                .map(|job| job.join().expect("opening a GPU panicked"))
-                .collect();
-            let builds: Vec<_> = building
-                .into_iter()
-                .map(|job| job.join().expect("an NVRTC compile thread panicked"))
-                .collect();
-            (opened, builds)
-        });
-        let opened = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
-        let kernels: Vec<KernelSource> = sources.iter().map(|(k, _)| k.clone()).collect();
-        let specs: Vec<Vec<VariantSpec>> = sources.into_iter().map(|(_, s)| s).collect();
-        opened
-            .into_iter()
-            .zip(&archs)
-            .map(|((ctx, device, id), arch)| {
-                let build =
-                    builds[distinct.binary_search(arch).expect("built for every arch")].clone();
-                let gpu = Gpu::load(ctx, &device, build, &specs)?;
-                crate::trace::mark(|| format!("gpu {}: loaded", id.ordinal));
-                Ok(CudaBackend {
-                    names: specs.iter().flatten().map(|s| s.name.clone()).collect(),
-                    algorithms: gpu.algorithms,
-                    gpu: ManuallyDrop::new(gpu.gpu),
-                    faulted: false,
-                    device,
-                    id,
-                    nvrtc_version: nvrtc_version.clone(),
-                    include_dir: include_dir.clone(),
-                    kernels: kernels.clone(),
-                    loaded: String::new(),
-                })
-            })
-            .collect()
-    }
-
     /// Maps a driver error during a run to exit 4, and marks the context as unusable.
     fn fault(&mut self, variant: usize, what: &str, e: DriverError) -> BackendError {
         self.faulted = true;
@@ -258,187 +151,6 @@ fn finish_checked(stream: &CudaStream) -> Result<(), Stopped> {
     }
 }
 
-/// One of the runner's own kernels on one GPU: its shared build still compiling, or loaded
-/// into this GPU's context (or why it could not be built or loaded), from its first use on.
-enum Lazy<K> {
-    Compiling(Arc<build::Pending<Result<nvrtc::Compiled, String>>>),
-    Ready(Result<K, String>),
-}
-
-impl<K> Lazy<K> {
-    /// The kernel, waiting for its build and loading it with `load` on first use.
-    fn get(
-        &mut self,
-        load: impl FnOnce(nvrtc::Compiled) -> Result<K, String>,
-    ) -> Result<&K, &String> {
-        if let Lazy::Compiling(pending) = self {
-            let loaded = pending.wait().clone().and_then(load);
-            *self = Lazy::Ready(loaded);
-        }
-        match self {
-            Lazy::Ready(result) => result.as_ref(),
-            Lazy::Compiling(_) => unreachable!("made ready above"),
-        }
-    }
-}
-
-/// A [`Gpu`] just loaded, with the algorithm of each of its variants.
-struct Loaded {
-    gpu: Gpu,
-    algorithms: Vec<Algorithm>,
-}
-
-impl Gpu {
-    /// Loads one architecture's build into `ctx`: the timer (whose failure is this GPU's),
-    /// the runner's own kernels (whose failure matters only when they are asked for), and
-    /// every variant of `specs`, one list per source, whose variants must share a KV split.
-    fn load(
-        ctx: Arc<CudaContext>,
-        device: &DeviceInfo,
-        build: build::ArchBuild,
-        specs: &[Vec<VariantSpec>],
-    ) -> Result<Loaded, BackendError> {
-        // One stream only, synchronized explicitly: cudarc's per-buffer event records would
-        // otherwise sit inside every timed region.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
-        let timer =
-            timer::Timer::load(&ctx, build.timer?, device.max_sm_clock_mhz, device.sm_count)?;
-        let reference = Lazy::Compiling(build.reference);
-        let emulation = Lazy::Compiling(build.emulation);
-        let mut built = build.variants.into_iter();
-        let mut variants = Vec::new();
-        let mut algorithms = Vec::new();
-        for specs in specs {
-            let first = variants.len();
-            for _ in specs {
-                let variant = built.next().expect("one build per spec")?;
-                variants.push(load_variant(&ctx, variant)?);
-            }
-            let constants: Vec<(&str, KernelConstants)> = variants[first..]
-                .iter()
-                .map(|v: &LoadedVariant| (v.identity.name.as_str(), v.identity.constants))
-                .collect();
-            let split =
-                identity::shared_kv_split(&constants).map_err(BackendError::Config)? as usize;
-            let alg = variants[first..]
-                .first()
-                .map_or(Algorithm::STAGE_C, |v: &LoadedVariant| {
-                    Algorithm::of(&v.kernel)
-                })
-                .with_split(split);
-            algorithms.extend(std::iter::repeat_n(alg, specs.len()));
-        }
-        Ok(Loaded {
-            gpu: Gpu {
-                ctx,
-                stream,
-                variants,
-                problem: None,
-                timer,
-                reference,
-                emulation,
-                pair: None,
-            },
-            algorithms,
-        })
-    }
-}
-
-fn load_variant(
-    ctx: &Arc<CudaContext>,
-    built: BuiltVariant,
-) -> Result<LoadedVariant, BackendError> {
-    let BuiltVariant {
-        spec,
-        kernel,
-        compiled,
-        others,
-        mut identity,
-    } = built;
-    let refuse = |what: &str, e: DriverError| {
-        BackendError::Kernel(format!("variant {}: {what}: {e}", spec.name))
-    };
-    let c = identity.constants;
-    let mut functions = Vec::new();
-    let mut modules = Vec::new();
-    for (e, built) in std::iter::once((Entry::BASE, compiled.cubin))
-        .chain(others.into_iter().map(|(e, c)| (e, c.cubin)))
-    {
-        let module = ctx
-            .load_module(Ptx::from_binary(built))
-            .map_err(|err| refuse(&format!("loading the {} CUBIN failed", e.suffix()), err))?;
-        let smem_bytes = if e.d == 128 {
-            c.smem_bytes_d128
-        } else {
-            c.smem_bytes
-        };
-        let function = module
-            .load_function(&kernel::entry_for(&kernel.entry, e))
-            .map_err(|err| refuse("the entry point is missing", err))?;
-        function
-            .set_attribute(
-                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_bytes as i32,
-            )
-            .map_err(|err| refuse("the device refused the kernel's shared memory size", err))?;
-        let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
-        let resources = (|| -> Result<DriverResources, DriverError> {
-            Ok(DriverResources {
-                registers_per_thread: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-                static_smem_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-                dynamic_smem_bytes: smem_bytes,
-                local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-                threads_per_block: c.threads,
-                max_blocks_per_sm: function.occupancy_max_active_blocks_per_multiprocessor(
-                    c.threads,
-                    smem_bytes as usize,
-                    None,
-                )?,
-            })
-        })()
-        .map_err(|err| refuse("querying its resources failed", err))?;
-        if e == Entry::BASE {
-            identity.driver = Some(resources);
-        } else if let Some(x) = identity.entries.iter_mut().find(|x| x.entry == e) {
-            x.driver = Some(resources);
-        }
-        functions.push((e, function));
-        modules.push(module);
-    }
-    Ok(LoadedVariant {
-        identity,
-        kernel,
-        options: compiled.options,
-        functions,
-        _modules: modules,
-    })
-}
-
-/// Which of the runner's own kernels, for its messages.
-struct Yardstick {
-    kernel: &'static str,
-    flag: &'static str,
-}
-
-const YARDSTICK_REFERENCES: Yardstick = Yardstick {
-    kernel: "f64 reference kernel",
-    flag: "--references",
-};
-const YARDSTICK_EMULATION: Yardstick = Yardstick {
-    kernel: "emulation kernel",
-    flag: "--emulation",
-};
-
-/// 80% of the device's free memory: what one of the runner's own kernels may take.
-fn free_share(ctx: &Arc<CudaContext>) -> u64 {
-    let free = ctx
-        .mem_get_info()
-        .map(|(free, _)| free as u64)
-        .unwrap_or(u64::MAX);
-    free / 5 * 4
-}
-
 /// Makes `ctx` current on this thread. cudarc first reports (and clears) an error it stored
 /// from an earlier asynchronous call, without binding; the second try binds.
 fn bind(ctx: &Arc<CudaContext>) -> Result<(), DriverError> {
@@ -457,88 +169,6 @@ impl Drop for CudaBackend {
 }
 
 impl CudaBackend {
-    /// [`Backend::reference_sums`] with the heads uploaded in groups of at most `group_bytes`
-    /// and at most 80% of the device's free memory (at least one head per group), and at most
-    /// `blocks_per_launch` row blocks per launch (the tests make both small to prove that
-    /// neither changes a bit).
-    pub fn reference_sums_grouped(
-        &mut self,
-        p: &Problem,
-        rows: &RowSet,
-        group_bytes: u64,
-        blocks_per_launch: usize,
-    ) -> Result<DeviceSums, BackendError> {
-        let gpu = &mut *self.gpu;
-        let ctx = &gpu.ctx;
-        let kernel = gpu
-            .reference
-            .get(|c| reference::DeviceReference::load(ctx, c));
-        let result = kernel.map_err(String::clone).map(|k| {
-            let budget = group_bytes.min(free_share(ctx));
-            k.sums(&gpu.stream, p, rows, budget, blocks_per_launch)
-        });
-        self.own_kernel_outcome(YARDSTICK_REFERENCES, p, result)
-    }
-
-    /// [`Backend::emulation_on_device`] with the limits of [`Self::reference_sums_grouped`].
-    pub fn emulation_grouped(
-        &mut self,
-        p: &Problem,
-        kv_split: usize,
-        rows: &RowSet,
-        group_bytes: u64,
-        blocks_per_launch: usize,
-    ) -> Result<OnDevice<Vec<f16>>, BackendError> {
-        let gpu = &mut *self.gpu;
-        let ctx = &gpu.ctx;
-        let kernel = gpu
-            .emulation
-            .get(|c| emulation::DeviceEmulation::load(ctx, c));
-        let result = kernel.map_err(String::clone).map(|k| {
-            let budget = group_bytes.min(free_share(ctx));
-            k.run(&gpu.stream, p, kv_split, rows, budget, blocks_per_launch)
-        });
-        self.own_kernel_outcome(YARDSTICK_EMULATION, p, result)
-    }
-
-    /// What one of the runner's own kernels gave, in the three outcomes of
-    /// [`Backend::reference_sums`]. Its failures are environment errors (exit 3), never the
-    /// kernel under test's (exit 4, which the self-test counts as a caught mutant): a kernel
-    /// that did not build or load (`Err(why)`), or an allocation that did not fit, is
-    /// [`OnDevice::Unavailable`] and leaves the context usable; any other driver error (a
-    /// launch, a synchronize, or a copy reporting an earlier fault) marks it unusable.
-    fn own_kernel_outcome<T>(
-        &mut self,
-        which: Yardstick,
-        p: &Problem,
-        result: Result<Result<T, DriverError>, String>,
-    ) -> Result<OnDevice<T>, BackendError> {
-        let on = format!(
-            "shape {} ({}) seed {}",
-            p.shape.name,
-            p.shape.dims(),
-            p.seed
-        );
-        let Yardstick { kernel, flag } = which;
-        match result {
-            Ok(Ok(x)) => Ok(OnDevice::Computed(x)),
-            Err(why) => Ok(OnDevice::Unavailable(format!(
-                "the runner's {kernel} is unavailable for {on}: {why}"
-            ))),
-            Ok(Err(e)) if reference::out_of_memory(&e) => Ok(OnDevice::Unavailable(format!(
-                "the runner's {kernel} ran out of GPU memory on {on}: {e}"
-            ))),
-            Ok(Err(e)) => {
-                self.faulted = true;
-                Err(BackendError::Environment(format!(
-                    "the runner's own {kernel} failed (a kernel launched before it may have \
-                     left the GPU in a bad state) on {on}: {e}; {flag} host computes it on the \
-                     host"
-                )))
-            }
-        }
-    }
-
     /// The compiled variants' full identities (build_meta.json has them too).
     pub fn identities(&self) -> Vec<VariantIdentity> {
         self.gpu
@@ -547,15 +177,6 @@ impl CudaBackend {
             .map(|v| v.identity.clone())
             .collect()
     }
-}
-
-/// Why the runner's GPU `what` kernel cannot take a problem of `shape`.
-fn uncovered(shape: &crate::shapes::Shape, what: &str) -> String {
-    format!(
-        "the GPU {what} kernel covers plain attention of D = {} only, not {}",
-        crate::reference::DEVICE_HEAD_DIM,
-        shape.dims()
-    )
 }
 
 impl Backend for CudaBackend {

@@ -1,0 +1,157 @@
+//! The runner's own GPU kernels, its yardsticks: the f64 references (cuda/reference_f64.cu)
+//! and the emulation (cuda/emulation_f32.cu), built in the background and loaded into a GPU's
+//! context on first use, each within a share of the device's free memory. Their failures are
+//! the environment's (exit 3), never the kernel under test's.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, DriverError};
+use half::f16;
+
+use super::{CudaBackend, build, emulation, nvrtc, reference};
+use crate::backend::{BackendError, DeviceSums, OnDevice};
+use crate::problem::Problem;
+use crate::rows::RowSet;
+
+/// One of the runner's own kernels on one GPU: its shared build still compiling, or loaded
+/// into this GPU's context (or why it could not be built or loaded), from its first use on.
+pub(super) enum Lazy<K> {
+    Compiling(Arc<build::Pending<Result<nvrtc::Compiled, String>>>),
+    Ready(Result<K, String>),
+}
+
+impl<K> Lazy<K> {
+    /// The kernel, waiting for its build and loading it with `load` on first use.
+    pub(super) fn get(
+        &mut self,
+        load: impl FnOnce(nvrtc::Compiled) -> Result<K, String>,
+    ) -> Result<&K, &String> {
+        if let Lazy::Compiling(pending) = self {
+            let loaded = pending.wait().clone().and_then(load);
+            *self = Lazy::Ready(loaded);
+        }
+        match self {
+            Lazy::Ready(result) => result.as_ref(),
+            Lazy::Compiling(_) => unreachable!("made ready above"),
+        }
+    }
+}
+
+/// Which of the runner's own kernels, for its messages.
+struct Yardstick {
+    kernel: &'static str,
+    flag: &'static str,
+}
+
+const YARDSTICK_REFERENCES: Yardstick = Yardstick {
+    kernel: "f64 reference kernel",
+    flag: "--references",
+};
+const YARDSTICK_EMULATION: Yardstick = Yardstick {
+    kernel: "emulation kernel",
+    flag: "--emulation",
+};
+
+/// 80% of the device's free memory: what one of the runner's own kernels may take.
+fn free_share(ctx: &Arc<CudaContext>) -> u64 {
+    let free = ctx
+        .mem_get_info()
+        .map(|(free, _)| free as u64)
+        .unwrap_or(u64::MAX);
+    free / 5 * 4
+}
+
+impl CudaBackend {
+    /// [`Backend::reference_sums`](crate::backend::Backend::reference_sums) with the heads
+    /// uploaded in groups of at most `group_bytes` and at most 80% of the device's free
+    /// memory (at least one head per group), and at most `blocks_per_launch` row blocks per
+    /// launch (the tests make both small to prove that neither changes a bit).
+    pub fn reference_sums_grouped(
+        &mut self,
+        p: &Problem,
+        rows: &RowSet,
+        group_bytes: u64,
+        blocks_per_launch: usize,
+    ) -> Result<DeviceSums, BackendError> {
+        let gpu = &mut *self.gpu;
+        let ctx = &gpu.ctx;
+        let kernel = gpu
+            .reference
+            .get(|c| reference::DeviceReference::load(ctx, c));
+        let result = kernel.map_err(String::clone).map(|k| {
+            let budget = group_bytes.min(free_share(ctx));
+            k.sums(&gpu.stream, p, rows, budget, blocks_per_launch)
+        });
+        self.own_kernel_outcome(YARDSTICK_REFERENCES, p, result)
+    }
+
+    /// [`Backend::emulation_on_device`](crate::backend::Backend::emulation_on_device) with the
+    /// limits of [`Self::reference_sums_grouped`].
+    pub fn emulation_grouped(
+        &mut self,
+        p: &Problem,
+        kv_split: usize,
+        rows: &RowSet,
+        group_bytes: u64,
+        blocks_per_launch: usize,
+    ) -> Result<OnDevice<Vec<f16>>, BackendError> {
+        let gpu = &mut *self.gpu;
+        let ctx = &gpu.ctx;
+        let kernel = gpu
+            .emulation
+            .get(|c| emulation::DeviceEmulation::load(ctx, c));
+        let result = kernel.map_err(String::clone).map(|k| {
+            let budget = group_bytes.min(free_share(ctx));
+            k.run(&gpu.stream, p, kv_split, rows, budget, blocks_per_launch)
+        });
+        self.own_kernel_outcome(YARDSTICK_EMULATION, p, result)
+    }
+
+    /// What one of the runner's own kernels gave, in the three outcomes of
+    /// [`Backend::reference_sums`](crate::backend::Backend::reference_sums). Its failures are
+    /// environment errors (exit 3), never the kernel under test's (exit 4, which the
+    /// self-test counts as a caught mutant): a kernel that did not build or load
+    /// (`Err(why)`), or an allocation that did not fit, is [`OnDevice::Unavailable`] and
+    /// leaves the context usable; any other driver error (a launch, a synchronize, or a copy
+    /// reporting an earlier fault) marks it unusable.
+    fn own_kernel_outcome<T>(
+        &mut self,
+        which: Yardstick,
+        p: &Problem,
+        result: Result<Result<T, DriverError>, String>,
+    ) -> Result<OnDevice<T>, BackendError> {
+        let on = format!(
+            "shape {} ({}) seed {}",
+            p.shape.name,
+            p.shape.dims(),
+            p.seed
+        );
+        let Yardstick { kernel, flag } = which;
+        match result {
+            Ok(Ok(x)) => Ok(OnDevice::Computed(x)),
+            Err(why) => Ok(OnDevice::Unavailable(format!(
+                "the runner's {kernel} is unavailable for {on}: {why}"
+            ))),
+            Ok(Err(e)) if reference::out_of_memory(&e) => Ok(OnDevice::Unavailable(format!(
+                "the runner's {kernel} ran out of GPU memory on {on}: {e}"
+            ))),
+            Ok(Err(e)) => {
+                self.faulted = true;
+                Err(BackendError::Environment(format!(
+                    "the runner's own {kernel} failed (a kernel launched before it may have \
+                     left the GPU in a bad state) on {on}: {e}; {flag} host computes it on the \
+                     host"
+                )))
+            }
+        }
+    }
+}
+
+/// Why the runner's GPU `what` kernel cannot take a problem of `shape`.
+pub(super) fn uncovered(shape: &crate::shapes::Shape, what: &str) -> String {
+    format!(
+        "the GPU {what} kernel covers plain attention of D = {} only, not {}",
+        crate::reference::DEVICE_HEAD_DIM,
+        shape.dims()
+    )
+}
