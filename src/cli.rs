@@ -518,6 +518,11 @@ pub struct SensitivityArgs {
     /// Seeds: the table shows, per shape, the largest smallest-caught size over them
     #[arg(long, default_value = "0,1,2", value_parser = seed_list, allow_hyphen_values = true)]
     pub seeds: SeedList,
+    /// A kernel of cuda/kernels.toml or a kernel source file: whose algorithm stands in for a
+    /// correct output, and whose error model judges it [default: the manifest's default,
+    /// stage-c]
+    #[arg(long, value_name = "NAME|FILE")]
+    pub kernel: Option<PathBuf>,
     #[command(flatten)]
     pub project: ProjectArgs,
 }

@@ -222,6 +222,43 @@ fn bits_equal_pct(out: &[f16], emulation: &[f16], rows: &RowSet, d: usize) -> f6
     100.0 * same as f64 / emulation.len().max(1) as f64
 }
 
+/// The largest distance, in steps of the f16 lattice, of a checked element of `out` from the
+/// emulation's (`emulation` in the compact layout of `rows`): 0 where the emulation reproduces
+/// the kernel exactly; a NaN or infinity against a finite value is `u32::MAX`.
+fn max_ulps(out: &[f16], emulation: &[f16], rows: &RowSet, d: usize) -> u32 {
+    rows.each()
+        .flat_map(|(full, compact)| {
+            out[full * d..][..d]
+                .iter()
+                .zip(&emulation[compact * d..][..d])
+        })
+        .map(|(&a, &b)| f16_ulp_distance(a, b))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Steps of the f16 lattice between `a` and `b` (+0 and −0 are the same point): the
+/// difference of their positions in the ordered f16 values; `u32::MAX` if either is not
+/// finite and they differ in bits.
+fn f16_ulp_distance(a: f16, b: f16) -> u32 {
+    if a.to_bits() == b.to_bits() {
+        return 0;
+    }
+    if !a.is_finite() || !b.is_finite() {
+        return u32::MAX;
+    }
+    // Magnitude bits order the non-negative values; negatives mirror them below zero.
+    let ordered = |x: f16| {
+        let bits = x.to_bits() as i32;
+        if bits & 0x8000 != 0 {
+            -(bits & 0x7fff)
+        } else {
+            bits
+        }
+    };
+    (ordered(a) - ordered(b)).unsigned_abs()
+}
+
 /// Judges one backend output and builds its record.
 pub fn judge_output(
     backend: &str,
@@ -272,6 +309,7 @@ pub fn judge_output(
         end_to_end,
         emulation_ref: y.emulation.clone(),
         emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out, &y.rows, d),
+        emulation_max_ulps: Some(max_ulps(out, &y.emulation_out, &y.rows, d)),
         rows_checked: y.rows.count(),
         row_rule: y.rows.rule().to_string(),
         references: y.engine.to_string(),
@@ -1060,6 +1098,47 @@ mod tests {
     fn a_defect_lowers_the_share_of_bits_equal_to_the_emulation() {
         let broken = run(Defect::LeaveRowUnwritten, &[shape(70)]);
         assert!(broken.iter().all(|r| r.emulation_bits_equal_pct < 100.0));
+    }
+
+    #[test]
+    fn ulp_distance_counts_f16_lattice_steps_across_zero_and_saturates_on_non_finite() {
+        let h = f16::from_f32;
+        let next = |x: f16, k: u16| f16::from_bits(x.to_bits() + k);
+        assert_eq!(f16_ulp_distance(h(1.0), h(1.0)), 0);
+        assert_eq!(f16_ulp_distance(h(1.0), next(h(1.0), 3)), 3);
+        assert_eq!(f16_ulp_distance(next(h(1.0), 3), h(1.0)), 3);
+        // +0 and -0 are one point; the smallest subnormals on either side are 2 steps apart.
+        assert_eq!(f16_ulp_distance(h(0.0), h(-0.0)), 0);
+        let tiny = f16::from_bits(1);
+        assert_eq!(f16_ulp_distance(tiny, -tiny), 2);
+        // 1 to 2: the 1024 steps of one binade.
+        assert_eq!(f16_ulp_distance(h(1.0), h(2.0)), 1024);
+        assert_eq!(f16_ulp_distance(h(1.0), f16::NAN), u32::MAX);
+        assert_eq!(f16_ulp_distance(f16::INFINITY, h(65504.0)), u32::MAX);
+    }
+
+    #[test]
+    fn the_record_gives_the_largest_ulp_distance_from_the_emulation_zero_for_the_emulation_itself()
+    {
+        let clean = run(Defect::None, &[shape(70)]);
+        assert!(clean.iter().all(|r| r.emulation_max_ulps == Some(0)));
+        let broken = run(Defect::SkipLastKvTile, &[shape(70)]);
+        assert!(
+            broken
+                .iter()
+                .all(|r| r.emulation_max_ulps.is_some_and(|u| u > 16)),
+            "{:?}",
+            broken
+                .iter()
+                .map(|r| r.emulation_max_ulps)
+                .collect::<Vec<_>>()
+        );
+        let unwritten = run(Defect::LeaveRowUnwritten, &[shape(70)]);
+        assert!(
+            unwritten
+                .iter()
+                .all(|r| r.emulation_max_ulps == Some(u32::MAX))
+        );
     }
 
     #[test]

@@ -154,6 +154,13 @@ pub struct CorrectnessRecord {
     pub emulation_ref: ErrorMetrics,
     /// Percent of output elements bit-identical to the CPU emulation's (a diagnostic).
     pub emulation_bits_equal_pct: f64,
+    /// The largest distance of a checked element from the emulation's, in f16 ulps (steps of
+    /// the f16 lattice between the two values; a non-finite element against a finite one is
+    /// `u32::MAX`). A diagnostic, not yet a gate: where the emulation reproduces a kernel's
+    /// algorithm, it measures how far a correct kernel strays from it. Absent in records
+    /// written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulation_max_ulps: Option<u32>,
     pub gates: BTreeMap<String, Check>,
     pub pass: bool,
     /// Query rows (all heads together) whose every element was held to the references; every
@@ -719,6 +726,7 @@ pub(crate) mod fixtures {
             end_to_end: m.clone(),
             emulation_ref: m,
             emulation_bits_equal_pct: 100.0,
+            emulation_max_ulps: Some(0),
             gates,
             pass,
             rows_checked: 1,

@@ -47,12 +47,18 @@ fn sizes() -> impl Iterator<Item = f64> {
     (0..=24).map(|k| 10f64.powf(-6.0 + k as f64 / 4.0))
 }
 
-/// The smallest size of `what` that fails a gate on `p`, or None up to a factor of 2.
-pub fn smallest_caught(p: &Problem, what: Perturbation, gates: &Gates) -> Option<Caught> {
-    let kv = emulation::Algorithm::STAGE_C;
-    let y = Yardsticks::full(p, kv);
+/// The smallest size of `what` that fails a gate on `p`, or None up to a factor of 2, for a
+/// kernel of algorithm `alg` (its emulation stands in for the correct output, and its model
+/// bounds the error).
+pub fn smallest_caught(
+    p: &Problem,
+    what: Perturbation,
+    gates: &Gates,
+    alg: emulation::Algorithm,
+) -> Option<Caught> {
+    let y = Yardsticks::full(p, alg);
     sizes().find_map(|eps| {
-        let out = perturbed(p, &y, what, eps, kv);
+        let out = perturbed(p, &y, what, eps, alg);
         let r = judge_output("cpu", "perturbed", p, &y, &out, gates);
         (!r.pass).then(|| Caught {
             epsilon: eps,
@@ -115,11 +121,55 @@ mod tests {
         let shape = Shape::parse_inline("1x2x100x64").unwrap().unwrap();
         let p = Problem::new(&shape, 0);
         for what in Perturbation::ALL {
-            let c = smallest_caught(&p, what, &gates()).unwrap_or_else(|| panic!("{what:?}"));
+            let c = smallest_caught(&p, what, &gates(), emulation::Algorithm::STAGE_C)
+                .unwrap_or_else(|| panic!("{what:?}"));
             // A correct output (eps far below the arithmetic's own error) passes...
             assert!(c.epsilon > 1e-6, "{what:?} caught at {}", c.epsilon);
             // ...and a one-percent mistake does not.
             assert!(c.epsilon <= 1e-2, "{what:?} only caught at {}", c.epsilon);
+            assert!(!c.gates.is_empty());
+        }
+    }
+
+    #[test]
+    fn the_perturbations_rerun_the_chosen_kernels_algorithm_so_size_zero_is_its_emulation() {
+        let alg = emulation::Algorithm::of(&crate::kernels::project_spec("stage-d"));
+        assert!(!alg.is_stage_c());
+        let shape = Shape::parse_inline("1x2x100x64:sk=300:causal")
+            .unwrap()
+            .unwrap();
+        let p = Problem::new(&shape, 1);
+        let y = Yardsticks::full(&p, alg);
+        for what in Perturbation::ALL {
+            assert_eq!(
+                perturbed(&p, &y, what, 0.0, alg),
+                y.emulation_out,
+                "{what:?} at size 0 is not Stage D's own output"
+            );
+        }
+        // Stage C's output is another algorithm's: not what Stage D's perturbations start from.
+        assert_ne!(
+            perturbed(
+                &p,
+                &y,
+                Perturbation::VScale,
+                0.0,
+                emulation::Algorithm::STAGE_C
+            ),
+            y.emulation_out
+        );
+    }
+
+    #[test]
+    fn stage_ds_own_output_passes_its_gates_and_every_perturbation_is_caught_below_a_factor_two() {
+        let alg = emulation::Algorithm::of(&crate::kernels::project_spec("stage-d"));
+        let shape = Shape::parse_inline("1x2x100x64:sk=300:causal")
+            .unwrap()
+            .unwrap();
+        let p = Problem::new(&shape, 1);
+        for what in Perturbation::ALL {
+            let c = smallest_caught(&p, what, &gates(), alg).unwrap_or_else(|| panic!("{what:?}"));
+            assert!(c.epsilon > 1e-6, "{what:?} caught at {}", c.epsilon);
             assert!(!c.gates.is_empty());
         }
     }

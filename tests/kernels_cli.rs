@@ -82,3 +82,33 @@ fn an_unknown_kernel_name_is_refused_naming_the_known_ones() {
         "{stderr}"
     );
 }
+
+#[test]
+fn sensitivity_judges_the_chosen_kernels_own_output_by_its_gates_and_refuses_an_unknown_one() {
+    let (code, stdout, stderr) = output(runner().args([
+        "sensitivity",
+        "--kernel",
+        "stage-d",
+        "--shapes",
+        "small",
+        "--seeds",
+        "0",
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("kernel stage-d: 128-key tiles") && stdout.contains("P e4m3"),
+        "{stdout}"
+    );
+    // One row per perturbation, each caught by a named gate.
+    for what in ["softmax scale", "V scale", "one output row"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with("| small | ") && l.contains(what))
+            .unwrap_or_else(|| panic!("no row for {what}: {stdout}"));
+        assert!(row.contains('%') && row.contains("relative."), "{row}");
+    }
+    let (code, _, stderr) =
+        output(runner().args(["sensitivity", "--kernel", "stage-q", "--shapes", "small"]));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("stage-c, stage-d"), "{stderr}");
+}

@@ -391,6 +391,49 @@ fn commands_without_a_cpu_backend_do_not_advise_one() {
 }
 
 #[test]
+fn calibrate_shows_the_largest_ulp_distance_from_the_emulation_zero_for_a_clean_run() {
+    let ulps = |defect: &str| {
+        let results = tempfile::tempdir().unwrap();
+        let (code, _, stderr) = output(
+            runner()
+                .args(["--backend", "cpu", "--shapes", "1x1x70x64", "--seeds", "0"])
+                .args([
+                    "--iters",
+                    "0",
+                    "--emulation-defect",
+                    defect,
+                    "--results-dir",
+                ])
+                .arg(results.path()),
+        );
+        assert_eq!(
+            code,
+            if defect == "none" { 0 } else { 1 },
+            "{defect}: {stderr}"
+        );
+        let run = &run_dirs(results.path())[0];
+        let (code, stdout, stderr) = output(runner().arg("calibrate").arg(run));
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        assert!(stdout.contains("max ulps from emu"), "{stdout}");
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with("| **all**"))
+            .unwrap_or_else(|| panic!("{stdout}"))
+            .to_string();
+        let last = row
+            .trim_end_matches(" |")
+            .rsplit("| ")
+            .next()
+            .unwrap()
+            .to_string();
+        last.parse::<u32>().unwrap_or_else(|_| panic!("{row}"))
+    };
+    assert_eq!(ulps("none"), 0);
+    let broken = ulps("skip-last-kv-tile");
+    assert!(broken > 16, "{broken}");
+}
+
+#[test]
 fn calibrate_refuses_a_run_with_no_finite_complete_output() {
     let results = tempfile::tempdir().unwrap();
     let (code, _, _) = output(

@@ -28,6 +28,8 @@ struct Worst {
     /// The emulation's own error over the kernel bound (the model checked on the CPU).
     emulation: f64,
     min_bits_equal: f64,
+    /// The largest f16-ulp distance from the emulation (records that give it).
+    max_ulps: Option<u32>,
 }
 
 impl Worst {
@@ -38,6 +40,7 @@ impl Worst {
             self.min_bits_equal.min(r.emulation_bits_equal_pct)
         };
         self.rows += 1;
+        self.max_ulps = self.max_ulps.max(r.emulation_max_ulps);
         for (gate, c) in &r.gates {
             if c.rule == "<=" && c.limit > 0.0 {
                 let u = self.used.entry(gate.clone()).or_insert(0.0);
@@ -99,13 +102,18 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
         backends.join(", ")
     );
     crate::outln!(
-        "| shape | variant | rows | kernel err/bound | e2e err/bound | relative max | relative mean | emulation err/bound | % bits = emu |"
+        "| shape | variant | rows | kernel err/bound | e2e err/bound | relative max | relative mean | emulation err/bound | % bits = emu | max ulps from emu |"
     );
-    crate::outln!("|---|---|---|---|---|---|---|---|---|");
+    crate::outln!("|---|---|---|---|---|---|---|---|---|---|");
     let line = |shape: &str, variant: &str, w: &Worst| {
         let cols: Vec<String> = COLUMNS.iter().map(|g| format!("{:.3}", w.get(g))).collect();
+        let ulps = match w.max_ulps {
+            None => "-".to_string(),
+            Some(u32::MAX) => "non-finite".to_string(),
+            Some(u) => u.to_string(),
+        };
         crate::outln!(
-            "| {shape} | {variant} | {} | {} | {:.3} | {:.3} |",
+            "| {shape} | {variant} | {} | {} | {:.3} | {:.3} | {ulps} |",
             w.rows,
             cols.join(" | "),
             w.emulation,

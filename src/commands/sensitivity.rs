@@ -1,9 +1,11 @@
 //! `sdpa-runner sensitivity`: the smallest planted mistake each correctness gate catches, per
 //! shape (src/sensitivity.rs). CPU only: the perturbations are of the emulation's output, which
-//! stands in for a correct kernel (the GPU's outputs match it to the last bit, or nearly).
+//! stands in for a correct kernel (the GPU's outputs match it to the last bit, or nearly), in
+//! the algorithm of `--kernel` (cuda/kernels.toml), judged by that kernel's gates and model.
 
 use super::Project;
-use crate::cli::SensitivityArgs;
+use crate::cli::{KernelArgs, SensitivityArgs};
+use crate::emulation::Algorithm;
 use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
 use crate::sensitivity::{Perturbation, smallest_caught};
@@ -11,9 +13,17 @@ use crate::sensitivity::{Perturbation, smallest_caught};
 pub fn sensitivity(args: &SensitivityArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
     let selected = project.catalog.select(&args.shapes)?;
+    let kernel = KernelArgs {
+        kernel: args.kernel.clone(),
+        ..KernelArgs::default()
+    };
+    let chosen = project.kernel(&kernel)?;
+    project.check_supported(&kernel, &selected)?;
+    let alg = Algorithm::of(&chosen.spec);
     // Every row of every shape, on one worker with every thread.
     crate::rows::check_host_memory(&selected, crate::rows::CheckRows::All, 1, 1)?;
     let gates = &project.gates.gates;
+    crate::outln!("kernel {}: {}", chosen.spec.name, alg.describe());
     crate::outln!(
         "smallest relative error caught (largest over seeds {:?}; sizes 10^(k/4) from 1e-6)",
         args.seeds.0
@@ -25,7 +35,7 @@ pub fn sensitivity(args: &SensitivityArgs) -> Result<Outcome, AppError> {
         for what in Perturbation::ALL {
             let mut worst: Option<(f64, Vec<String>)> = Some((0.0, Vec::new()));
             for &seed in &args.seeds.0 {
-                let caught = smallest_caught(&Problem::new(shape, seed), what, gates);
+                let caught = smallest_caught(&Problem::new(shape, seed), what, gates, alg);
                 worst = match (worst, caught) {
                     (Some((e, _)), Some(c)) if c.epsilon > e => Some((c.epsilon, c.gates)),
                     (Some(w), Some(_)) => Some(w),
