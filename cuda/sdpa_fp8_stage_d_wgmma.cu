@@ -48,11 +48,12 @@
 // Switches (build-time defines; the runner passes them from cuda/kernels.toml or --define):
 //   KV_STAGES=2|3   the depth of the K/V ring (the A/B variants st2 and st3).
 //   V_SWIZZLE=0|1   V's layout in shared memory (above); published as SDPA_V_SWIZZLE, from
-//                   which the host builds V's tensor map. 1 is 18-20% faster at D 128 and 4% at
-//                   D 64 on an H100 (docs/PERF.md, change 12); the default stays 0 until the
-//                   runner's checks have run on it.
-//   PINGPONG=0|1    the consumers take turns to issue their GEMMs (turn_wait): with V_SWIZZLE,
-//                   3% faster causal, 4-11% slower otherwise (change 12).
+//                   which the host builds V's tensor map. 1 is 15-20% faster at D 128 (15%
+//                   causal) and 4% at D 64 on an H100 (docs/PERF.md, change 12); the default
+//                   stays 0 until the runner's checks have run on it.
+//   PINGPONG=0|1    the consumers take turns to issue each GEMM (turn_wait), published as
+//                   SDPA_PINGPONG: with V_SWIZZLE, 4-11% slower non-causal, causal within
+//                   noise (change 12).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
@@ -115,6 +116,7 @@ __constant__ int SDPA_THREADS = THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
+__constant__ int SDPA_PINGPONG = PINGPONG;   // what the PTX proves of the turn-taking switch
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
 
@@ -176,7 +178,8 @@ __device__ __forceinline__ void issue_kv(u8* smem, Barriers& bars, const TmaDesc
 // h = lane / 16; warp and iteration pick kb and dq / 4. Loads: the bank is ((dq / 4) ^ (2t + x))
 // (mod 8) x 4 + dq % 4 at D 128 (x the key's offset within its pair), x' x 16 + ((dq / 4) ^ t) x 4
 // + dq % 4 at D 64: 16 banks for 32 lanes, 2-way. Stores: the bank is ((2kb + h) ^ (d % 8)) x 4
-// + t with d % 8 = 4 (dq % 2) + i: 16 banks, 2-way (the unswizzled version was 16-way).
+// + t with d % 8 = 4 (dq % 2) + i: 16 banks, 2-way (the unswizzled version's stores were 16-way
+// at D 128, 8-way at D 64).
 template <int D>
 __device__ __forceinline__ unsigned v_word(const u8* v, int key, int dq) {
     constexpr int SWZ_MASK = D == 128 ? 7 : 3; // 128B or 64B swizzle: chunk ^= address bits 7..

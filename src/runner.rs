@@ -1118,6 +1118,37 @@ mod tests {
     }
 
     #[test]
+    fn ulp_distance_compares_each_checked_rows_full_output_with_its_compact_emulation_row() {
+        // 2 heads of 1024 rows, sampled: checked rows are a subset, at compact positions that
+        // differ from their full ones.
+        let mut sh = shape(1024);
+        (sh.b, sh.h, sh.hkv, sh.d) = (1, 2, 2, 4);
+        let rows = RowSet::sampled(&sh, 0, &[64]);
+        assert!(!rows.is_all());
+        let d = sh.d;
+        let full: Vec<f16> = (0..sh.heads() * sh.s * d)
+            .map(|i| f16::from_f32(1.0 + (i % 97) as f32 / 64.0))
+            .collect();
+        let mut emulation = vec![f16::ZERO; rows.count() * d];
+        for (f, c) in rows.each() {
+            emulation[c * d..][..d].copy_from_slice(&full[f * d..][..d]);
+        }
+        assert_eq!(max_ulps(&full, &emulation, &rows, d), 0);
+        // 5 steps off in the last checked row, whose full and compact indices differ.
+        let (f, c) = rows.each().last().unwrap();
+        assert_ne!(f, c);
+        emulation[c * d + 1] = f16::from_bits(emulation[c * d + 1].to_bits() + 5);
+        assert_eq!(max_ulps(&full, &emulation, &rows, d), 5);
+        // A row not checked is not compared.
+        let unchecked = (0..sh.heads() * sh.s)
+            .find(|r| rows.each().all(|(f, _)| f != *r))
+            .unwrap();
+        let mut out = full.clone();
+        out[unchecked * d] = f16::NAN;
+        assert_eq!(max_ulps(&out, &emulation, &rows, d), 5);
+    }
+
+    #[test]
     fn the_record_gives_the_largest_ulp_distance_from_the_emulation_zero_for_the_emulation_itself()
     {
         let clean = run(Defect::None, &[shape(70)]);

@@ -161,16 +161,24 @@ mod tests {
     }
 
     #[test]
-    fn stage_ds_own_output_passes_its_gates_and_every_perturbation_is_caught_below_a_factor_two() {
+    fn stage_ds_own_output_passes_its_gates_which_are_ten_times_blunter_than_stage_cs() {
         let alg = emulation::Algorithm::of(&crate::kernels::project_spec("stage-d"));
         let shape = Shape::parse_inline("1x2x100x64:sk=300:causal")
             .unwrap()
             .unwrap();
         let p = Problem::new(&shape, 1);
         for what in Perturbation::ALL {
-            let c = smallest_caught(&p, what, &gates(), alg).unwrap_or_else(|| panic!("{what:?}"));
-            assert!(c.epsilon > 1e-6, "{what:?} caught at {}", c.epsilon);
-            assert!(!c.gates.is_empty());
+            let d = smallest_caught(&p, what, &gates(), alg).unwrap_or_else(|| panic!("{what:?}"));
+            assert!(d.epsilon > 1e-6, "{what:?} caught at {}", d.epsilon);
+            assert!(!d.gates.is_empty());
+            // Judged in Stage D's algorithm and model, not Stage C's: its gates sit above
+            // e4m3's rounding of P, ten times and more blunter (docs/DESIGN.md "How small a
+            // mistake they catch, per kernel").
+            let c = smallest_caught(&p, what, &gates(), emulation::Algorithm::STAGE_C).unwrap();
+            assert!(
+                d.epsilon >= 10.0 * c.epsilon,
+                "{what:?}: {d:?} against Stage C's {c:?}"
+            );
         }
     }
 }

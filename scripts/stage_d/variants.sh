@@ -6,7 +6,11 @@
 set -u
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/stage_d_variants}
+if [ $# -lt 2 ]; then echo "usage: variants.sh check|perf|quick NAME=DEFINES..." >&2; exit 2; fi
 mode=$1; shift
+for spec in "$@"; do
+  case $spec in *=*) ;; *) echo "variants.sh: '$spec' is not NAME=DEFINES (NAME= for none)" >&2; exit 2;; esac
+done
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 names=()
@@ -24,11 +28,11 @@ for name in "${names[@]}"; do
   echo "   rc=$? $(tail -1 "$OUT/run_${mode}_$name.log")"
 done
 echo "TFLOP/s ($mode)"
-printf '%-34s' problem; for name in "${names[@]}"; do printf '%10s' "$name"; done; echo
+printf '%-44s' problem; for name in "${names[@]}"; do printf '%10s' "$name"; done; echo
 first=$OUT/run_${mode}_${names[0]}.log
 n=$(grep -c ' d=' "$first")
 for i in $(seq 1 "$n"); do
-  printf '%-34s' "$(grep ' d=' "$first" | sed -n "${i}p" | sed -E 's/^(PASS|FAIL) //; s/:.*//' | cut -c1-34)"
+  printf '%-44s' "$(grep ' d=' "$first" | sed -n "${i}p" | sed -E 's/^(PASS|FAIL) //; s/:.*//' | cut -c1-44)"
   for name in "${names[@]}"; do
     line=$(grep ' d=' "$OUT/run_${mode}_$name.log" | sed -n "${i}p")
     v=$(echo "$line" | grep -oE '[0-9.]+ TFLOP/s' | cut -d' ' -f1)

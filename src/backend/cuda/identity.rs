@@ -42,12 +42,12 @@ impl KernelConstants {
             block_m: get("SDPA_BLOCK_M")?,
             block_n: get("SDPA_BLOCK_N")?,
             // A kernel that publishes no split runs one chain of KV tiles per row.
-            kv_split: get("SDPA_KV_SPLIT").unwrap_or(1),
+            kv_split: ptx_constant_opt(ptx, "SDPA_KV_SPLIT")?.unwrap_or(1),
             threads: get("SDPA_THREADS")?,
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
             switch: get(switch_constant)?,
-            v_swizzle: get("SDPA_V_SWIZZLE").is_ok_and(|v| v != 0),
+            v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
         })
     }
 
@@ -100,24 +100,40 @@ impl Toggle<'_> {
     }
 }
 
-/// The KV split all `variants` (name, constants) share: one run checks them against one
-/// emulation yardstick, so variants that sum in different orders cannot share a run.
 /// The value of `__constant__ int NAME` in a module's PTX (0 when it is zero-initialized).
 pub fn ptx_constant(ptx: &str, name: &str) -> Result<u32, String> {
-    ptx.lines()
+    ptx_constant_opt(ptx, name)?
+        .ok_or_else(|| format!("the PTX does not define {name}; the kernel must publish it"))
+}
+
+/// As [`ptx_constant`], for a constant a kernel may leave out: `None` when no line declares
+/// it, an error when one does with a value that is not an unsigned integer (never read as
+/// absent).
+pub fn ptx_constant_opt(ptx: &str, name: &str) -> Result<Option<u32>, String> {
+    let declared = ptx
+        .lines()
         .filter(|l| l.trim_start().starts_with(".const") || l.trim_start().starts_with(".global"))
         .find_map(|l| {
             let (_, rest) = l.split_once(name)?;
             let rest = rest.trim_start();
             if rest.starts_with(';') {
-                return Some(0);
+                return Some(Some(0));
             }
+            // Another constant whose name begins with this one's: not a declaration of it.
             let value = rest.strip_prefix('=')?;
-            value.trim().trim_end_matches(';').trim().parse().ok()
-        })
-        .ok_or_else(|| format!("the PTX does not define {name}; the kernel must publish it"))
+            Some(value.trim().trim_end_matches(';').trim().parse().ok())
+        });
+    match declared {
+        None => Ok(None),
+        Some(Some(v)) => Ok(Some(v)),
+        Some(None) => Err(format!(
+            "the PTX declares {name} with a value that is not an unsigned integer"
+        )),
+    }
 }
 
+/// The KV split all `variants` (name, constants) share: one run checks them against one
+/// emulation yardstick, so variants that sum in different orders cannot share a run.
 pub fn shared_kv_split(variants: &[(&str, KernelConstants)]) -> Result<u32, String> {
     let first = variants.first().map_or(1, |(_, c)| c.kv_split);
     if variants.iter().all(|(_, c)| c.kv_split == first) {
@@ -510,6 +526,12 @@ ptxas info    : Used 96 registers, used 1 barriers
         let with = |v: &str| format!("{ptx}.const .align 4 .u32 SDPA_V_SWIZZLE{v};\n");
         assert_eq!(layout(&with(" = 0")), unswizzled);
         assert_eq!(layout(&with("")), unswizzled, "uninitialized .const is 0");
+        // Present but not a number: refused, never read as absent.
+        let err = KernelConstants::from_ptx(&with(" = x"), "SDPA_KV_STAGES").unwrap_err();
+        assert!(
+            err.contains("SDPA_V_SWIZZLE") && err.contains("not an unsigned"),
+            "{err}"
+        );
         assert_eq!(
             layout(&with(" = 1")),
             MapLayout {

@@ -65,16 +65,7 @@ pub fn encode(
     };
     let boxes = [d as u32, box_rows, 1];
     let unit = [1u32; 3];
-    let swizzle = match (operand, d) {
-        (Operand::V, _) if !layout.v_swizzled => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-        (_, 128) => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        (_, 64) => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
-        (_, other) => {
-            return Err(format!(
-                "no swizzle of {other} bytes for a tensor map's rows"
-            ));
-        }
-    };
+    let swizzle = swizzle_of(operand, d, layout)?;
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every pointer is to a live local array of the length the rank (3) requires;
     // the driver writes the 128-byte map.
@@ -114,6 +105,21 @@ pub fn encode(
     Ok(desc)
 }
 
+/// How `operand`'s rows of `d` codes are swizzled in shared memory: by D bytes (64B or 128B),
+/// except V where the module asks for it unswizzled.
+fn swizzle_of(operand: Operand, d: usize, layout: MapLayout) -> Result<CUtensorMapSwizzle, String> {
+    Ok(match (operand, d) {
+        (Operand::V, _) if !layout.v_swizzled => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        (_, 128) => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        (_, 64) => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        (_, other) => {
+            return Err(format!(
+                "no swizzle of {other} bytes for a tensor map's rows"
+            ));
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +129,32 @@ mod tests {
         assert_eq!(std::mem::size_of::<TmaDesc>(), 128);
         assert_eq!(std::mem::align_of::<TmaDesc>(), 64);
         assert_eq!(std::mem::size_of::<sys::CUtensorMap>(), 128);
+    }
+
+    #[test]
+    fn v_is_swizzled_like_k_only_where_the_module_asks_and_q_k_always_by_d_bytes() {
+        use CUtensorMapSwizzle::*;
+        let layout = |v_swizzled| MapLayout {
+            block_n: 128,
+            v_swizzled,
+        };
+        for v_swizzled in [false, true] {
+            let l = layout(v_swizzled);
+            for (d, by_d) in [
+                (64, CU_TENSOR_MAP_SWIZZLE_64B),
+                (128, CU_TENSOR_MAP_SWIZZLE_128B),
+            ] {
+                assert_eq!(swizzle_of(Operand::Q, d, l), Ok(by_d));
+                assert_eq!(swizzle_of(Operand::K, d, l), Ok(by_d));
+                let v = if v_swizzled {
+                    by_d
+                } else {
+                    CU_TENSOR_MAP_SWIZZLE_NONE
+                };
+                assert_eq!(swizzle_of(Operand::V, d, l), Ok(v), "D {d}, {l:?}");
+            }
+        }
+        let err = swizzle_of(Operand::K, 96, layout(false)).unwrap_err();
+        assert!(err.contains("96 bytes"), "{err}");
     }
 }
