@@ -56,6 +56,9 @@
 //                   noise (change 12).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
+//   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
+//                   clock cycles after the barriers' init, before the CTA's first barrier, a
+//                   planted slowdown for the PR gate's SLOWER verdict (as Stage C's).
 //   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
 //                   costs, for scripts/stage_d/variants.sh only.
 //
@@ -82,6 +85,9 @@
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0
+#endif
+#ifndef SDPA_DELAY_CYCLES
+#define SDPA_DELAY_CYCLES 0
 #endif
 
 constexpr int BLOCK_M = 128;
@@ -450,6 +456,11 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
             mbar_init(&bars.empty[s], 128 * CONSUMERS);
         }
         mbar_init_fence();
+#if SDPA_DELAY_CYCLES > 0
+        const long long t0 = clock64();
+        while (clock64() - t0 < SDPA_DELAY_CYCLES) {
+        }
+#endif
     }
     __syncthreads();
 

@@ -5,7 +5,8 @@
 #   scripts/prove_stage_d.sh OUT_DIR
 # Steps: the main job, `--shapes llm --seeds 0,1`, `--shapes all --seeds 0` (correctness only),
 # fuzz, stress, the self-test, the PR gate against a byte-identical copy of the kernel (SAME
-# CODE, SAME), and `calibrate` over the three correctness runs: its last column is the largest
+# CODE, SAME) and against a planted slowdown (SDPA_DELAY_CYCLES=SLOW, default 4000: SLOWER,
+# exit 1), and `calibrate` over the three correctness runs: its last column is the largest
 # distance of a correct output from the emulation in f16 ulps, the evidence a gate on that
 # distance needs (docs/DESIGN.md "How small a mistake they catch, per kernel").
 # Environment:
@@ -62,6 +63,13 @@ if [ "${BACKEND:-cuda}" != cpu ]; then
   mkdir -p "$out/copy"
   cp cuda/sdpa_fp8_stage_d_wgmma.cu cuda/hopper_async.cuh "$out/copy/"
   step gate "$R" --kernel stage-d --shapes mission,llama-prefill --seeds 0,1,2 --base-kernel "$out/copy/sdpa_fp8_stage_d_wgmma.cu" --gate --results-dir "$out/gate"
+  # A planted slowdown: the candidate's CTAs each wait SLOW cycles first (about 2 us at the
+  # default: mission runs one wave, llama-prefill about eight), so the gate must say SLOWER
+  # and exit 1.
+  mkdir -p "$out/slow"
+  { echo "#define SDPA_DELAY_CYCLES ${SLOW:-4000}"; cat cuda/sdpa_fp8_stage_d_wgmma.cu; } > "$out/slow/sdpa_fp8_stage_d_wgmma.cu"
+  cp cuda/hopper_async.cuh "$out/slow/"
+  step slower "$R" --kernel "$out/slow/sdpa_fp8_stage_d_wgmma.cu" --shapes mission,llama-prefill --seeds 0,1,2 --base-kernel cuda/sdpa_fp8_stage_d_wgmma.cu --gate --results-dir "$out/slower"
 fi
 runs=()
 for d in main llm all; do
