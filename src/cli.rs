@@ -619,7 +619,8 @@ pub struct ExportArgs {
     pub shapes: String,
     #[arg(long, default_value = "0", value_parser = seed_list, allow_hyphen_values = true)]
     pub seeds: SeedList,
-    /// Replace DIR if it exists and is not empty
+    /// Replace DIR if it holds an earlier export, and nothing else (a manifest of this format
+    /// and its problems' folders)
     #[arg(long)]
     pub force: bool,
     #[command(flatten)]

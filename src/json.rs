@@ -51,6 +51,23 @@ pub fn read_text_if_any(path: &Path) -> Result<Option<String>, ConfigError> {
     }
 }
 
+/// As [`read_text_if_any`], for a file the runner finds by its name in a folder rather than one
+/// the user pointed at (an export's manifest, an implementation's notes): only a regular file
+/// is read; a pipe there would be waited on forever.
+pub fn read_found_text_if_any(path: &Path) -> Result<Option<String>, ConfigError> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Ok(meta) if !meta.is_file() => Err(ConfigError::Read {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file; write it as one",
+            ),
+        }),
+        _ => read_text(path).map(Some),
+    }
+}
+
 /// Deserializes `text`, which must hold one JSON value and nothing after it; on failure the
 /// error names `path` and the dotted key path.
 pub fn from_str_with_path<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
@@ -96,6 +113,30 @@ mod tests {
     #[allow(dead_code)]
     struct Inner {
         x: f64,
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_found_file_must_be_regular_so_a_pipe_there_is_refused_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("manifest.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            return; // no mkfifo on this machine
+        }
+        // Returns at once (a read would block: nothing writes the pipe).
+        let err = read_found_text_if_any(&fifo).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        assert_eq!(
+            read_found_text_if_any(&dir.path().join("none.json")).unwrap(),
+            None
+        );
+        let file = dir.path().join("f.json");
+        std::fs::write(&file, "{}").unwrap();
+        assert_eq!(
+            read_found_text_if_any(&file).unwrap().as_deref(),
+            Some("{}")
+        );
     }
 
     #[test]

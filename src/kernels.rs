@@ -268,20 +268,38 @@ impl Manifest {
                 Some(spec) => spec,
                 None => {
                     let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("");
-                    let spec = self
-                        .kernels
-                        .iter()
-                        .find(|k| k.source == file)
-                        .unwrap_or_else(|| by_name(&self.default).expect("validated"));
-                    if !p.exists() && !file.ends_with(".cu") {
+                    if !p.exists() {
                         return Err(ConfigError::Usage(format!(
-                            "--kernel `{}` is neither a kernel of {} ({}) nor a file; \
+                            "--kernel `{}` is neither a kernel of {} ({}) nor an existing file; \
                              `sdpa-runner kernels` lists them",
                             p.display(),
                             self.path.display(),
                             self.names()
                         )));
                     }
+                    if !p.is_file() {
+                        return Err(ConfigError::Usage(format!(
+                            "--kernel `{}` is a folder, not a kernel source file; name the .cu \
+                             file",
+                            p.display()
+                        )));
+                    }
+                    let spec = match self.kernels.iter().find(|k| k.source == file) {
+                        Some(spec) => spec,
+                        None => {
+                            let assumed = by_name(&self.default).expect("validated");
+                            warn_once(&format!(
+                                "warning: --kernel `{}`: its file name is no kernel source of {} \
+                                 ({}), so it is described as the default kernel, {}; name the file \
+                                 after the kernel it is a version of",
+                                p.display(),
+                                self.path.display(),
+                                self.sources(),
+                                assumed.name
+                            ));
+                            assumed
+                        }
+                    };
                     return Ok(Chosen {
                         spec: spec.clone(),
                         path: p.to_path_buf(),
@@ -293,6 +311,12 @@ impl Manifest {
             spec: spec.clone(),
             path: cuda_dir.join(&spec.source),
         })
+    }
+
+    /// The source file names of the kernels, for messages.
+    fn sources(&self) -> String {
+        let names: Vec<&str> = self.kernels.iter().map(|k| k.source.as_str()).collect();
+        names.join(", ")
     }
 
     /// The kernels that run `shape`, for messages.
@@ -465,6 +489,15 @@ impl KernelSpec {
 }
 
 /// A kernel of the project's own manifest (cuda/kernels.toml), for tests.
+/// Prints `message` on stderr the first time only (the kernel is chosen several times per
+/// command).
+fn warn_once(message: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("{message}");
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn project_spec(name: &str) -> KernelSpec {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -528,7 +561,7 @@ mod tests {
     }
 
     #[test]
-    fn kernel_resolves_names_files_and_the_default() {
+    fn kernel_resolves_names_and_existing_files_and_refuses_a_missing_file_or_a_folder() {
         let m = project_manifest();
         let cuda = Path::new("/x/cuda");
         let none = m.choose(None, cuda).unwrap();
@@ -539,15 +572,26 @@ mod tests {
         let d = m.choose(Some(Path::new("stage-d")), cuda).unwrap();
         assert_eq!(d.path, Path::new("/x/cuda/sdpa_fp8_stage_d_wgmma.cu"));
         // A file is described by the kernel of the same file name, else by the default.
-        let copy = m
-            .choose(Some(Path::new("/tmp/sdpa_fp8_stage_d_wgmma.cu")), cuda)
-            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (copy_path, mine) = (
+            dir.path().join("sdpa_fp8_stage_d_wgmma.cu"),
+            dir.path().join("mine.cu"),
+        );
+        std::fs::write(&copy_path, "").unwrap();
+        std::fs::write(&mine, "").unwrap();
+        let copy = m.choose(Some(&copy_path), cuda).unwrap();
         assert_eq!(copy.spec.name, "stage-d");
-        let other = m.choose(Some(Path::new("/tmp/mine.cu")), cuda).unwrap();
+        let other = m.choose(Some(&mine), cuda).unwrap();
         assert_eq!(
             (other.spec.name.as_str(), other.path.as_path()),
-            ("stage-c", Path::new("/tmp/mine.cu"))
+            ("stage-c", mine.as_path())
         );
+        // A path that names no file, or a folder, is refused: never the default in its place.
+        let gone = dir.path().join("sdpa_fp8_stage_d_wgmma_v2.cu");
+        let err = m.choose(Some(&gone), cuda).unwrap_err().to_string();
+        assert!(err.contains("nor an existing file"), "{err}");
+        let err = m.choose(Some(dir.path()), cuda).unwrap_err().to_string();
+        assert!(err.contains("a folder, not a kernel source file"), "{err}");
         let err = m
             .choose(Some(Path::new("stage-x")), cuda)
             .unwrap_err()

@@ -47,19 +47,55 @@ fn sizes() -> impl Iterator<Item = f64> {
     (0..=24).map(|k| 10f64.powf(-6.0 + k as f64 / 4.0))
 }
 
-/// The smallest size of `what` that fails a gate on `p`, or None up to a factor of 2, for a
-/// kernel of algorithm `alg` (its emulation stands in for the correct output, and its model
-/// bounds the error).
-pub fn smallest_caught(
+/// What a scan of one perturbation found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scan {
+    /// The smallest size that failed a gate.
+    Caught(Caught),
+    /// No size up to a factor of 2 failed one.
+    NotCaught,
+    /// Even a factor of 2 leaves the output's bits as they were (a softmax over one key, a
+    /// row that sees none): nothing any gate could see.
+    NoEffect,
+}
+
+/// The smallest size of `what` that fails a gate on `p`, for a kernel of algorithm `alg`
+/// (its emulation stands in for the correct output, and its model bounds the error).
+pub fn scan(p: &Problem, what: Perturbation, gates: &Gates, alg: emulation::Algorithm) -> Scan {
+    let y = Yardsticks::full(p, alg);
+    if perturbed(p, &y, what, 1.0, alg) == y.emulation_out {
+        return Scan::NoEffect;
+    }
+    match caught_in(p, &y, what, gates, alg) {
+        Some(c) => Scan::Caught(c),
+        None => Scan::NotCaught,
+    }
+}
+
+/// As [`scan`], None where nothing is caught or the perturbation has no effect.
+#[cfg(test)]
+fn smallest_caught(
     p: &Problem,
     what: Perturbation,
     gates: &Gates,
     alg: emulation::Algorithm,
 ) -> Option<Caught> {
-    let y = Yardsticks::full(p, alg);
+    match scan(p, what, gates, alg) {
+        Scan::Caught(c) => Some(c),
+        Scan::NotCaught | Scan::NoEffect => None,
+    }
+}
+
+fn caught_in(
+    p: &Problem,
+    y: &Yardsticks,
+    what: Perturbation,
+    gates: &Gates,
+    alg: emulation::Algorithm,
+) -> Option<Caught> {
     sizes().find_map(|eps| {
-        let out = perturbed(p, &y, what, eps, alg);
-        let r = judge_output("cpu", "perturbed", p, &y, &out, gates);
+        let out = perturbed(p, y, what, eps, alg);
+        let r = judge_output("cpu", "perturbed", p, y, &out, gates);
         (!r.pass).then(|| Caught {
             epsilon: eps,
             gates: crate::verdict::failed(&r.gates)
@@ -93,9 +129,12 @@ fn perturbed(
             rerun(q)
         }
         Perturbation::OneRow => {
-            // The middle row of the last head: not a tile edge, not the first block.
+            // The middle of the rows of the last head that see a key (all of them but under
+            // a causal mask with S_q > S_k): not a tile edge, not the first block.
             let d = p.shape.d;
-            let row = (p.shape.heads() - 1) * p.shape.s + p.shape.s / 2;
+            let s = p.shape.s;
+            let first = (0..s).find(|&r| p.shape.visible_keys(r) > 0).unwrap_or(0);
+            let row = (p.shape.heads() - 1) * s + first + (s - first) / 2;
             let mut out = y.emulation_out.clone(); // every row: the full output
             for x in &mut out[row * d..(row + 1) * d] {
                 *x = f16::from_f64(x.to_f64() * (1.0 + eps));
@@ -129,6 +168,33 @@ mod tests {
             assert!(c.epsilon <= 1e-2, "{what:?} only caught at {}", c.epsilon);
             assert!(!c.gates.is_empty());
         }
+    }
+
+    #[test]
+    fn a_perturbation_that_cannot_change_the_output_is_no_effect_and_the_row_is_one_that_sees_keys()
+    {
+        let alg = emulation::Algorithm::STAGE_C;
+        // One key: the softmax is 1 whatever its scale.
+        let one_key = Problem::new(&Shape::parse_inline("1x1x4x64:sk=1").unwrap().unwrap(), 0);
+        assert_eq!(
+            scan(&one_key, Perturbation::SoftmaxScale, &gates(), alg),
+            Scan::NoEffect
+        );
+        assert!(matches!(
+            scan(&one_key, Perturbation::VScale, &gates(), alg),
+            Scan::Caught(_)
+        ));
+        // Causal with S_q > S_k: the first 150 rows see no key, and the middle row of the head
+        // is among them; the perturbed row must be one that sees keys.
+        let tall = Shape::parse_inline("1x1x200x64:sk=50:causal")
+            .unwrap()
+            .unwrap();
+        assert!(tall.visible_keys(100) == 0);
+        let tall = Problem::new(&tall, 0);
+        assert!(matches!(
+            scan(&tall, Perturbation::OneRow, &gates(), alg),
+            Scan::Caught(_)
+        ));
     }
 
     #[test]

@@ -399,8 +399,9 @@ impl Shape {
         }
         if !HEAD_DIMS.contains(&self.d) {
             return Err(format!(
-                "D={}: the Stage-C kernel is compiled for D = {} only (D = 256 would need \
-                 more registers per thread than its warp grid leaves: refused)",
+                "D={}: the kernels, the emulation and the references support D = {} only \
+                 (`sdpa-runner kernels`; D = 256 would need more registers per thread than \
+                 Stage C's warp grid leaves)",
                 self.d,
                 HEAD_DIMS.map(|d| d.to_string()).join(" and ")
             ));

@@ -380,7 +380,7 @@ fn bad_check_requests_exit_2_naming_the_fix_and_write_nothing() {
 }
 
 #[test]
-fn export_refuses_a_non_empty_folder_unless_forced_and_then_replaces_it_whole() {
+fn export_refuses_a_non_empty_folder_unless_forced_and_then_replaces_an_export_whole() {
     let s = setup();
     let before = std::fs::read(s.dir.join("manifest.json")).unwrap();
     std::fs::write(s.dir.join("stray.txt"), "x").unwrap();
@@ -392,13 +392,21 @@ fn export_refuses_a_non_empty_folder_unless_forced_and_then_replaces_it_whole() 
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--force"), "{err}");
     assert_eq!(std::fs::read(s.dir.join("manifest.json")).unwrap(), before);
-    let (code, out, err) = output(
-        runner()
-            .args(["export", "--shapes", "mission", "--seeds", "1", "--force"])
-            .arg(&s.dir),
-    );
+    let force = || {
+        output(
+            runner()
+                .args(["export", "--shapes", "mission", "--seeds", "1", "--force"])
+                .arg(&s.dir),
+        )
+    };
+    // A file the export did not write is someone's: --force refuses rather than delete it.
+    let (code, _, err) = force();
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`stray.txt`"), "{err}");
+    assert!(s.dir.join("stray.txt").is_file());
+    std::fs::remove_file(s.dir.join("stray.txt")).unwrap();
+    let (code, out, err) = force();
     assert_eq!(code, 0, "{out}{err}");
-    assert!(!s.dir.join("stray.txt").exists());
     assert_eq!(
         read_json(&s.dir.join("manifest.json"))["problems"][0]["id"],
         "mission-seed1"
@@ -478,7 +486,7 @@ fn a_grade_that_zeros_would_also_pass_is_flagged_not_discriminating() {
 }
 
 #[test]
-fn export_force_replaces_an_earlier_export_but_never_an_unrelated_folder() {
+fn export_force_replaces_an_earlier_export_but_never_an_unrelated_folder_or_someones_file() {
     let tmp = tempfile::tempdir().unwrap();
     let other = tmp.path().join("thesis");
     std::fs::create_dir(&other).unwrap();
@@ -491,6 +499,37 @@ fn export_force_replaces_an_earlier_export_but_never_an_unrelated_folder() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("replaces an earlier export only"), "{err}");
     assert!(other.join("thesis.tex").is_file());
+    // A manifest.json of something else is not an export's.
+    std::fs::write(other.join("manifest.json"), r#"{"manifest_version": 3}"#).unwrap();
+    let (code, _, err) = output(
+        runner()
+            .args(["export", "--shapes", "small", "--force"])
+            .arg(&other),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("does not say `sdpa-runner export v1`"),
+        "{err}"
+    );
+    assert!(other.join("thesis.tex").is_file());
+    // An export with someone's file beside it: refused, naming the file, which stays.
+    let ex = tmp.path().join("ex");
+    export(&ex);
+    std::fs::write(ex.join("notes.txt"), "mine").unwrap();
+    let (code, _, err) = output(
+        runner()
+            .args(["export", "--shapes", "small", "--force"])
+            .arg(&ex),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("`notes.txt` in it is not part of the export"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ex.join("notes.txt")).unwrap(),
+        "mine"
+    );
 }
 
 #[test]
@@ -510,10 +549,27 @@ fn export_force_into_the_folder_it_runs_in_is_refused_up_front_and_keeps_the_exp
         ]));
         assert_eq!(code, 2, "{target}: {out}{err}");
         assert!(
-            err.contains("the current folder or holds it") && err.contains("outside it"),
+            err.contains("which an export cannot replace") && err.contains("outside it"),
             "{err}"
         );
     }
+    // The same folder by an absolute path from inside it, and by `DIR/.` from outside it.
+    let (code, _, err) = output(
+        runner()
+            .current_dir(&dir)
+            .args(["export", "--shapes", "mission", "--seeds", "1", "--force"])
+            .arg(&dir),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the current folder or holds it"), "{err}");
+    let (code, _, err) = output(
+        runner()
+            .current_dir(tmp.path())
+            .args(["export", "--shapes", "mission", "--seeds", "1", "--force"])
+            .arg(dir.join(".")),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("name the folder itself"), "{err}");
     assert_eq!(std::fs::read(dir.join("manifest.json")).unwrap(), before);
 }
 

@@ -434,6 +434,41 @@ fn calibrate_shows_the_largest_ulp_distance_from_the_emulation_zero_for_a_clean_
 }
 
 #[test]
+fn calibrate_says_how_many_rows_lack_the_ulp_distance_instead_of_showing_theirs_as_zero() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = output(
+        runner()
+            .args([
+                "--backend",
+                "cpu",
+                "--shapes",
+                "small",
+                "--seeds",
+                "0,1",
+                "--iters",
+                "0",
+            ])
+            .arg("--results-dir")
+            .arg(results.path()),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let run = &run_dirs(results.path())[0];
+    // One record as written before the field existed.
+    let path = run.join("correctness.json");
+    let mut v = common::read_json(&path);
+    let removed = v["results"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("emulation_max_ulps");
+    assert_eq!(removed, Some(serde_json::json!(0)));
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    let (code, stdout, stderr) = output(runner().arg("calibrate").arg(run));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let all = stdout.lines().find(|l| l.starts_with("| **all**")).unwrap();
+    assert!(all.ends_with("| 0 (1 of 2 rows unrecorded) |"), "{all}");
+}
+
+#[test]
 fn calibrate_refuses_a_run_with_no_finite_complete_output() {
     let results = tempfile::tempdir().unwrap();
     let (code, _, _) = output(

@@ -30,6 +30,8 @@ struct Worst {
     min_bits_equal: f64,
     /// The largest f16-ulp distance from the emulation (records that give it).
     max_ulps: Option<u32>,
+    /// Records written before the distance was recorded.
+    ulps_unrecorded: usize,
 }
 
 impl Worst {
@@ -41,6 +43,7 @@ impl Worst {
         };
         self.rows += 1;
         self.max_ulps = self.max_ulps.max(r.emulation_max_ulps);
+        self.ulps_unrecorded += usize::from(r.emulation_max_ulps.is_none());
         for (gate, c) in &r.gates {
             if c.rule == "<=" && c.limit > 0.0 {
                 let u = self.used.entry(gate.clone()).or_insert(0.0);
@@ -107,10 +110,11 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
     crate::outln!("|---|---|---|---|---|---|---|---|---|---|");
     let line = |shape: &str, variant: &str, w: &Worst| {
         let cols: Vec<String> = COLUMNS.iter().map(|g| format!("{:.3}", w.get(g))).collect();
-        let ulps = match w.max_ulps {
-            None => "-".to_string(),
-            Some(u32::MAX) => "non-finite".to_string(),
-            Some(u) => u.to_string(),
+        let ulps = match (w.max_ulps, w.ulps_unrecorded) {
+            (None, _) => "-".to_string(),
+            (Some(u32::MAX), _) => "non-finite".to_string(),
+            (Some(u), 0) => u.to_string(),
+            (Some(u), n) => format!("{u} ({n} of {} rows unrecorded)", w.rows),
         };
         crate::outln!(
             "| {shape} | {variant} | {} | {} | {:.3} | {:.3} | {ulps} |",

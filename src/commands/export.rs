@@ -61,9 +61,60 @@ pub fn export(args: &ExportArgs) -> Result<Outcome, AppError> {
     Ok(Outcome::Pass)
 }
 
+/// Whether `dir` holds an export and nothing else: a manifest of this format, and beside it
+/// only the folders of the problems it lists. Anything else in it is someone's, and stays.
+fn earlier_export(dir: &std::path::Path) -> Result<(), String> {
+    let path = dir.join(exchange::MANIFEST);
+    if !path.is_file() {
+        return Err(format!("it holds no {}", exchange::MANIFEST));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let manifest: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|_| format!("its {} is not an export's", exchange::MANIFEST))?;
+    if manifest.get("format").and_then(|f| f.as_str()) != Some(exchange::FORMAT) {
+        return Err(format!(
+            "its {} does not say `{}`",
+            exchange::MANIFEST,
+            exchange::FORMAT
+        ));
+    }
+    let ids: std::collections::BTreeSet<&str> = manifest
+        .get("problems")
+        .and_then(|p| p.as_array())
+        .map(|ps| ps.iter().filter_map(|p| p.get("id")?.as_str()).collect())
+        .unwrap_or_default();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let listed =
+            name == exchange::MANIFEST || (ids.contains(name.as_ref()) && entry.path().is_dir());
+        if !listed {
+            return Err(format!("`{name}` in it is not part of the export"));
+        }
+    }
+    Ok(())
+}
+
 /// DIR must be new, empty, or replaced on purpose (`--force`), and its parent writable.
 fn check_target(args: &ExportArgs) -> Result<(), ConfigError> {
     let dir = &args.dir;
+    // The export is renamed into place at the end, and `.` or `..` cannot be renamed: refused
+    // before any work, with the folder's own name where it exists.
+    let text = dir.to_string_lossy();
+    let last = text.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+    if last == "." || last == ".." {
+        let named = dir
+            .canonicalize()
+            .map(|p| format!(" (here: {})", p.display()))
+            .unwrap_or_default();
+        return Err(ConfigError::Usage(format!(
+            "{} ends in `{last}`, which an export cannot replace; name the folder itself{named}, \
+             from outside it",
+            dir.display()
+        )));
+    }
     if dir.exists() {
         if !dir.is_dir() {
             return Err(ConfigError::Usage(format!(
@@ -85,12 +136,11 @@ fn check_target(args: &ExportArgs) -> Result<(), ConfigError> {
             )));
         }
         // --force replaces an earlier export, never an unrelated folder.
-        if non_empty && !dir.join(exchange::MANIFEST).is_file() {
+        if non_empty && let Err(why) = earlier_export(dir) {
             return Err(ConfigError::Usage(format!(
-                "{} is not empty and holds no {}: --force replaces an earlier export only; \
+                "{} is not an earlier export ({why}): --force replaces an earlier export only; \
                  choose a new folder",
-                dir.display(),
-                exchange::MANIFEST
+                dir.display()
             )));
         }
         // The export is renamed into place whole: DIR cannot be the folder the command runs

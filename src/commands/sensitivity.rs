@@ -8,7 +8,7 @@ use crate::cli::{KernelArgs, SensitivityArgs};
 use crate::emulation::Algorithm;
 use crate::error::{AppError, Outcome};
 use crate::problem::Problem;
-use crate::sensitivity::{Perturbation, smallest_caught};
+use crate::sensitivity::{Caught, Perturbation, Scan, scan};
 
 pub fn sensitivity(args: &SensitivityArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
@@ -33,21 +33,28 @@ pub fn sensitivity(args: &SensitivityArgs) -> Result<Outcome, AppError> {
     let mut all_caught = true;
     for shape in &selected {
         for what in Perturbation::ALL {
-            let mut worst: Option<(f64, Vec<String>)> = Some((0.0, Vec::new()));
+            // The worst (largest) smallest-caught size over the seeds where the perturbation
+            // changes the output; any seed where nothing catches it fails the table.
+            let mut worst: Option<Caught> = None;
+            let mut missed = false;
             for &seed in &args.seeds.0 {
-                let caught = smallest_caught(&Problem::new(shape, seed), what, gates, alg);
-                worst = match (worst, caught) {
-                    (Some((e, _)), Some(c)) if c.epsilon > e => Some((c.epsilon, c.gates)),
-                    (Some(w), Some(_)) => Some(w),
-                    _ => None,
-                };
+                match scan(&Problem::new(shape, seed), what, gates, alg) {
+                    Scan::Caught(c) => {
+                        if worst.as_ref().is_none_or(|w| c.epsilon > w.epsilon) {
+                            worst = Some(c);
+                        }
+                    }
+                    Scan::NotCaught => missed = true,
+                    Scan::NoEffect => {}
+                }
             }
-            let (eps, by) = match worst {
-                Some((e, g)) => (format!("{:.2}%", e * 100.0), g.join(", ")),
-                None => {
+            let (eps, by) = match (missed, worst) {
+                (true, _) => {
                     all_caught = false;
                     ("not caught up to 100%".into(), String::new())
                 }
+                (false, Some(c)) => (format!("{:.2}%", c.epsilon * 100.0), c.gates.join(", ")),
+                (false, None) => ("n/a".into(), "no effect on this shape".into()),
             };
             crate::outln!("| {} | {} | {eps} | {by} |", shape.name, what.name());
         }

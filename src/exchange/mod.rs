@@ -151,7 +151,7 @@ pub fn conventions() -> BTreeMap<String, String> {
 /// as file names.
 pub fn load_manifest(dir: &Path) -> Result<Manifest, ConfigError> {
     let path = dir.join(MANIFEST);
-    let Some(text) = crate::json::read_text_if_any(&path)? else {
+    let Some(text) = crate::json::read_found_text_if_any(&path)? else {
         return Err(ConfigError::Usage(format!(
             "{} has no {MANIFEST}: pass a folder written by `sdpa-runner export`",
             dir.display()

@@ -55,7 +55,7 @@ impl ImplementationFile {
     /// `OUT/implementation.json`, or the defaults when there is none.
     pub fn load(out: &Path) -> Result<Self, ConfigError> {
         let path = out.join(IMPLEMENTATION_FILE);
-        let Some(text) = crate::json::read_text_if_any(&path)? else {
+        let Some(text) = crate::json::read_found_text_if_any(&path)? else {
             return Ok(Self::default());
         };
         let file: Self = crate::json::from_str_with_path(&path, &text)?;
@@ -110,6 +110,13 @@ pub fn read_output(
     if path.is_dir() {
         return Err(OutputFault::Unreadable(format!(
             "{}: a folder, not a .npy file; write the output there as a file",
+            path.display()
+        )));
+    }
+    if !path.is_file() && path.symlink_metadata().is_ok() {
+        return Err(OutputFault::Unreadable(format!(
+            "{}: not a regular file (a pipe, a device, or a link to nothing); write the output \
+             there as a file",
             path.display()
         )));
     }
@@ -241,10 +248,14 @@ mod tests {
         write(dir.path(), "c", npy::encode(Dtype::U8, &[1, 1, 1, 1], &[0]));
         std::fs::write(dir.path().join("x.npy"), b"junk").unwrap();
         std::fs::create_dir(dir.path().join("f.npy")).unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), dir.path().join("l.npy")).unwrap();
         let shape = [1, 1, 1, 2];
         let cases = [
             ("gone", "missing"),
             ("f", "a folder, not a .npy file"),
+            #[cfg(unix)]
+            ("l", "not a regular file"),
             ("m", "shape [1, 1, 2, 1]"),
             ("u", "uint16 without a meaning"),
             ("x", "not a .npy file"),
