@@ -126,6 +126,18 @@ pub fn read_output(
             note: facts.and_then(|f| f.note.clone()),
         });
     }
+    // Before reading: no output of this shape, in any dtype (at most 4 bytes an element) with
+    // any header (at most 64 KiB + 12), is longer than this; a longer file is not read into
+    // memory.
+    let most = expected.iter().product::<usize>() as u64 * 4 + 65_548;
+    let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    if len > most {
+        return Err(OutputFault::Unreadable(format!(
+            "{}: {len} bytes, more than any output of shape {expected:?} holds ({most} at \
+             most); write the [B, Hq, Sq, D] output alone",
+            path.display()
+        )));
+    }
     let array = npy::read(&path).map_err(|e| OutputFault::Unreadable(e.to_string()))?;
     if array.shape != expected {
         return Err(OutputFault::Misshaped {
@@ -246,6 +258,10 @@ mod tests {
             npy::encode(Dtype::U16, &[1, 1, 1, 2], &[0; 4]),
         );
         write(dir.path(), "c", npy::encode(Dtype::U8, &[1, 1, 1, 1], &[0]));
+        // A valid header of the right shape followed by far more bytes than it promises.
+        let mut long = npy::encode_f32(&[1, 1, 1, 2], &[0.0, 1.0]);
+        long.resize(long.len() + 200_000, 0);
+        write(dir.path(), "big", long);
         std::fs::write(dir.path().join("x.npy"), b"junk").unwrap();
         std::fs::create_dir(dir.path().join("f.npy")).unwrap();
         #[cfg(unix)]
@@ -254,6 +270,7 @@ mod tests {
         let cases = [
             ("gone", "missing"),
             ("f", "a folder, not a .npy file"),
+            ("big", "more than any output of shape [1, 1, 1, 2] holds"),
             #[cfg(unix)]
             ("l", "not a regular file"),
             ("m", "shape [1, 1, 2, 1]"),
