@@ -21,8 +21,16 @@
 # bad arguments.
 set -u
 [ $# -eq 1 ] && [ -n "$1" ] || { echo "usage: scripts/prove_stage_d.sh OUT_DIR (a new or empty folder)" >&2; exit 2; }
-if [ -e "$1" ] && [ -n "$(ls -A "$1" 2>/dev/null)" ]; then
+if [ -e "$1" ] && [ ! -d "$1" ]; then
+  echo "prove_stage_d.sh: $1 is not a folder; choose a new folder" >&2; exit 2
+fi
+if [ -n "$(ls -A "$1" 2>/dev/null)" ]; then
   echo "prove_stage_d.sh: $1 is not empty; choose a new folder (its runs would mix into calibrate)" >&2; exit 2
+fi
+if [ -n "${SDPA_RUNNER_BIN:-}" ]; then
+  # Resolved where the command was given, before the script moves to the checkout.
+  case $SDPA_RUNNER_BIN in /*) ;; *) SDPA_RUNNER_BIN=$PWD/$SDPA_RUNNER_BIN;; esac
+  [ -x "$SDPA_RUNNER_BIN" ] || { echo "prove_stage_d.sh: SDPA_RUNNER_BIN=$SDPA_RUNNER_BIN is not an executable" >&2; exit 2; }
 fi
 case ${BACKEND:-cuda} in cpu|cuda) ;; *) echo "prove_stage_d.sh: BACKEND is cpu or cuda, not '$BACKEND'" >&2; exit 2;; esac
 extra=${EXTRA:-}
@@ -51,7 +59,7 @@ T=$out/table.txt
 bad=0
 : > "$T"
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU (backend ${BACKEND:-cuda})"; } >> "$T"
-echo "EXTRA: ${extra:-none}" >> "$T"
+echo "runner: $R; EXTRA: ${extra:-none}" >> "$T"
 # step NAME WANT CMD...: runs it, logs to l/NAME.log, records its exit code (WANT expected)
 # and seconds.
 step() {
@@ -92,7 +100,7 @@ for d in main llm all; do
   for r in "$out/$d"/2*; do [ -f "$r/correctness.json" ] && runs+=("$r"); done
 done
 if [ ${#runs[@]} -gt 0 ]; then
-  "$R" calibrate "${runs[@]}" > "$out/l/calibrate.log" 2>&1
+  "$R" calibrate "${runs[@]}" > "$out/l/calibrate.log" 2>&1 || { echo "calibrate exit $?" >> "$T"; bad=1; }
   echo "calibrate (last column: max f16 ulps from the emulation):" >> "$T"
   grep -E '^\| \*\*all\*\*' "$out/l/calibrate.log" >> "$T"
   # The last column is a count, "non-finite" (worst of all) or "-" (not recorded).

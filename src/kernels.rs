@@ -277,14 +277,29 @@ impl Manifest {
                             self.names()
                         )));
                     }
-                    if !p.is_file() {
+                    if p.is_dir() {
                         return Err(ConfigError::Usage(format!(
                             "--kernel `{}` is a folder, not a kernel source file; name the .cu \
                              file",
                             p.display()
                         )));
                     }
-                    let spec = match self.kernels.iter().find(|k| k.source == file) {
+                    if !p.is_file() {
+                        return Err(ConfigError::Usage(format!(
+                            "--kernel `{}` is not a regular file (a pipe or a device; the kernel \
+                             is read more than once); save it as a file",
+                            p.display()
+                        )));
+                    }
+                    // A link is described by the file it points to where its own name is none.
+                    let target = p.canonicalize().ok();
+                    let target_file = target
+                        .as_deref()
+                        .and_then(|t| t.file_name())
+                        .and_then(|f| f.to_str())
+                        .unwrap_or("");
+                    let named = |f: &str| self.kernels.iter().find(|k| k.source == f);
+                    let spec = match named(file).or_else(|| named(target_file)) {
                         Some(spec) => spec,
                         None => {
                             let assumed = by_name(&self.default).expect("validated");
@@ -488,7 +503,6 @@ impl KernelSpec {
     }
 }
 
-/// A kernel of the project's own manifest (cuda/kernels.toml), for tests.
 /// Prints `message` on stderr the first time only (the kernel is chosen several times per
 /// command).
 fn warn_once(message: &str) {
@@ -498,6 +512,7 @@ fn warn_once(message: &str) {
     }
 }
 
+/// A kernel of the project's own manifest (cuda/kernels.toml), for tests.
 #[cfg(test)]
 pub(crate) fn project_spec(name: &str) -> KernelSpec {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -592,6 +607,18 @@ mod tests {
         assert!(err.contains("nor an existing file"), "{err}");
         let err = m.choose(Some(dir.path()), cuda).unwrap_err().to_string();
         assert!(err.contains("a folder, not a kernel source file"), "{err}");
+        #[cfg(unix)]
+        {
+            // A link of another name is described by its target's name; a device is refused.
+            let link = dir.path().join("link.cu");
+            std::os::unix::fs::symlink(&copy_path, &link).unwrap();
+            assert_eq!(m.choose(Some(&link), cuda).unwrap().spec.name, "stage-d");
+            let err = m
+                .choose(Some(Path::new("/dev/null")), cuda)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("not a regular file"), "{err}");
+        }
         let err = m
             .choose(Some(Path::new("stage-x")), cuda)
             .unwrap_err()

@@ -63,11 +63,9 @@ pub enum Scan {
 /// (its emulation stands in for the correct output, and its model bounds the error).
 pub fn scan(p: &Problem, what: Perturbation, gates: &Gates, alg: emulation::Algorithm) -> Scan {
     let y = Yardsticks::full(p, alg);
-    if perturbed(p, &y, what, 1.0, alg) == y.emulation_out {
-        return Scan::NoEffect;
-    }
     match caught_in(p, &y, what, gates, alg) {
         Some(c) => Scan::Caught(c),
+        None if perturbed(p, &y, what, 1.0, alg) == y.emulation_out => Scan::NoEffect,
         None => Scan::NotCaught,
     }
 }

@@ -530,6 +530,27 @@ fn export_force_replaces_an_earlier_export_but_never_an_unrelated_folder_or_some
         std::fs::read_to_string(ex.join("notes.txt")).unwrap(),
         "mine"
     );
+    // Inside a problem's folder too (outputs written beside its inputs).
+    std::fs::remove_file(ex.join("notes.txt")).unwrap();
+    let inner = ex.join("small-seed0").join("o.npy");
+    std::fs::write(&inner, "mine").unwrap();
+    let force = || {
+        output(
+            runner()
+                .args(["export", "--shapes", "small", "--force"])
+                .arg(&ex),
+        )
+    };
+    let (code, _, err) = force();
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("small-seed0/o.npy` in it is not part of the export"),
+        "{err}"
+    );
+    assert!(inner.is_file());
+    std::fs::remove_file(&inner).unwrap();
+    let (code, _, err) = force();
+    assert_eq!(code, 0, "an export and nothing else is replaced: {err}");
 }
 
 #[test]
@@ -657,4 +678,84 @@ fn problems_too_large_for_host_memory_are_refused_before_any_work_by_export_and_
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("host memory"), "{err}");
     assert!(run_dirs(&s.results).is_empty(), "nothing written");
+}
+
+/// Runs `cmd` to its end or for at most `secs` seconds (then kills it): exit code and stderr,
+/// None for a run that had to be killed.
+#[cfg(unix)]
+fn within(mut cmd: std::process::Command, secs: u64) -> Option<(i32, String)> {
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return Some((status.code().unwrap_or(-1), err));
+        }
+        if started.elapsed().as_secs() >= secs {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_pipe_where_check_looks_for_the_manifest_or_the_implementations_notes_is_refused_not_waited_on()
+{
+    let s = setup();
+    let out = s.root.join("out");
+    attention_outputs(&s.dir, &out, None);
+    let mkfifo = |path: &Path| {
+        let _ = std::fs::remove_file(path);
+        std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .is_ok_and(|st| st.success())
+    };
+    // The implementation's notes, found by name in OUT.
+    if !mkfifo(&out.join("implementation.json")) {
+        return; // no mkfifo on this machine
+    }
+    let mut cmd = runner();
+    cmd.arg("check")
+        .arg(&s.dir)
+        .arg("--outputs")
+        .arg(&out)
+        .arg("--results-dir")
+        .arg(&s.results);
+    let (code, err) = within(cmd, 30).expect("check waited on a pipe");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("implementation.json") && err.contains("not a regular file"),
+        "{err}"
+    );
+    // The export's manifest, found by name in DIR.
+    std::fs::remove_file(out.join("implementation.json")).unwrap();
+    assert!(mkfifo(&s.dir.join("manifest.json")));
+    let mut cmd = runner();
+    cmd.arg("check")
+        .arg(&s.dir)
+        .arg("--outputs")
+        .arg(&out)
+        .arg("--results-dir")
+        .arg(&s.results);
+    let (code, err) = within(cmd, 30).expect("check waited on a pipe");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("manifest.json") && err.contains("not a regular file"),
+        "{err}"
+    );
 }

@@ -62,7 +62,7 @@ pub fn export(args: &ExportArgs) -> Result<Outcome, AppError> {
 }
 
 /// Whether `dir` holds an export and nothing else: a manifest of this format, and beside it
-/// only the folders of the problems it lists. Anything else in it is someone's, and stays.
+/// only the files it lists, in their folders. Anything else in it is someone's, and stays.
 fn earlier_export(dir: &std::path::Path) -> Result<(), String> {
     let path = dir.join(exchange::MANIFEST);
     if !path.is_file() {
@@ -78,20 +78,46 @@ fn earlier_export(dir: &std::path::Path) -> Result<(), String> {
             exchange::FORMAT
         ));
     }
-    let ids: std::collections::BTreeSet<&str> = manifest
+    // Every path the manifest lists (relative to DIR), and the folders that hold them.
+    let files: std::collections::BTreeSet<std::path::PathBuf> = manifest
         .get("problems")
         .and_then(|p| p.as_array())
-        .map(|ps| ps.iter().filter_map(|p| p.get("id")?.as_str()).collect())
-        .unwrap_or_default();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let listed =
-            name == exchange::MANIFEST || (ids.contains(name.as_ref()) && entry.path().is_dir());
-        if !listed {
-            return Err(format!("`{name}` in it is not part of the export"));
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.get("files")?.as_object())
+        .flat_map(|f| {
+            f.values()
+                .filter_map(|v| v.as_str())
+                .map(std::path::PathBuf::from)
+        })
+        .collect();
+    let folders: std::collections::BTreeSet<&std::path::Path> =
+        files.iter().filter_map(|f| f.parent()).collect();
+    let listed = |rel: &std::path::Path, is_dir: bool| {
+        rel == std::path::Path::new(exchange::MANIFEST)
+            || if is_dir {
+                folders.contains(rel)
+            } else {
+                files.contains(rel)
+            }
+    };
+    let mut stack = vec![std::path::PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let here = dir.join(&rel);
+        let entries = std::fs::read_dir(&here).map_err(|e| format!("{}: {e}", here.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", here.display()))?;
+            let path = rel.join(entry.file_name());
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if !listed(&path, is_dir) {
+                return Err(format!(
+                    "`{}` in it is not part of the export",
+                    path.display()
+                ));
+            }
+            if is_dir {
+                stack.push(path);
+            }
         }
     }
     Ok(())

@@ -126,10 +126,10 @@ pub fn read_output(
             note: facts.and_then(|f| f.note.clone()),
         });
     }
-    // Before reading: no output of this shape, in any dtype (at most 4 bytes an element) with
-    // any header (at most 64 KiB + 12), is longer than this; a longer file is not read into
-    // memory.
-    let most = expected.iter().product::<usize>() as u64 * 4 + 65_548;
+    // Before reading: no output of this shape, in any dtype (at most 8 bytes an element, f64)
+    // with any header (at most 64 KiB + 12), is longer than this; a longer file is not read
+    // into memory.
+    let most = expected.iter().product::<usize>() as u64 * Dtype::F64.size() as u64 + 65_548;
     let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     if len > most {
         return Err(OutputFault::Unreadable(format!(
@@ -217,6 +217,20 @@ mod tests {
 
     fn write(dir: &Path, id: &str, bytes: Vec<u8>) {
         std::fs::write(dir.join(format!("{id}.npy")), bytes).unwrap();
+    }
+
+    #[test]
+    fn a_float64_output_of_a_real_size_is_read_not_refused_as_too_long() {
+        let dir = tempfile::tempdir().unwrap();
+        let shape = [1, 2, 512, 64];
+        let n: usize = shape.iter().product();
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|i| (i as f64 / 1e3).to_le_bytes())
+            .collect();
+        write(dir.path(), "d", npy::encode(Dtype::F64, &shape, &bytes));
+        let out = read_output(dir.path(), "d", shape, None, false).unwrap();
+        assert_eq!(out.values.len(), n);
+        assert_eq!(out.values[n - 1], (n - 1) as f64 / 1e3);
     }
 
     #[test]
