@@ -725,37 +725,29 @@ fn a_pipe_where_check_looks_for_the_manifest_or_the_implementations_notes_is_ref
             .status()
             .is_ok_and(|st| st.success())
     };
+    // check must refuse at once the pipe named `found`, never wait on it.
+    let refused_naming = |found: &str| {
+        let mut cmd = runner();
+        cmd.arg("check")
+            .arg(&s.dir)
+            .arg("--outputs")
+            .arg(&out)
+            .arg("--results-dir")
+            .arg(&s.results);
+        let (code, err) = within(cmd, 30).expect("check waited on a pipe");
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(found) && err.contains("not a regular file"),
+            "{err}"
+        );
+    };
     // The implementation's notes, found by name in OUT.
     if !mkfifo(&out.join("implementation.json")) {
         return; // no mkfifo on this machine
     }
-    let mut cmd = runner();
-    cmd.arg("check")
-        .arg(&s.dir)
-        .arg("--outputs")
-        .arg(&out)
-        .arg("--results-dir")
-        .arg(&s.results);
-    let (code, err) = within(cmd, 30).expect("check waited on a pipe");
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("implementation.json") && err.contains("not a regular file"),
-        "{err}"
-    );
+    refused_naming("implementation.json");
     // The export's manifest, found by name in DIR.
     std::fs::remove_file(out.join("implementation.json")).unwrap();
     assert!(mkfifo(&s.dir.join("manifest.json")));
-    let mut cmd = runner();
-    cmd.arg("check")
-        .arg(&s.dir)
-        .arg("--outputs")
-        .arg(&out)
-        .arg("--results-dir")
-        .arg(&s.results);
-    let (code, err) = within(cmd, 30).expect("check waited on a pipe");
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("manifest.json") && err.contains("not a regular file"),
-        "{err}"
-    );
+    refused_naming("manifest.json");
 }

@@ -390,42 +390,31 @@ fn commands_without_a_cpu_backend_do_not_advise_one() {
     }
 }
 
+/// `calibrate RUN`'s `| **all** |` row (it must exit 0).
+fn calibrate_all_row(run: &Path) -> String {
+    let (code, stdout, stderr) = output(runner().arg("calibrate").arg(run));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("max ulps from emu"), "{stdout}");
+    stdout
+        .lines()
+        .find(|l| l.starts_with("| **all**"))
+        .unwrap_or_else(|| panic!("{stdout}"))
+        .to_string()
+}
+
 #[test]
 fn calibrate_shows_the_largest_ulp_distance_from_the_emulation_zero_for_a_clean_run() {
     let ulps = |defect: &str| {
         let results = tempfile::tempdir().unwrap();
-        let (code, _, stderr) = output(
-            runner()
-                .args(["--backend", "cpu", "--shapes", "1x1x70x64", "--seeds", "0"])
-                .args([
-                    "--iters",
-                    "0",
-                    "--emulation-defect",
-                    defect,
-                    "--results-dir",
-                ])
-                .arg(results.path()),
+        let args = ["--shapes", "1x1x70x64", "--seeds", "0", "--iters", "0"];
+        let (code, _, stderr) = common::cpu(
+            &[&args[..], &["--emulation-defect", defect]].concat(),
+            results.path(),
         );
-        assert_eq!(
-            code,
-            if defect == "none" { 0 } else { 1 },
-            "{defect}: {stderr}"
-        );
-        let run = &run_dirs(results.path())[0];
-        let (code, stdout, stderr) = output(runner().arg("calibrate").arg(run));
-        assert_eq!(code, 0, "{stdout}{stderr}");
-        assert!(stdout.contains("max ulps from emu"), "{stdout}");
-        let row = stdout
-            .lines()
-            .find(|l| l.starts_with("| **all**"))
-            .unwrap_or_else(|| panic!("{stdout}"))
-            .to_string();
-        let last = row
-            .trim_end_matches(" |")
-            .rsplit("| ")
-            .next()
-            .unwrap()
-            .to_string();
+        let want = if defect == "none" { 0 } else { 1 };
+        assert_eq!(code, want, "{defect}: {stderr}");
+        let row = calibrate_all_row(&run_dirs(results.path())[0]);
+        let last = row.trim_end_matches(" |").rsplit("| ").next().unwrap();
         last.parse::<u32>().unwrap_or_else(|_| panic!("{row}"))
     };
     assert_eq!(ulps("none"), 0);
@@ -436,21 +425,8 @@ fn calibrate_shows_the_largest_ulp_distance_from_the_emulation_zero_for_a_clean_
 #[test]
 fn calibrate_says_how_many_rows_lack_the_ulp_distance_instead_of_showing_theirs_as_zero() {
     let results = tempfile::tempdir().unwrap();
-    let (code, _, stderr) = output(
-        runner()
-            .args([
-                "--backend",
-                "cpu",
-                "--shapes",
-                "small",
-                "--seeds",
-                "0,1",
-                "--iters",
-                "0",
-            ])
-            .arg("--results-dir")
-            .arg(results.path()),
-    );
+    let args = ["--shapes", "small", "--seeds", "0,1", "--iters", "0"];
+    let (code, _, stderr) = common::cpu(&args, results.path());
     assert_eq!(code, 0, "{stderr}");
     let run = &run_dirs(results.path())[0];
     // One record as written before the field existed.
@@ -462,9 +438,7 @@ fn calibrate_says_how_many_rows_lack_the_ulp_distance_instead_of_showing_theirs_
         .remove("emulation_max_ulps");
     assert_eq!(removed, Some(serde_json::json!(0)));
     std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
-    let (code, stdout, stderr) = output(runner().arg("calibrate").arg(run));
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    let all = stdout.lines().find(|l| l.starts_with("| **all**")).unwrap();
+    let all = calibrate_all_row(run);
     assert!(all.ends_with("| 0 (1 of 2 rows unrecorded) |"), "{all}");
 }
 
