@@ -50,7 +50,7 @@
 //   V_SWIZZLE=0|1   V's layout in shared memory (above); published as SDPA_V_SWIZZLE, from
 //                   which the host builds V's tensor map. 1 is 15-20% faster at D 128 (15%
 //                   causal) and 4% at D 64 on an H100 (docs/PERF.md, change 12); the default
-//                   stays 0 until the runner's checks have run on it.
+//                   is 1 (0 is kept as the reference layout for A/Bs).
 //   PINGPONG=0|1    the consumers take turns to issue each GEMM (turn_wait), published as
 //                   SDPA_PINGPONG: with V_SWIZZLE, 4-11% slower non-causal, causal within
 //                   noise (change 12).
@@ -81,7 +81,7 @@
 #define SDPA_CAUSAL 2
 #endif
 #ifndef V_SWIZZLE
-#define V_SWIZZLE 0
+#define V_SWIZZLE 1
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0

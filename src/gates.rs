@@ -37,6 +37,38 @@ pub struct CorrectnessGates {
     pub end_to_end: BoundGate,
     /// Kernel error relative to the CPU emulation's error in the same precisions.
     pub relative: RelativeGate,
+    /// The slope of the kernel's output on its emulation's (src/scale_fit.rs). Optional in
+    /// the file: a version-2 file written before it gets the model's values.
+    #[serde(default)]
+    pub scale: ScaleGate,
+}
+
+/// `|slope − 1| <= allowance + t(1 − p/2, rows − 1) · std_err`, the slope of the kernel's
+/// output on the emulation's over the checked elements (docs/DESIGN.md "The scale gate"):
+/// `allowance` is what the emulation may leave unmodelled and applies to every output, `p`
+/// the chance that the row-to-row spread alone fails a correct kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleGate {
+    pub allowance: f64,
+    pub p: f64,
+}
+
+impl ScaleGate {
+    /// The largest allowance the model admits. The emulations model every rounding of their
+    /// kernel; were Stage D's model of its fp22 accumulator (13 bits kept) wrong outright, each
+    /// of a KV tile's four k-steps (128 keys / 32) could bias P·V by 2^-13 the same way:
+    /// 4 · 2^-13 = 2^-11, doubled for margin. Stage C's f32 accumulator leaves far less.
+    pub const MODEL_ALLOWANCE: f64 = 1.0 / 1024.0;
+}
+
+impl Default for ScaleGate {
+    fn default() -> Self {
+        ScaleGate {
+            allowance: Self::MODEL_ALLOWANCE,
+            p: 1e-6,
+        }
+    }
 }
 
 /// `max |out - ref| / bound <= max_err_over_bound` over the elements; 1 is the model itself.
@@ -111,6 +143,7 @@ impl CorrectnessGates {
                 factor: 2.0,
                 eps_ulps: 1.0,
             },
+            scale: ScaleGate::default(),
         }
     }
 }
@@ -224,6 +257,7 @@ impl Gates {
         ];
         numbers.push(("correctness.relative.factor".into(), c.relative.factor));
         numbers.push(("correctness.relative.eps_ulps".into(), c.relative.eps_ulps));
+        numbers.push(("correctness.scale.allowance".into(), c.scale.allowance));
         let p = &self.performance;
         numbers.push(("performance.min_speedup_pct".into(), p.min_speedup_pct));
         numbers.push((
@@ -268,6 +302,27 @@ impl Gates {
                 format!(
                     "{} must be at least 1 (the kernel cannot be held to beat its own precision)",
                     c.relative.factor
+                ),
+            ));
+        }
+        if c.scale.allowance > ScaleGate::MODEL_ALLOWANCE {
+            return Err((
+                "correctness.scale.allowance".into(),
+                format!(
+                    "{} allows more than the model's 2^-10 ({}): a correct kernel's slope on \
+                     its emulation is off only by what chance moves (src/gates.rs ScaleGate); \
+                     if one exceeds it, find what the emulation does not model",
+                    c.scale.allowance,
+                    ScaleGate::MODEL_ALLOWANCE
+                ),
+            ));
+        }
+        if !(c.scale.p > 0.0 && c.scale.p <= 0.01) {
+            return Err((
+                "correctness.scale.p".into(),
+                format!(
+                    "{} must lie in (0, 0.01]: the chance that a correct kernel fails",
+                    c.scale.p
                 ),
             ));
         }
@@ -348,7 +403,31 @@ mod tests {
     #[test]
     fn the_shipped_default_gates_file_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json");
-        GateFile::load(&path).unwrap();
+        let g = GateFile::load(&path).unwrap().gates;
+        assert_eq!(g.correctness.scale, ScaleGate::default());
+    }
+
+    #[test]
+    fn a_file_without_the_scale_gate_gets_the_models_and_a_looser_one_is_refused() {
+        assert_eq!(
+            parse(GOOD).unwrap().gates.correctness.scale,
+            ScaleGate::default()
+        );
+        let with = |scale: &str| {
+            let mut value: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+            value["correctness"]["scale"] = serde_json::from_str(scale).unwrap();
+            parse(&value.to_string())
+        };
+        assert!(with(r#"{ "allowance": 0.0005, "p": 1e-9 }"#).is_ok());
+        let err = with(r#"{ "allowance": 0.002, "p": 1e-6 }"#).unwrap_err();
+        assert!(
+            err.contains("correctness.scale.allowance") && err.contains("emulation does not model"),
+            "{err}"
+        );
+        let err = with(r#"{ "allowance": 0.0005, "p": 0.5 }"#).unwrap_err();
+        assert!(err.contains("correctness.scale.p"), "{err}");
+        let err = with(r#"{ "allowance": 0.0005 }"#).unwrap_err();
+        assert!(err.contains("p"), "{err}");
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub(crate) mod report;
 pub mod rows;
 pub mod runner;
 pub(crate) mod sanitize;
+pub(crate) mod scale_fit;
 pub(crate) mod schema;
 pub(crate) mod sensitivity;
 pub mod shapes;

@@ -13,6 +13,7 @@ use crate::quantizer::{self, Audit};
 use crate::reference::{Engine, Model, References};
 use crate::report::f16_checksum;
 use crate::rows::{CheckRows, RowSet};
+use crate::scale_fit;
 use crate::schema::CorrectnessRecord;
 use crate::schema::Measurement;
 use crate::shapes::Shape;
@@ -273,10 +274,12 @@ pub fn judge_output(
     };
     let kernel_ref = measure(&y.refs.kernel, &y.refs.kernel_bound);
     let end_to_end = measure(&y.refs.end_to_end, &y.refs.end_to_end_bound);
+    let scale = scale_fit::fit(out, &y.emulation_out, &y.rows, p.shape.d);
     let v = verdict::judge(
         &kernel_ref,
         &end_to_end,
         &y.emulation,
+        scale.as_ref(),
         &y.facts,
         &gates.correctness,
     );
@@ -672,6 +675,20 @@ mod tests {
             assert!(
                 !r.gates["kernel.max_err_over_bound"].pass && !r.gates["relative.max_abs_err"].pass
             );
+        }
+    }
+
+    #[test]
+    fn a_v_scale_off_by_a_fifth_of_a_percent_fails_the_scale_gate_which_measures_it() {
+        let records = run(Defect::VScaleOff, &[shape(77), shape(130)]);
+        for r in &records {
+            let s = &r.gates["emulation.scale"];
+            assert!(!s.pass, "{} seed {}: {s:?}", r.shape, r.seed);
+            assert!((s.value - 2f64.powi(-9)).abs() < 1e-4, "{s:?}");
+        }
+        // The clean emulation's slope is 1 exactly.
+        for r in run(Defect::None, &[shape(77)]) {
+            assert_eq!(r.gates["emulation.scale"].value, 0.0);
         }
     }
 

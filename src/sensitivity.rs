@@ -225,24 +225,35 @@ mod tests {
     }
 
     #[test]
-    fn stage_ds_own_output_passes_its_gates_which_are_ten_times_blunter_than_stage_cs() {
+    fn stage_ds_scale_gate_catches_a_v_scale_error_as_finely_as_stage_cs_but_one_row_stays_blunt() {
         let alg = emulation::Algorithm::of(&crate::kernels::project_spec("stage-d"));
         let shape = Shape::parse_inline("1x2x100x64:sk=300:causal")
             .unwrap()
             .unwrap();
         let p = Problem::new(&shape, 1);
+        let caught = |what, alg| {
+            smallest_caught(&p, what, &gates(), alg).unwrap_or_else(|| panic!("{what:?}"))
+        };
+        // Stage D's own output passes: nothing is caught at 1e-6.
         for what in Perturbation::ALL {
-            let d = smallest_caught(&p, what, &gates(), alg).unwrap_or_else(|| panic!("{what:?}"));
-            assert!(d.epsilon > 1e-6, "{what:?} caught at {}", d.epsilon);
-            assert!(!d.gates.is_empty());
-            // Judged in Stage D's algorithm and model, not Stage C's: its gates sit above
-            // e4m3's rounding of P, ten times and more blunter (docs/DESIGN.md "How small a
-            // mistake they catch, per kernel").
-            let c = smallest_caught(&p, what, &gates(), emulation::Algorithm::STAGE_C).unwrap();
-            assert!(
-                d.epsilon >= 10.0 * c.epsilon,
-                "{what:?}: {d:?} against Stage C's {c:?}"
-            );
+            assert!(caught(what, alg).epsilon > 1e-6, "{what:?}");
         }
+        // A V scale error scales every row: the slope on the emulation sees it at the
+        // allowance (2^-10, here with no chance spread), as Stage C's gates do.
+        let v = caught(Perturbation::VScale, alg);
+        assert!(v.epsilon <= 2e-3, "{v:?}");
+        assert_eq!(v.gates, ["emulation.scale"]);
+        let c = caught(Perturbation::VScale, emulation::Algorithm::STAGE_C);
+        assert!(v.epsilon <= c.epsilon, "{v:?} against Stage C's {c:?}");
+        // One row moves the slope by its share only: the bounds must see it, and they sit
+        // above e4m3's rounding of P, ten times and more blunter than Stage C's (docs/DESIGN.md
+        // "How small a mistake they catch, per kernel").
+        let d = caught(Perturbation::OneRow, alg);
+        let c = caught(Perturbation::OneRow, emulation::Algorithm::STAGE_C);
+        assert!(!d.gates.contains(&"emulation.scale".to_string()), "{d:?}");
+        assert!(
+            d.epsilon >= 10.0 * c.epsilon,
+            "{d:?} against Stage C's {c:?}"
+        );
     }
 }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::gates::CorrectnessGates;
 use crate::metrics::ErrorMetrics;
 use crate::quantizer::Audit;
+use crate::scale_fit::ScaleFit;
 
 /// One gate: the measured value, its limit, the rule between them, and the outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,11 +141,13 @@ pub fn add_bound_checks(
 
 /// Judges a backend output: `kernel` and `end_to_end` are its metrics against the two
 /// references and their bounds, `emulation` the CPU emulation's metrics against the kernel
-/// reference.
+/// reference, `scale` the output's slope on the emulation's (none with fewer than two rows
+/// of output: no gate).
 pub fn judge(
     kernel: &ErrorMetrics,
     end_to_end: &ErrorMetrics,
     emulation: &ErrorMetrics,
+    scale: Option<&ScaleFit>,
     facts: &ProblemFacts,
     gates: &CorrectnessGates,
 ) -> Verdict {
@@ -183,6 +186,16 @@ pub fn judge(
             rel.factor * emulation.mean_abs_err + rel.eps_ulps * f16_ulp(facts.out_abs_mean),
         ),
     );
+    // The output's scale against the emulation's: a scale mistake moves every row at once.
+    if let Some(fit) = scale {
+        v.add(
+            "emulation.scale",
+            Check::at_most(
+                fit.deviation(),
+                fit.limit(gates.scale.allowance, gates.scale.p),
+            ),
+        );
+    }
     v
 }
 
@@ -227,6 +240,7 @@ mod tests {
             &metrics(4e-4, 4e-5, 0.3),
             &metrics(0.05, 0.005, 0.1),
             &metrics(3e-4, 3e-5, 0.2),
+            None,
             &FACTS,
             &gates(),
         );
@@ -239,12 +253,12 @@ mod tests {
         let zero = metrics(0.0, 0.0, 0.0);
         let mut m = zero.clone();
         m.unwritten = 1;
-        let v = judge(&m, &zero, &zero, &FACTS, &gates());
+        let v = judge(&m, &zero, &zero, None, &FACTS, &gates());
         assert_eq!(v.failures(), vec!["unwritten 1 > 0"]);
         let mut m = zero.clone();
         m.nonfinite = 3;
         assert_eq!(
-            failed_gates(&judge(&m, &zero, &zero, &FACTS, &gates())),
+            failed_gates(&judge(&m, &zero, &zero, None, &FACTS, &gates())),
             ["nonfinite"]
         );
     }
@@ -258,7 +272,7 @@ mod tests {
             scale_off: 1,
             zero_slices: 2,
         };
-        let v = judge(&zero, &zero, &zero, &facts, &gates());
+        let v = judge(&zero, &zero, &zero, None, &facts, &gates());
         assert_eq!(
             failed_gates(&v),
             [
@@ -275,6 +289,7 @@ mod tests {
             &metrics(4e-4, 4e-5, 1.2),
             &metrics(0.05, 0.005, 0.1),
             &metrics(3e-4, 3e-5, 0.2),
+            None,
             &FACTS,
             &gates(),
         );
@@ -289,9 +304,35 @@ mod tests {
         let beyond = metrics(1.6e-3, 4e-5, 0.3);
         let e2e = metrics(0.05, 0.005, 0.1);
         let emu = metrics(3e-4, 3e-5, 0.2);
-        assert!(judge(&within, &e2e, &emu, &FACTS, &gates()).pass());
-        let v = judge(&beyond, &e2e, &emu, &FACTS, &gates());
+        assert!(judge(&within, &e2e, &emu, None, &FACTS, &gates()).pass());
+        let v = judge(&beyond, &e2e, &emu, None, &FACTS, &gates());
         assert_eq!(failed_gates(&v), ["relative.max_abs_err"]);
+    }
+
+    #[test]
+    fn a_slope_off_by_more_than_allowance_plus_chance_fails_the_scale_gate_alone() {
+        let ok = (
+            metrics(4e-4, 4e-5, 0.3),
+            metrics(0.05, 0.005, 0.1),
+            metrics(3e-4, 3e-5, 0.2),
+        );
+        let judged = |slope: f64| {
+            let fit = ScaleFit {
+                slope,
+                std_err: 1e-5,
+                rows: 1000,
+            };
+            judge(&ok.0, &ok.1, &ok.2, Some(&fit), &FACTS, &gates())
+        };
+        // Limit: 2^-10 + t(1 - 5e-7, 999) * 1e-5 = 9.77e-4 + 4.95e-5.
+        assert!(judged(1.001).pass());
+        assert!(judged(1.0 - 1.0e-3).pass());
+        let v = judged(1.0011);
+        assert_eq!(failed_gates(&v), ["emulation.scale"]);
+        assert_eq!(failed_gates(&judged(0.9989)), ["emulation.scale"]);
+        // No fit (fewer than two rows of output): no gate.
+        let none = judge(&ok.0, &ok.1, &ok.2, None, &FACTS, &gates());
+        assert!(!none.checks.contains_key("emulation.scale"));
     }
 
     #[test]

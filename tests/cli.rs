@@ -141,6 +141,41 @@ fn a_planted_skip_of_the_last_kv_tile_fails_the_gates_with_exit_1() {
 }
 
 #[test]
+fn a_stage_d_v_scale_off_by_a_fifth_of_a_percent_fails_only_the_scale_gate_with_exit_1() {
+    // Stage D's bounds sit above e4m3's rounding of P (a few percent); the slope on its own
+    // emulation sees 0.2%.
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = cpu(
+        &[
+            "--kernel",
+            "stage-d",
+            "--shapes",
+            "1x2x100x64:sk=300",
+            "--seeds",
+            "0",
+            "--iters",
+            "0",
+            "--emulation-defect",
+            "v-scale-off",
+        ],
+        results.path(),
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let file = read_json(&run_dirs(results.path())[0].join("correctness.json"));
+    for r in file["results"].as_array().unwrap() {
+        let failed: Vec<&str> = r["gates"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, c)| c["pass"] == false)
+            .map(|(g, _)| g.as_str())
+            .collect();
+        assert_eq!(failed, ["emulation.scale"], "{r}");
+    }
+    assert!(stdout.contains("emulation.scale"), "{stdout}");
+}
+
+#[test]
 fn a_planted_unwritten_row_is_counted_and_fails_with_exit_1() {
     let results = tempfile::tempdir().unwrap();
     let (code, stdout, _) = cpu(

@@ -99,15 +99,13 @@ fn sensitivity_judges_the_chosen_kernels_own_output_by_its_gates_and_refuses_an_
         stdout.contains("kernel stage-d: 128-key tiles") && stdout.contains("P e4m3"),
         "{stdout}"
     );
-    // One row per perturbation, each caught by a named gate.
-    for what in ["softmax scale", "V scale", "one output row"] {
+    // One row per perturbation, each caught at a size by named gates.
+    let caught = |what: &str| {
         let row = stdout
             .lines()
             .find(|l| l.starts_with("| small | ") && l.contains(what))
-            .unwrap_or_else(|| panic!("no row for {what}: {stdout}"));
-        assert!(row.contains('%') && row.contains("relative."), "{row}");
-        // Stage D's own model and emulation judge it: its gates catch nothing near the 0.1-0.2%
-        // Stage C's catch on `small` (docs/DESIGN.md), so these are Stage D's figures.
+            .unwrap_or_else(|| panic!("no row for {what}: {stdout}"))
+            .to_string();
         let pct: f64 = row
             .split('|')
             .nth(3)
@@ -116,8 +114,17 @@ fn sensitivity_judges_the_chosen_kernels_own_output_by_its_gates_and_refuses_an_
             .trim_end_matches('%')
             .parse()
             .unwrap();
-        assert!(pct >= 1.0, "{row}");
+        (pct, row)
+    };
+    // Stage D's own model and emulation judge it: a whole-output scale slip is seen by the
+    // slope on its emulation, one row only above e4m3's rounding of P, far above the 0.18%
+    // Stage C's gates catch on `small` (docs/DESIGN.md), so these are Stage D's figures.
+    for what in ["softmax scale", "V scale"] {
+        let (pct, row) = caught(what);
+        assert!(row.contains("emulation.scale") && pct <= 2.0, "{row}");
     }
+    let (pct, row) = caught("one output row");
+    assert!(row.contains("relative.") && pct >= 1.0, "{row}");
     let (code, _, stderr) =
         output(runner().args(["sensitivity", "--kernel", "stage-q", "--shapes", "small"]));
     assert_eq!(code, 2, "{stderr}");

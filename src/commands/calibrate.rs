@@ -13,11 +13,12 @@ use crate::schema::{CorrectnessFile, CorrectnessRecord};
 use crate::usage::ConfigError;
 
 /// The gates shown as columns, in order.
-const COLUMNS: [&str; 4] = [
+const COLUMNS: [&str; 5] = [
     "kernel.max_err_over_bound",
     "end_to_end.max_err_over_bound",
     "relative.max_abs_err",
     "relative.mean_abs_err",
+    "emulation.scale",
 ];
 
 /// The worst value over limit of each gate over a group of records.
@@ -105,11 +106,18 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
         backends.join(", ")
     );
     crate::outln!(
-        "| shape | variant | rows | kernel err/bound | e2e err/bound | relative max | relative mean | emulation err/bound | % bits = emu | max ulps from emu |"
+        "| shape | variant | rows | kernel err/bound | e2e err/bound | relative max | relative mean | scale | emulation err/bound | % bits = emu | max ulps from emu |"
     );
-    crate::outln!("|---|---|---|---|---|---|---|---|---|---|");
+    crate::outln!("|---|---|---|---|---|---|---|---|---|---|---|");
     let line = |shape: &str, variant: &str, w: &Worst| {
-        let cols: Vec<String> = COLUMNS.iter().map(|g| format!("{:.3}", w.get(g))).collect();
+        // "-": no record of the group has the gate (runs before it, outputs of one row).
+        let cols: Vec<String> = COLUMNS
+            .iter()
+            .map(|g| match w.get(g) {
+                x if x.is_nan() => "-".to_string(),
+                x => format!("{x:.3}"),
+            })
+            .collect();
         let ulps = match (w.max_ulps, w.ulps_unrecorded) {
             (None, _) => "-".to_string(),
             (Some(u32::MAX), _) => "non-finite".to_string(),

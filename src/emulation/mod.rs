@@ -72,6 +72,9 @@ pub enum Defect {
     SkipLastKvTile,
     /// Never writes the last row of the last (batch, head).
     LeaveRowUnwritten,
+    /// Multiplies V's scale by 1 + 2^-9 (0.2%): a scale slip far below every bound, which
+    /// only the slope on the emulation sees (src/scale_fit.rs).
+    VScaleOff,
 }
 
 /// The clean emulation's output of the rows of `rows`, in their compact layout (the whole
@@ -152,7 +155,10 @@ fn run_rows_d<const D: usize>(
                 *slot = table[c as usize];
             }
             let qk_scale = qk_scale(p, bh);
-            let v_scale = p.v.scales[kvh];
+            let v_scale = match defect {
+                Defect::VScaleOff => p.v.scales[kvh] * (1.0 + 2f32.powi(-9)),
+                _ => p.v.scales[kvh],
+            };
             let tiles_run = match defect {
                 Defect::SkipLastKvTile => n_tiles - 1,
                 _ => n_tiles,

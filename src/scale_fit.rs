@@ -1,0 +1,172 @@
+//! The scale of a kernel's output against its own emulation: a least-squares slope and its
+//! row-clustered standard error, the statistic of the `emulation.scale` gate
+//! (docs/DESIGN.md "The scale gate").
+//!
+//! The emulation follows the kernel's arithmetic (src/emulation/), so a correct kernel differs
+//! from it only where an exp2 or a sum in another order lands a value on the other side of a
+//! rounding step (f16 O; for Stage D also an e4m3 weight of P). Those differences are as often
+//! up as down: they move the slope of `kernel ≈ a · emulation` by a zero-mean amount whose
+//! spread the residuals measure. A mistake that scales the output (a softmax, K or V scale
+//! off by x) moves `a` by x on every row at once, far beyond that spread. The slope is fitted
+//! over every checked element; rows are the clusters of the standard error, because one
+//! flipped weight moves a whole row (its key's V row, scaled).
+
+use half::f16;
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+use crate::rows::RowSet;
+
+/// `kernel ≈ slope · emulation` over the checked elements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaleFit {
+    pub slope: f64,
+    /// Row-clustered (sandwich) standard error of `slope`, with the small-sample factor
+    /// G / (G − 1).
+    pub std_err: f64,
+    /// Rows that enter the fit (rows whose emulation is not all zero).
+    pub rows: usize,
+}
+
+/// The fit of `out` (full layout, `d` per row) on `emulation` (the compact layout of `rows`);
+/// `None` when fewer than two rows have a non-zero emulation (no spread to measure) or an
+/// element is not finite (other gates fail it).
+pub fn fit(out: &[f16], emulation: &[f16], rows: &RowSet, d: usize) -> Option<ScaleFit> {
+    let pairs = |full: usize, compact: usize| {
+        out[full * d..][..d]
+            .iter()
+            .zip(&emulation[compact * d..][..d])
+            .map(|(&k, &e)| (f64::from(k), f64::from(e)))
+    };
+    let (mut ke, mut ee, mut used) = (0.0, 0.0, 0usize);
+    for (full, compact) in rows.each() {
+        let (mut row_ke, mut row_ee) = (0.0, 0.0);
+        for (k, e) in pairs(full, compact) {
+            if !k.is_finite() || !e.is_finite() {
+                return None;
+            }
+            row_ke += k * e;
+            row_ee += e * e;
+        }
+        if row_ee > 0.0 {
+            ke += row_ke;
+            ee += row_ee;
+            used += 1;
+        }
+    }
+    if used < 2 {
+        return None;
+    }
+    let slope = ke / ee;
+    // Σ over rows of (Σ_d e·(k − slope·e))², the meat of the sandwich.
+    let meat: f64 = rows
+        .each()
+        .map(|(full, compact)| {
+            let score: f64 = pairs(full, compact).map(|(k, e)| e * (k - slope * e)).sum();
+            score * score
+        })
+        .sum();
+    let g = used as f64;
+    let std_err = (meat * g / (g - 1.0)).sqrt() / ee;
+    Some(ScaleFit {
+        slope,
+        std_err,
+        rows: used,
+    })
+}
+
+impl ScaleFit {
+    /// The most `|slope − 1|` a correct kernel shows: `allowance` (what the emulation may
+    /// leave unmodelled, systematic) plus the two-sided `p` quantile of Student's t with
+    /// rows − 1 degrees of freedom times the standard error (what chance moves).
+    pub fn limit(&self, allowance: f64, p: f64) -> f64 {
+        let t = StudentsT::new(0.0, 1.0, (self.rows - 1) as f64)
+            .expect("at least two rows: positive degrees of freedom")
+            .inverse_cdf(1.0 - p / 2.0);
+        allowance + t * self.std_err
+    }
+
+    /// The gate's value: how far the slope is from 1.
+    pub fn deviation(&self) -> f64 {
+        (self.slope - 1.0).abs()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shapes::Shape;
+
+    fn shape(rows: usize, d: usize) -> Shape {
+        Shape::new("t", 1, 1, rows, d)
+    }
+
+    /// A smooth, sign-changing emulation output of `rows` rows of `d`.
+    fn emulation(rows: usize, d: usize) -> Vec<f16> {
+        (0..rows * d)
+            .map(|i| f16::from_f64(((i as f64) * 0.37).sin() * 0.5))
+            .collect()
+    }
+
+    #[test]
+    fn the_emulation_itself_fits_with_slope_one_and_no_spread() {
+        let e = emulation(16, 64);
+        let rows = RowSet::all(&shape(16, 64));
+        let f = fit(&e, &e, &rows, 64).unwrap();
+        assert_eq!(f.slope, 1.0);
+        assert_eq!(f.std_err, 0.0);
+        assert_eq!(f.rows, 16);
+    }
+
+    #[test]
+    fn an_output_scaled_by_a_tenth_of_a_percent_fits_that_slope_and_exceeds_the_limit() {
+        let e = emulation(16, 64);
+        let k: Vec<f16> = e
+            .iter()
+            .map(|x| f16::from_f64(f64::from(*x) * 1.002))
+            .collect();
+        let rows = RowSet::all(&shape(16, 64));
+        let f = fit(&k, &e, &rows, 64).unwrap();
+        assert!((f.slope - 1.002).abs() < 2e-4, "{f:?}");
+        assert!(f.deviation() > f.limit(2f64.powi(-10), 1e-6), "{f:?}");
+    }
+
+    #[test]
+    fn zero_mean_rounding_flips_widen_the_limit_but_leave_the_slope_near_one() {
+        let e = emulation(64, 64);
+        // One element per row moved a few f16 steps up or down, alternating by row.
+        let mut k = e.clone();
+        for r in 0..64 {
+            let i = r * 64 + (r * 7) % 64;
+            let step = if r % 2 == 0 { 4.0 } else { -4.0 };
+            k[i] = f16::from_f64(f64::from(k[i]) + step * 2f64.powi(-11));
+        }
+        let rows = RowSet::all(&shape(64, 64));
+        let f = fit(&k, &e, &rows, 64).unwrap();
+        assert!(f.std_err > 0.0);
+        assert!(f.deviation() <= f.limit(2f64.powi(-10), 1e-6), "{f:?}");
+    }
+
+    #[test]
+    fn fewer_than_two_rows_with_output_or_a_non_finite_element_give_no_fit() {
+        let rows = RowSet::all(&shape(2, 4));
+        let e = [0.5, 0.25, -0.5, 0.125, 0.0, 0.0, 0.0, 0.0].map(f16::from_f64);
+        assert_eq!(fit(&e, &e, &rows, 4), None);
+        let mut k = emulation(2, 4);
+        let e2 = k.clone();
+        k[3] = f16::NAN;
+        assert_eq!(fit(&k, &e2, &rows, 4), None);
+    }
+
+    #[test]
+    fn the_limit_grows_with_fewer_rows_at_equal_standard_error() {
+        let at = |rows| ScaleFit {
+            slope: 1.0,
+            std_err: 1e-4,
+            rows,
+        };
+        assert!(at(4).limit(0.0, 1e-6) > at(400).limit(0.0, 1e-6));
+        // Many rows: close to the normal quantile (4.89 at p = 1e-6).
+        let many = at(100_000).limit(0.0, 1e-6) / 1e-4;
+        assert!((many - 4.89).abs() < 0.02, "{many}");
+    }
+}
