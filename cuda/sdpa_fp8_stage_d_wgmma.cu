@@ -166,10 +166,19 @@ __device__ __forceinline__ int kv_tiles(int m_block, int Sq, int Sk, bool causal
 
 template <int D>
 __device__ __forceinline__ void issue_kv(u8* smem, Barriers& bars, const TmaDesc* tm_k,
-                                         const TmaDesc* tm_v, int tile, int kv_bh) {
+                                         const TmaDesc* tm_v, int tile, int kv_bh, int Sk) {
     using T = Tiles<D>;
     const int s = tile % KV_STAGES;
-    mbar_arrive_expect_tx(&bars.k_full[s], T::K_BYTES);
+    // A box always delivers all its bytes (rows past S_k zero-filled), so each barrier expects
+    // the whole box, partial tile or not.
+#ifdef MUTANT_TMA_SHORT_BOX
+    // Planted: a partial tile's transactions counted one row short.
+    const unsigned short_by = (tile + 1) * BLOCK_N > Sk ? D : 0;
+#else
+    const unsigned short_by = 0;
+    (void)Sk;
+#endif
+    mbar_arrive_expect_tx(&bars.k_full[s], T::K_BYTES - short_by);
     tma_load_3d(smem + T::OFF_K + s * T::K_BYTES, tm_k, &bars.k_full[s], 0, tile * BLOCK_N, kv_bh);
     mbar_arrive_expect_tx(&bars.v_full[s], T::V_BYTES);
     tma_load_3d(smem + T::OFF_V + s * T::V_BYTES, tm_v, &bars.v_full[s], 0, tile * BLOCK_N, kv_bh);
@@ -237,7 +246,7 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
 template <int D>
 __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc* tm_q,
                                          const TmaDesc* tm_k, const TmaDesc* tm_v, int m_block,
-                                         int bh, int kv_bh, int n_tiles) {
+                                         int bh, int kv_bh, int n_tiles, int Sk) {
     using T = Tiles<D>;
     const int ptid = threadIdx.x;
     if (ptid == 0) {
@@ -245,7 +254,7 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         for (int c = 0; c < CONSUMERS; ++c)
             tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, m_block * BLOCK_M + 64 * c, bh);
         for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
-            issue_kv<D>(smem, bars, tm_k, tm_v, i, kv_bh);
+            issue_kv<D>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
     }
     // Tiles run LOOKAHEAD ahead of the transpose: tile j + LOOKAHEAD is issued once its stage
     // is free (the consumers finished tile j - 1), then tile j is transposed into Vt of its
@@ -257,7 +266,7 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         if (next < n_tiles) {
             if (next >= KV_STAGES)
                 mbar_wait(&bars.empty[next % KV_STAGES], ((next / KV_STAGES) - 1) & 1);
-            if (ptid == 0) issue_kv<D>(smem, bars, tm_k, tm_v, next, kv_bh);
+            if (ptid == 0) issue_kv<D>(smem, bars, tm_k, tm_v, next, kv_bh, Sk);
         }
         const int s = j % KV_STAGES;
         if (j >= KV_STAGES) mbar_wait(&bars.empty[s], ((j / KV_STAGES) - 1) & 1);
@@ -466,7 +475,7 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
 
     if (wg == 0) {
         regs_dealloc<PRODUCER_REGS>();
-        if (n_tiles > 0) producer<D>(smem, bars, tm_q, tm_k, tm_v, m_block, bh, kv_bh, n_tiles);
+        if (n_tiles > 0) producer<D>(smem, bars, tm_q, tm_k, tm_v, m_block, bh, kv_bh, n_tiles, Sk);
     } else {
         regs_alloc<CONSUMER_REGS>();
         const float qk_scale = q_scale[bh] * k_scale[kv_bh] * (softmax_scale * 1.4426950408889634f);
