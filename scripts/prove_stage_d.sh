@@ -10,7 +10,7 @@
 # distance of a correct output from the emulation in f16 ulps, the evidence a gate on that
 # distance needs (docs/DESIGN.md "How small a mistake they catch, per kernel").
 # Environment:
-#   EXTRA     more arguments for the run, fuzz and stress steps, e.g. "--define V_SWIZZLE=1"
+#   EXTRA     more arguments for the run, fuzz and stress steps, e.g. "--define V_SWIZZLE=0"
 #             (the self-test and the gate build the checkout's defaults)
 #   FUZZ      fuzz problems (default 1000); REPEATS stress repeats (default 1000)
 #   LLM_SHAPES, ALL_SHAPES  the two correctness sets (default llm and all)

@@ -313,6 +313,12 @@ pub fn judge_output(
         emulation_ref: y.emulation.clone(),
         emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out, &y.rows, d),
         emulation_max_ulps: Some(max_ulps(out, &y.emulation_out, &y.rows, d)),
+        emulation_scale: scale.map(|f| crate::schema::ScaleFitRecord {
+            slope: f.slope,
+            std_err: f.std_err,
+            rows: f.rows,
+            dof: f.dof,
+        }),
         rows_checked: y.rows.count(),
         row_rule: y.rows.rule().to_string(),
         references: y.engine.to_string(),
@@ -686,9 +692,12 @@ mod tests {
             assert!(!s.pass, "{} seed {}: {s:?}", r.shape, r.seed);
             assert!((s.value - 2f64.powi(-9)).abs() < 1e-4, "{s:?}");
         }
-        // The clean emulation's slope is 1 exactly.
+        // The clean emulation's slope is 1 exactly, and the record keeps the fit.
         for r in run(Defect::None, &[shape(77)]) {
             assert_eq!(r.gates["emulation.scale"].value, 0.0);
+            let fit = r.emulation_scale.expect("the fit is recorded");
+            assert_eq!((fit.slope, fit.std_err), (1.0, 0.0));
+            assert_eq!(fit.rows, r.rows_checked);
         }
     }
 

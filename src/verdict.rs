@@ -321,6 +321,7 @@ mod tests {
                 slope,
                 std_err: 1e-5,
                 rows: 1000,
+                dof: 999.0,
             };
             judge(&ok.0, &ok.1, &ok.2, Some(&fit), &FACTS, &gates())
         };

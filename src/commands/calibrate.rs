@@ -159,7 +159,8 @@ pub fn calibrate(args: &CalibrateArgs) -> Result<Outcome, AppError> {
             "warning: {short} gate(s) with less than a margin of {m}: look at the worst row named \
              above. Where the bound is exact by construction (the end-to-end bound at S = 1, whose \
              output is V's rounding itself) this is expected; elsewhere the model \
-             (src/reference/bound.rs) is too tight"
+             (src/reference/bound.rs; for emulation.scale, what the emulation leaves \
+             unmodelled: src/scale_fit.rs) is too tight"
         );
     }
     Ok(Outcome::Pass)

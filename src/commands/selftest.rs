@@ -576,10 +576,16 @@ fn gate_figure(dir: Option<&Path>) -> Result<(&'static str, String), AppError> {
     }
     // The most telling gate first: the kernel's own error, then relative, then end to end.
     let rank = |g: &str| {
-        ["nonfinite", "kernel.", "relative.", "end_to_end."]
-            .iter()
-            .position(|p| g.starts_with(p))
-            .unwrap_or(usize::MAX)
+        [
+            "nonfinite",
+            "kernel.",
+            "relative.",
+            "emulation.",
+            "end_to_end.",
+        ]
+        .iter()
+        .position(|p| g.starts_with(p))
+        .unwrap_or(usize::MAX)
     };
     let failed = crate::verdict::failed(&r.gates)
         .min_by_key(|f| rank(f.gate))
