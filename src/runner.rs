@@ -313,12 +313,7 @@ pub fn judge_output(
         emulation_ref: y.emulation.clone(),
         emulation_bits_equal_pct: bits_equal_pct(out, &y.emulation_out, &y.rows, d),
         emulation_max_ulps: Some(max_ulps(out, &y.emulation_out, &y.rows, d)),
-        emulation_scale: scale.map(|f| crate::schema::ScaleFitRecord {
-            slope: f.slope,
-            std_err: f.std_err,
-            rows: f.rows,
-            dof: f.dof,
-        }),
+        emulation_scale: scale,
         rows_checked: y.rows.count(),
         row_rule: y.rows.rule().to_string(),
         references: y.engine.to_string(),

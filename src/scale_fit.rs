@@ -14,12 +14,14 @@
 //! standard error, because one flipped weight moves a whole row (its key's V row, scaled).
 
 use half::f16;
+use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 
 use crate::rows::RowSet;
 
-/// `kernel ≈ slope · emulation` over the checked elements.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `kernel ≈ slope · emulation` over the checked elements; every record keeps it
+/// (`emulation_scale` in correctness.json).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ScaleFit {
     pub slope: f64,
     /// Row-clustered (sandwich) standard error of `slope`, with the small-sample factor
@@ -42,48 +44,45 @@ const NORMAL_DOF: f64 = 1e5;
 /// measure) or an element is not finite (the nonfinite and unwritten gates fail the output; a
 /// non-finite emulation fails its own metrics).
 pub fn fit(out: &[f16], emulation: &[f16], rows: &RowSet, d: usize) -> Option<ScaleFit> {
-    let pairs = |full: usize, compact: usize| {
-        out[full * d..][..d]
+    // Per row with a non-zero emulation: (Σ k·e, Σ e²). A row's score at the fitted slope,
+    // Σ_d e·(k − slope·e), is then ke − slope·ee: one pass over the data.
+    let mut per_row = Vec::with_capacity(rows.count());
+    for (full, compact) in rows.each() {
+        let (mut ke, mut ee) = (0.0, 0.0);
+        for (&k, &e) in out[full * d..][..d]
             .iter()
             .zip(&emulation[compact * d..][..d])
-            .map(|(&k, &e)| (f64::from(k), f64::from(e)))
-    };
-    let (mut ke, mut ee, mut ee_sq, mut used) = (0.0, 0.0, 0.0, 0usize);
-    for (full, compact) in rows.each() {
-        let (mut row_ke, mut row_ee) = (0.0, 0.0);
-        for (k, e) in pairs(full, compact) {
+        {
+            let (k, e) = (f64::from(k), f64::from(e));
             if !k.is_finite() || !e.is_finite() {
                 return None;
             }
-            row_ke += k * e;
-            row_ee += e * e;
+            ke += k * e;
+            ee += e * e;
         }
-        if row_ee > 0.0 {
-            ke += row_ke;
-            ee += row_ee;
-            ee_sq += row_ee * row_ee;
-            used += 1;
+        if ee > 0.0 {
+            per_row.push((ke, ee));
         }
     }
-    let dof = (used as f64).min(ee * ee / ee_sq) - 1.0;
-    if used < 2 || dof.is_nan() || dof < 1.0 {
+    let ke: f64 = per_row.iter().map(|r| r.0).sum();
+    let ee: f64 = per_row.iter().map(|r| r.1).sum();
+    let ee_sq: f64 = per_row.iter().map(|r| r.1 * r.1).sum();
+    let g = per_row.len() as f64;
+    let dof = g.min(ee * ee / ee_sq) - 1.0;
+    if per_row.len() < 2 || dof.is_nan() || dof < 1.0 {
         return None;
     }
     let slope = ke / ee;
-    // Σ over rows of (Σ_d e·(k − slope·e))², the meat of the sandwich.
-    let meat: f64 = rows
-        .each()
-        .map(|(full, compact)| {
-            let score: f64 = pairs(full, compact).map(|(k, e)| e * (k - slope * e)).sum();
-            score * score
-        })
+    // Σ over rows of their squared scores, the meat of the sandwich.
+    let meat: f64 = per_row
+        .iter()
+        .map(|(ke, ee)| (ke - slope * ee).powi(2))
         .sum();
-    let g = used as f64;
     let std_err = (meat * g / (g - 1.0)).sqrt() / ee;
     Some(ScaleFit {
         slope,
         std_err,
-        rows: used,
+        rows: per_row.len(),
         dof,
     })
 }
@@ -92,7 +91,7 @@ impl ScaleFit {
     /// The most `|slope − 1|` a correct kernel shows: `allowance` (what the emulation may
     /// leave unmodelled, systematic) plus the two-sided `p` quantile of Student's t with
     /// [`ScaleFit::dof`] degrees of freedom times the standard error (what chance moves).
-    /// `p` is at least 1e-12 (the gates file's rule), so the quantile is finite.
+    /// `p` is at least 1e-6 (the gates file's rule), so the quantile is finite.
     pub fn limit(&self, allowance: f64, p: f64) -> f64 {
         let quantile = 1.0 - p / 2.0;
         let t = if self.dof > NORMAL_DOF {

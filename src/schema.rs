@@ -165,7 +165,7 @@ pub struct CorrectnessRecord {
     /// `emulation.scale` gate (src/scale_fit.rs); absent where the gate is (effectively fewer
     /// than two rows of output, a non-finite element) and in records written before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub emulation_scale: Option<ScaleFitRecord>,
+    pub emulation_scale: Option<crate::scale_fit::ScaleFit>,
     pub gates: BTreeMap<String, Check>,
     pub pass: bool,
     /// Query rows (all heads together) whose every element was held to the references; every
@@ -191,18 +191,6 @@ pub struct CorrectnessRecord {
     /// The GPU it ran on (`--devices`); absent for the CPU backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSlot>,
-}
-
-/// `kernel ≈ slope · emulation` over a record's checked elements (src/scale_fit.rs).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct ScaleFitRecord {
-    pub slope: f64,
-    /// Row-clustered standard error of the slope.
-    pub std_err: f64,
-    /// Rows in the fit (those whose emulation is not all zero).
-    pub rows: usize,
-    /// Degrees of freedom of the gate's t quantile (the effective number of rows, less one).
-    pub dof: f64,
 }
 
 /// One GPU of a host: its CUDA ordinal and its UUID (as `nvidia-smi -L` writes it), which
