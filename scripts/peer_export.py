@@ -23,6 +23,12 @@ Peers:
   time does not depend on their values). P is scaled by 448 into e4m3 (descale 1/448); O is
   e4m3 (Hopper has no other FP8 output) with one scale per problem, max |v̂| / 448, which
   holds every output (a convex combination of V rows).
+- fa4-<fp16|bf16|fp8>: FlashAttention-4 (`flash-attn-4`, CuTe DSL; install it and
+  nvidia-cutlass-dsl with its libs) in the (b, s, h, d) layout it takes; causal is FlashAttention's
+  bottom-right alignment. fp8 reads the e4m3 codes one query head at a time with that head's
+  descales (FA4's descale is per (b, K/V head)) and writes bf16, as FA4 does. Where FA4 is not
+  installed, or refuses (4.0.0b36 asserts "FP8 is only supported on SM100" on Hopper), each
+  problem says why and writes nothing.
 
 Timing: --warmup calls, then --iters calls each between CUDA events, preceded by a GPU hold
 (the same Timer as scripts/peer_torch_sdpa.py), median in microseconds.
@@ -51,7 +57,8 @@ TORCH = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-ALL_PEERS = [f"torch-{b}-{d}" for b in TORCH for d in DTYPES] + ["cudnn-fp8"]
+ALL_PEERS = [f"torch-{b}-{d}" for b in TORCH for d in DTYPES] + ["cudnn-fp8"] + [
+    f"fa4-{d}" for d in ("fp16", "bf16", "fp8")]
 
 
 def load(dir_, p, name, device="cuda"):
@@ -173,6 +180,46 @@ class CudnnFp8:
         return out.view(torch.uint8).cpu().numpy(), p50, extra
 
 
+class Fa4:
+    """FlashAttention-4's forward (flash_attn.cute) in one precision."""
+
+    def __init__(self, precision):
+        from flash_attn.cute import interface  # fails here, once, when FA4 is not installed
+
+        self.fwd = interface._flash_attn_fwd
+        self.precision = precision
+
+    def __call__(self, dir_, p, timer, args):
+        scale, causal = p["softmax_scale"], p["causal"]
+        bshd = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731 — (b, h, s, d) -> (b, s, h, d)
+        first = lambda r: r[0] if isinstance(r, tuple) else r  # noqa: E731
+        if self.precision != "fp8":
+            q, k, v = (bshd(load(dir_, p, t).to(DTYPES[self.precision])) for t in ("q", "k", "v"))
+            call = lambda: first(self.fwd(q, k, v, softmax_scale=scale, causal=causal))  # noqa: E731
+            o = call()
+            p50 = timed(timer, call, args.warmup, args.iters)
+            o = o.transpose(1, 2).contiguous()
+        else:
+            b, hq, hkv = p["B"], p["Hq"], p["Hkv"]
+            codes = {n: load(dir_, p, f"{n}_fp8").view(torch.float8_e4m3fn) for n in ("q", "k", "v")}
+            sc = {n: load(dir_, p, f"{n}_scale") for n in ("q", "k", "v")}
+            o = torch.empty(b, hq, p["Sq"], p["D"], dtype=torch.bfloat16, device="cuda")
+            for bi in range(b):
+                for h in range(hq):
+                    kvh = h // (hq // hkv)
+                    one = lambda t, i: bshd(codes[t][bi:bi + 1, i:i + 1])  # noqa: E731
+                    ds = lambda t, i: sc[t][bi:bi + 1, i:i + 1].float().contiguous()  # noqa: E731
+                    r = self.fwd(one("q", h), one("k", kvh), one("v", kvh), softmax_scale=scale,
+                                 causal=causal, q_descale=ds("q", h), k_descale=ds("k", kvh),
+                                 v_descale=ds("v", kvh))
+                    o[bi, h] = first(r)[0, :, 0]
+            torch.cuda.synchronize()
+            p50 = None
+        if o.dtype == torch.bfloat16:
+            return o.contiguous().view(torch.int16).cpu().numpy().view(np.uint16), p50, {}
+        return o.cpu().numpy(), p50, {}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir")
@@ -199,6 +246,15 @@ def main():
                 about["cudnn_backend"] = run.cudnn.backend_version()
             except Exception as e:  # noqa: BLE001 — reported, not fatal
                 run, why = None, f"cudnn-frontend unavailable: {e}"
+        elif peer.startswith("fa4-"):
+            precision = peer.split("-")[1]
+            try:
+                run = Fa4(precision)
+                import flash_attn.cute as fa4
+
+                about["flash_attn_4"] = fa4.__version__
+            except Exception as e:  # noqa: BLE001 — reported, not fatal
+                run, why = None, f"flash-attn-4 unavailable: {type(e).__name__}: {e}"
         else:
             _, backend, precision = peer.split("-")
             run = lambda d, p, t, a, b=backend, dt=precision: torch_peer(b, dt, d, p, t, a)  # noqa: E731
@@ -221,7 +277,7 @@ def main():
                     traceback.print_exc()
             torch.cuda.empty_cache()
         info = {"name": peer, "precision": precision, "problems": facts, "about": about}
-        if precision == "bf16":
+        if precision == "bf16" or peer == "fa4-fp8":
             info["u16"] = "bf16"
         with open(os.path.join(out, "implementation.json"), "w") as f:
             json.dump(info, f, indent=1)

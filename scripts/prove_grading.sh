@@ -66,6 +66,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*", "results", "*", "correc
             print(f"{p['id'][:34]:<34} {g['implementation'][:20]:<20} {'PASS' if g['pass'] else 'FAIL'} "
                   f"k {k.get('max_err_over_bound', float('nan')):.3f} e {e.get('max_err_over_bound', float('nan')):.3f} "
                   f"rmse {e.get('rmse', float('nan')):.2e} p50 {p50 if p50 is None else round(p50, 1)}"
+                  + (" NOT-DISCRIMINATING" if g.get("zeros_would_pass") else "")
                   + ("" if g["pass"] else f"  {g['failures'][0][:60]}"))
 PY
 cat "$summary"

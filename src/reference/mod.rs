@@ -9,7 +9,7 @@ mod fastexp;
 mod model;
 
 use model::Reader;
-pub use model::{Implementation, Model, OutputFormat, Precision, Reading};
+pub use model::{Implementation, Model, OutputFormat, Precision, Reading, Spread};
 
 use crate::emulation::Algorithm;
 
@@ -107,6 +107,8 @@ pub struct RowSums {
     pub o_e: Vec<f64>,
     /// One per checked row.
     pub totals: Vec<RowTotals>,
+    /// Per element, where the reading asks for it ([`Reading::spread`]); else empty.
+    pub spread: Vec<Spread>,
 }
 
 /// One checked row's softmax totals and the row facts the error model needs from its scores.
@@ -138,24 +140,33 @@ impl RowSums {
         let (sk, d) = (sh.sk, sh.d);
         let kv_len = sk * d;
         let n = rows.count();
+        let zero = Spread { pp: 0.0, rr: 0.0 };
         let mut sums = RowSums {
             o_k: vec![0.0; n * d],
             a: vec![0.0; n * d],
             o_e: vec![0.0; n * d],
             totals: vec![RowTotals::default(); n],
+            spread: vec![zero; if reading.spread { n * d } else { 0 }],
         };
         let scale = p.softmax_scale as f64;
         let reader = Reader::new(reading.precision);
         let split = |v| rows.split_heads(v, d).into_iter();
+        // Without spread, one empty slice per head.
+        let spreads: Vec<&mut [Spread]> = if reading.spread {
+            rows.split_heads(&mut sums.spread, d)
+        } else {
+            (0..rows.heads()).map(|_| &mut [][..]).collect()
+        };
         let heads: Vec<_> = split(&mut sums.o_k)
             .zip(split(&mut sums.a))
             .zip(split(&mut sums.o_e))
             .zip(rows.split_heads(&mut sums.totals, 1))
+            .zip(spreads)
             .collect();
         heads
             .into_par_iter()
             .enumerate()
-            .for_each(|(bh, (((o_k, a), o_e), totals))| {
+            .for_each(|(bh, ((((o_k, a), o_e), totals), spread))| {
                 let kvh = sh.kv_head_of(bh);
                 let range = kvh * kv_len..(kvh + 1) * kv_len;
                 let decode = |t: &crate::fp8::Fp8Tensor, orig: &[f32]| -> Vec<f64> {
@@ -170,12 +181,18 @@ impl RowSums {
                 let (kk, vk) = (decode(&p.k, &p.inputs.k), decode(&p.v, &p.inputs.v));
                 let (ke, ve) = (widen(&p.inputs.k), widen(&p.inputs.v));
                 let v_abs: Vec<f64> = vk.iter().map(|x| x.abs()).collect();
+                let v_sq: Vec<f64> = if reading.spread {
+                    vk.iter().map(|x| x * x).collect()
+                } else {
+                    Vec::new()
+                };
                 let mine = rows.rows(bh);
                 let head = Head {
                     p,
                     bh,
                     reader: &reader,
-                    small_weight: reading.small_weight,
+                    reading,
+                    v_sq: (!v_sq.is_empty()).then(|| head_view(&v_sq, sk, d)),
                     kk: head_view(&kk, sk, d),
                     vk: head_view(&vk, sk, d),
                     v_abs: head_view(&v_abs, sk, d),
@@ -184,13 +201,22 @@ impl RowSums {
                     scale,
                 };
                 let block = ROW_BLOCK * d;
+                // Without spread, an empty chunk per block.
+                let spread_chunks: Vec<&mut [Spread]> = if spread.is_empty() {
+                    (0..mine.len().div_ceil(ROW_BLOCK))
+                        .map(|_| &mut [][..])
+                        .collect()
+                } else {
+                    spread.chunks_mut(block).collect()
+                };
                 o_k.par_chunks_mut(block)
                     .zip(a.par_chunks_mut(block))
                     .zip(o_e.par_chunks_mut(block))
                     .zip(totals.par_chunks_mut(ROW_BLOCK))
                     .zip(mine.par_chunks(ROW_BLOCK))
-                    .for_each(|((((o_k, a), o_e), totals), blk_rows)| {
-                        head.block(blk_rows, [o_k, a, o_e], totals)
+                    .zip(spread_chunks)
+                    .for_each(|(((((o_k, a), o_e), totals), blk_rows), spread)| {
+                        head.block(blk_rows, [o_k, a, o_e], totals, spread)
                     });
             });
         sums
@@ -221,6 +247,7 @@ impl References {
             a,
             o_e,
             totals,
+            spread,
         } = sums;
         assert!(o_k.len() == n && a.len() == n && o_e.len() == n && totals.len() == rows.count());
         let mut refs = References {
@@ -234,10 +261,20 @@ impl References {
             Model::StageC { kv_split } => *kv_split,
             Model::Implementation(_) => 1,
         };
+        let mut spread = spread;
+        let spreads: Vec<&[Spread]> = if spread.len() == n {
+            rows.split_heads(&mut spread, d)
+                .into_iter()
+                .map(|h| &*h)
+                .collect()
+        } else {
+            vec![&[][..]; rows.heads()]
+        };
         refs.heads(rows, d)
             .into_par_iter()
+            .zip(spreads)
             .enumerate()
-            .for_each(|(bh, [k, e, kb, eb])| {
+            .for_each(|(bh, ([k, e, kb, eb], spread))| {
                 let facts = head_facts(p, bh, kv_split, &reader);
                 let first = rows.offset(bh);
                 for (i, &r) in rows.rows(bh).iter().enumerate() {
@@ -249,13 +286,14 @@ impl References {
                         score_shift: t.score_shift,
                     };
                     let at = i * d..(i + 1) * d;
+                    let spread = spread.get(at.clone());
                     let out = [
                         &mut k[at.clone()],
                         &mut e[at.clone()],
                         &mut kb[at.clone()],
                         &mut eb[at],
                     ];
-                    finish_row(model, &facts, &row, (t.l_k, t.l_e), out);
+                    finish_row(model, &facts, &row, (t.l_k, t.l_e), out, spread);
                 }
             });
         refs
@@ -314,13 +352,14 @@ fn q_norm(p: &Problem, bh: usize, r: usize, reader: &Reader) -> f64 {
 
 /// Turns one row's sums into its references and bounds, in place: `out` holds O_k, O_e and A
 /// (and anything in the fourth) and gets the kernel reference, the end-to-end reference, the
-/// kernel bound and the end-to-end bound.
+/// kernel bound and the end-to-end bound; `spread` the row's [`Spread`] where it was summed.
 fn finish_row(
     model: &Model,
     head: &bound::HeadFacts,
     row: &bound::RowFacts,
     (l_k, l_e): (f64, f64),
     out: [&mut [f64]; 4],
+    spread: Option<&[Spread]>,
 ) {
     let [k, e, kb, eb] = out;
     if row.keys == 0 {
@@ -334,9 +373,13 @@ fn finish_row(
         let (o_k, o_e, a) = (k[x] / l_k, e[x] / l_e, kb[x] / l_k);
         let (bk, be) = match model {
             Model::StageC { .. } => bound::element(head, row, a, o_k, o_e),
-            Model::Implementation(imp) => {
-                model::implementation_element(imp, head, row, (a, o_k, o_e, l_k))
-            }
+            Model::Implementation(imp) => model::implementation_element(
+                imp,
+                head,
+                row,
+                (a, o_k, o_e, l_k),
+                spread.map(|s| s[x]),
+            ),
         };
         (k[x], e[x], kb[x], eb[x]) = (o_k, o_e, bk, be);
     }
@@ -352,8 +395,10 @@ struct Head<'a> {
     p: &'a Problem,
     bh: usize,
     reader: &'a Reader,
-    /// Weights below this are counted as small ([`RowTotals::subnormal_weights`]).
-    small_weight: f64,
+    /// Its small weights ([`RowTotals::subnormal_weights`]) and P's rounding.
+    reading: Reading,
+    /// v̂², where the reading sums the spread.
+    v_sq: Option<ArrayView2<'a, f64>>,
     kk: ArrayView2<'a, f64>,
     vk: ArrayView2<'a, f64>,
     v_abs: ArrayView2<'a, f64>,
@@ -369,8 +414,14 @@ thread_local! {
 
 impl<'a> Head<'a> {
     /// The sums of the rows `which` of this head: O_k, A and O_e into `out`, one total each
-    /// into `totals`.
-    fn block(&self, which: &[usize], out: [&mut [f64]; 3], totals: &mut [RowTotals]) {
+    /// into `totals`, and (where the reading asks for it) the spread of each element.
+    fn block(
+        &self,
+        which: &[usize],
+        out: [&mut [f64]; 3],
+        totals: &mut [RowTotals],
+        spread: &mut [Spread],
+    ) {
         let (sk, d) = self.kk.dim();
         let shape = &self.p.shape;
         let rows = which.len();
@@ -433,7 +484,10 @@ impl<'a> Head<'a> {
                         fastexp::exp_shifted_sum(re, max_e),
                     )
                 };
-                let subnormal_weights = rk.iter().filter(|&&w| w < self.small_weight).count();
+                let subnormal_weights = rk
+                    .iter()
+                    .filter(|&&w| w < self.reading.small_weight)
+                    .count();
                 *total = RowTotals {
                     l_k,
                     l_e,
@@ -448,6 +502,17 @@ impl<'a> Head<'a> {
                 [(&sk_, &vk, o_k), (&sk_, &v_abs, a), (&se, &ve, o_e)]
             {
                 general_mat_mul(1.0, weights, values, 0.0, &mut sums);
+            }
+            if let Some(v_sq) = &self.v_sq {
+                let v_sq = cut(v_sq);
+                let mut pp = ndarray::Array2::<f64>::zeros((rows, d));
+                let mut rr = ndarray::Array2::<f64>::zeros((rows, d));
+                general_mat_mul(1.0, &sk_.mapv(|w| w * w), &v_sq, 0.0, &mut pp);
+                let r = |w: f64| self.reading.p_rounding(w).powi(2);
+                general_mat_mul(1.0, &sk_.mapv(r), &v_sq, 0.0, &mut rr);
+                for ((s, &pp), &rr) in spread.iter_mut().zip(&pp).zip(&rr) {
+                    *s = Spread { pp, rr };
+                }
             }
         });
     }

@@ -28,6 +28,10 @@
 //!   - end to end, the inputs' own rounding to the precision: each v̂ within u_in |v| + h_in of
 //!     v (FP8: 2^-4 and 2^-10 of the head's scale; fp16 2^-11 and 2^-25; bf16 2^-8; fp32
 //!     none), and the scores' measured shift Δ_i, as in the kernel's model.
+//!
+//!   Where V's signs are fair coins given Q, K and |V| (every distribution of src/inputs.rs),
+//!   the terms that V's signs carry also have a statistical bound (Hoeffding), and each takes
+//!   the smaller of the two ([`implementation_element`], [`Spread`]).
 
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
@@ -227,32 +231,66 @@ impl Model {
     /// What the references read, and below which weight a weight is counted small.
     pub fn reading(&self) -> Reading {
         match self {
-            Model::StageC { .. } => Reading {
-                precision: Precision::Fp8,
-                small_weight: super::bound::F16_MIN_NORMAL,
-            },
+            Model::StageC { .. } => Reading::STAGE_C,
             Model::Implementation(i) => Reading {
                 precision: i.precision,
                 small_weight: i.precision.p_format().min_normal,
+                spread: true,
             },
         }
     }
 }
 
-/// How the kernel reference reads the inputs, and the threshold of the small weights it
-/// counts per row.
+/// How the kernel reference reads the inputs, the threshold of the small weights it counts
+/// per row, and whether it sums the spread of each element's terms ([`Spread`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reading {
     pub precision: Precision,
     pub small_weight: f64,
+    /// Whether the sums include [`Spread`] (the implementation model's statistical terms).
+    pub spread: bool,
 }
 
 impl Reading {
-    /// The runner's: FP8 codes, weights below f16's smallest normal.
+    /// The runner's: FP8 codes, weights below f16's smallest normal, no spread (Stage C's
+    /// model is step for step and needs none).
     pub const STAGE_C: Reading = Reading {
         precision: Precision::Fp8,
         small_weight: super::bound::F16_MIN_NORMAL,
+        spread: false,
     };
+
+    /// The most a weight `w` (relative to the row's maximum, so at most 1) moves when P is
+    /// rounded to this reading's format: half an ulp of a normal, else up to half the
+    /// subnormal step, and never more than `w` itself (a weight that flushes to zero).
+    pub fn p_rounding(&self, w: f64) -> f64 {
+        let f = self.precision.p_format();
+        if w >= f.min_normal {
+            f.rel * w
+        } else {
+            w.min(f.sub_half)
+        }
+    }
+}
+
+/// Per element of a row, the squared sizes of its terms: `pp` = Σ_j w_j² v̂_j² and `rr` =
+/// Σ_j r(w_j)² v̂_j² ([`Reading::p_rounding`]), over the row's visible keys, with the weights
+/// relative to the row's maximum (divide their roots by l).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub pp: f64,
+    pub rr: f64,
+}
+
+/// Per element, a statistical term fails to hold with probability at most this (three terms:
+/// at most 3e-12 per element, 3e-6 for a problem of a million checked elements).
+pub const SPREAD_ALPHA: f64 = 1e-12;
+
+/// Hoeffding's factor for `events` sums of independent signs, each with coefficients of
+/// root-sum-square σ: all of them stay within factor·σ but with probability at most
+/// [`SPREAD_ALPHA`] (`P(|Σ| ≥ tσ) ≤ 2 exp(−t²/2)` for each, a union bound over them).
+fn hoeffding(events: f64) -> f64 {
+    (2.0 * (2.0 * events / SPREAD_ALPHA).ln()).sqrt()
 }
 
 /// Reads tensor elements as an implementation of one precision took them.
@@ -292,24 +330,63 @@ impl Reader {
 }
 
 /// The two bounds of one element under an [`Implementation`]'s model: `a` = Σ p̂|v̂| / Σ p̂,
-/// `o_k` and `o_e` the two references, `l` = Σ p̂ (weights relative to the row's maximum).
+/// `o_k` and `o_e` the two references, `l` = Σ p̂ (weights relative to the row's maximum),
+/// and the element's [`Spread`] where the sums have it.
+///
+/// The worst case (module docs) assumes every weight's error lines up with the sign of its
+/// key's v̂. Those errors (P's rounding, the scores' accumulation, `exp`) are functions of Q
+/// and K alone, and every distribution draws V independently of Q and K, symmetric about zero
+/// and independent per element (src/inputs.rs): given Q, K and |V|, the signs of a column of
+/// V are independent fair coins. So with `spread`, three terms are also bounded by Hoeffding's
+/// inequality over those signs, and each takes the smaller of its two bounds:
+/// - the weights' errors through V, Σ_j Δ_j v̂_j with |Δ_j| ≤ (2^δ − 1 + 2^-21) w_j + r(w_j):
+///   c·((2^δ − 1 + 2^-21)·√pp + √rr) / l (Minkowski), c = [`hoeffding`] of one sum;
+/// - the magnitude of every partial sum of P·V that the accumulation rounds: any subset of
+///   the keys chosen without looking at V's signs (tiles, splits, their order), at most 2n of
+///   them per element: M = c_M·√(Σ t̃_j²)/l, where |t̃_j| = |p̃_j v̂_j| is at most
+///   ((2^δ + 2^-21) w_j + r(w_j))|v̂_j|. M replaces A in the accumulation terms (each step's
+///   error is relative to the largest term it aligns to, a partial sum or a product);
+/// - at FP8, the truncation of the products aligned to a larger partial sum (at most
+///   min(|t̃|, 2^-13 M) each, toward zero, a martingale in the signs): c·min(√Σ t̃², √n·2^-13 M).
+///
+/// Terms that are not signed by V keep their worst case: the row sum's (ρ + small)·|O|, the
+/// output's own rounding, and the end-to-end terms.
 pub fn implementation_element(
     imp: &Implementation,
     head: &super::bound::HeadFacts,
     row: &super::bound::RowFacts,
     (a, o_k, o_e, l): (f64, f64, f64, f64),
+    spread: Option<Spread>,
 ) -> (f64, f64) {
     let prec = imp.precision;
     let n = row.keys;
     let p = prec.p_format();
     let delta =
         prec.score_accumulation(head.head_dim) * head.qk_scale_log2 * row.q_norm * head.k_norm_max;
-    let rho = (delta.exp2() - 1.0) + 2f64.powi(-21) + p.rel;
+    let weight_rel = (delta.exp2() - 1.0) + 2f64.powi(-21);
+    let rho = weight_rel + p.rel;
+    let small = row.subnormal_weights as f64 * p.sub_half / l.max(1.0);
     let (ok, oe) = (o_k.abs(), o_e.abs());
     let (out_rel, out_abs) = imp.output.rounding();
-    let kernel = rho * (a + ok)
-        + row.subnormal_weights as f64 * p.sub_half * (head.v_abs_max + ok) / l.max(1.0)
-        + prec.pv_accumulation(n) * a
+    // The weights' errors through V, the magnitude the accumulations round against, and (in
+    // the statistical case) the truncated products.
+    let mut through_v = rho * a + small * head.v_abs_max;
+    let mut accumulation = prec.pv_accumulation(n) * a;
+    if let Some(Spread { pp, rr }) = spread {
+        let (root_pp, root_rr) = (pp.sqrt() / l, rr.sqrt() / l);
+        let c = hoeffding(1.0);
+        through_v = through_v.min(c * (weight_rel * root_pp + root_rr));
+        let root_t = (1.0 + weight_rel) * root_pp + root_rr;
+        let m = hoeffding(2.0 * n as f64) * root_t;
+        let products = match prec {
+            Precision::Fp8 => c * root_t.min((n as f64).sqrt() * 2f64.powi(-13) * m),
+            _ => 0.0,
+        };
+        accumulation = accumulation.min(prec.pv_accumulation(n) * m + products);
+    }
+    let kernel = through_v
+        + (rho + small) * ok
+        + accumulation
         + (n as f64 + 16.0) * U32 * ok
         + out_rel * ok
         + out_abs;
@@ -343,7 +420,7 @@ mod tests {
 
     fn bounds(precision: Precision, output: OutputFormat, row: &RowFacts) -> (f64, f64) {
         let imp = Implementation { precision, output };
-        implementation_element(&imp, &HEAD, row, (0.8, 0.3, 0.3, 100.0))
+        implementation_element(&imp, &HEAD, row, (0.8, 0.3, 0.3, 100.0), None)
     }
 
     #[test]
@@ -392,6 +469,63 @@ mod tests {
         // 1000 · 2^-10 · (4 + 0.3) / 100.
         let expected = 1000.0 / 1024.0 * 4.3 / 100.0;
         assert!((lots - few - expected).abs() < 1e-12, "{}", lots - few);
+    }
+
+    #[test]
+    fn with_spread_each_signed_term_takes_the_smaller_of_its_worst_case_and_hoeffdings_bound() {
+        // A decode-like row: 8192 keys of similar weight, l = 300, A = 0.8, O = 0.01.
+        let row = RowFacts { keys: 8192, ..ROW };
+        let imp = Implementation {
+            precision: Precision::Fp8,
+            output: OutputFormat::F32,
+        };
+        let sums = (0.8, 0.01, 0.01, 300.0);
+        let worst = implementation_element(&imp, &HEAD, &row, sums, None).0;
+        // Σ w² v̂² = 11 (8192 weights of about l / 8192, v̂² about 1), P's rounding 2^-4 of
+        // their roots.
+        let spread = Spread {
+            pp: 11.0,
+            rr: 11.0 / 256.0,
+        };
+        let tight = implementation_element(&imp, &HEAD, &row, sums, Some(spread)).0;
+        // By hand: c = √(2 ln(2/α)), c_M = √(2 ln(4n/α)).
+        let delta = Precision::Fp8.score_accumulation(64) * HEAD.qk_scale_log2 * 8.0 * 10.0;
+        let wr = delta.exp2() - 1.0 + 2f64.powi(-21);
+        let (c, c_m) = (
+            (2.0 * (2.0 / SPREAD_ALPHA).ln()).sqrt(),
+            (2.0 * (4.0 * 8192.0 / SPREAD_ALPHA).ln()).sqrt(),
+        );
+        let (rpp, rrr) = (11f64.sqrt() / 300.0, (11.0f64 / 256.0).sqrt() / 300.0);
+        let through_v = c * (wr * rpp + rrr);
+        let root_t = (1.0 + wr) * rpp + rrr;
+        let m = c_m * root_t;
+        let products = c * root_t.min(8192f64.sqrt() * 2f64.powi(-13) * m);
+        let expected = through_v
+            + (wr + E4M3.rel) * 0.01
+            + Precision::Fp8.pv_accumulation(8192) * m
+            + products
+            + (8192.0 + 16.0) * U32 * 0.01
+            + U32 * 0.01
+            + F32.sub_half;
+        assert!((tight - expected).abs() < 1e-15, "{tight} {expected}");
+        // A third of the worst case, which is eight times the output.
+        assert!(tight < worst / 3.0 && worst > 0.08, "{tight} {worst}");
+        // A spread larger than the worst case leaves the worst case: never looser.
+        let wide = Spread { pp: 1e8, rr: 1e8 };
+        let same = implementation_element(&imp, &HEAD, &row, sums, Some(wide)).0;
+        assert_eq!(same, worst);
+    }
+
+    #[test]
+    fn p_rounding_is_half_an_ulp_of_a_normal_weight_half_a_subnormal_step_or_the_weight() {
+        let fp8 = Reading {
+            precision: Precision::Fp8,
+            small_weight: E4M3.min_normal,
+            spread: true,
+        };
+        assert_eq!(fp8.p_rounding(0.5), 0.5 / 16.0);
+        assert_eq!(fp8.p_rounding(0.01), 1.0 / 1024.0);
+        assert_eq!(fp8.p_rounding(1e-4), 1e-4);
     }
 
     #[test]

@@ -116,6 +116,8 @@ impl DeviceReference {
             a: vec![0.0; n * d],
             o_e: vec![0.0; n * d],
             totals: Vec::with_capacity(n),
+            // The device reads as Stage C's model does: no spread (Reading::STAGE_C).
+            spread: Vec::new(),
         };
         let table = stream.clone_htod(&crate::fp8::decode_table_f64())?;
         let bytes = |bh: usize| head_bytes(s, d, rows.offset(bh + 1) - rows.offset(bh));
