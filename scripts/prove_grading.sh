@@ -7,6 +7,7 @@
 # beside them (`sdpa-runner check ... --ours cuda`): OUT_DIR/<set>/COMPARE.md.
 #   llm       `--shapes llm --seeds 0`
 #   outliers  FlashAttention-3's outlier distribution at 1x16x4096x128, beside normal inputs
+#   rotated   the same two problems with Q, K, V rotated by the Hadamard matrix (`:rotate`)
 # OUT_DIR/summary.txt holds the key lines, OUT_DIR.tgz everything.
 set -u
 out=${1:?OUT_DIR}
@@ -50,6 +51,7 @@ for set in $sets; do
   case $set in
     llm) grade llm llm ;;
     outliers) grade outliers 1x16x4096x128:dist=fa3_outliers,1x16x4096x128 ;;
+    rotated) grade rotated 1x16x4096x128:dist=fa3_outliers:rotate,1x16x4096x128:rotate ;;
     *) echo "unknown set $set" >>"$summary" ;;
   esac
 done

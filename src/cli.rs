@@ -614,7 +614,7 @@ pub struct ExportArgs {
     /// The folder to write: DIR/manifest.json and DIR/<problem id>/*.npy
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
-    /// Shapes: names, inline BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME], or a set
+    /// Shapes: names, inline BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME][:rotate], or a set
     #[arg(long, default_value = "small")]
     pub shapes: String,
     #[arg(long, default_value = "0", value_parser = seed_list, allow_hyphen_values = true)]

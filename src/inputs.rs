@@ -54,6 +54,12 @@ pub fn generate(shape: &Shape, seed: u64) -> Inputs {
                 }
             }
             shape_group(shape, &mut rng, q, k, v);
+            if shape.rotate {
+                for row in q.chunks_mut(shape.d).chain(k.chunks_mut(shape.d)) {
+                    hadamard(row);
+                }
+                v.chunks_mut(shape.d).for_each(hadamard);
+            }
         });
     let checksum = checksum(&[(&q, q_len), (&k, kv_len), (&v, kv_len)]);
     Inputs { q, k, v, checksum }
@@ -126,6 +132,32 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
                 }
             }
         }
+    }
+}
+
+/// `x ← x·H` for the normalized Hadamard matrix H of order `x.len()` (a power of two; Sylvester's
+/// order, H = Hᵀ = H⁻¹), computed in f64 and rounded once to f32: the rotation of
+/// [`Shape::rotate`], which spreads an outlier of one element over the whole row.
+fn hadamard(x: &mut [f32]) {
+    let n = x.len();
+    assert!(
+        n.is_power_of_two(),
+        "the Hadamard rotation needs D a power of two"
+    );
+    let mut y: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let mut h = 1;
+    while h < n {
+        for block in y.chunks_mut(2 * h) {
+            let (a, b) = block.split_at_mut(h);
+            for (u, w) in a.iter_mut().zip(b) {
+                (*u, *w) = (*u + *w, *u - *w);
+            }
+        }
+        h *= 2;
+    }
+    let norm = (n as f64).sqrt().recip();
+    for (out, v) in x.iter_mut().zip(&y) {
+        *out = (v * norm) as f32;
     }
 }
 
@@ -273,6 +305,39 @@ mod tests {
             assert_ne!(a.checksum, normal.checksum, "{dist:?}");
             assert_ne!(a.checksum, generate(&sh, 5).checksum, "{dist:?}");
         }
+    }
+
+    #[test]
+    fn a_rotated_problem_is_its_draws_times_the_normalized_hadamard_matrix() {
+        let plain = Shape::parse_inline("1x2x5x64:sk=200:hkv=1:dist=fa3_outliers")
+            .unwrap()
+            .unwrap();
+        let rotated = Shape {
+            rotate: true,
+            ..plain.clone()
+        };
+        let (a, r) = (generate(&plain, 3), generate(&rotated, 3));
+        assert_ne!(a.checksum, r.checksum);
+        // H[i][j] = (−1)^popcount(i & j) / √D, applied to each row by hand.
+        let d = 64;
+        let h = |i: usize, j: usize| (-1f64).powi((i & j).count_ones() as i32) / 8.0;
+        for (x, y) in [(&a.q, &r.q), (&a.k, &r.k), (&a.v, &r.v)] {
+            for (row, rot) in x.chunks(d).zip(y.chunks(d)) {
+                for (j, &got) in rot.iter().enumerate() {
+                    let want: f64 = (0..d).map(|i| row[i] as f64 * h(i, j)).sum();
+                    assert_eq!(got, want as f32, "element {j}");
+                }
+            }
+        }
+        // Scores are kept: q·k of the rotated rows is q·k of the drawn ones.
+        let dot = |p: &[f32], q: &[f32]| -> f64 {
+            p.iter().zip(q).map(|(&x, &y)| x as f64 * y as f64).sum()
+        };
+        let (s0, s1) = (dot(&a.q[..d], &a.k[..d]), dot(&r.q[..d], &r.k[..d]));
+        assert!((s0 - s1).abs() < 1e-5 * (1.0 + s0.abs()), "{s0} {s1}");
+        // The largest element shrinks: each outlier (about 13 in V) is spread over its row.
+        let peak = |t: &[f32]| t.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(peak(&r.v) < peak(&a.v), "{} {}", peak(&r.v), peak(&a.v));
     }
 
     #[test]

@@ -264,6 +264,7 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            rotate: false,
             hkv: 2,
             sk: 1,
             causal: false,

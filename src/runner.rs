@@ -629,6 +629,7 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            rotate: false,
             hkv: 2,
             sk: s,
             causal: false,

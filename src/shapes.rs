@@ -86,6 +86,11 @@ pub struct Shape {
     pub purpose: String,
     /// How the inputs are drawn beyond the normal draws ([`Dist`]).
     pub dist: Dist,
+    /// Q, K and V rotated along D by the normalized Hadamard matrix H after they are drawn
+    /// and before they are quantized (FlashAttention-3's incoherent processing, docs/ACCURACY.md):
+    /// QH(KH)ᵀ = QKᵀ, so the problem's output is O·H, and every check runs in that basis (an
+    /// orthogonal H keeps each row's error norm, so RMSE is that of O′Hᵀ against O).
+    pub rotate: bool,
 }
 
 /// A shape as the shapes file writes it: `Hkv` and `Sk` default to `H` and `S`.
@@ -113,6 +118,8 @@ struct RawShape {
     purpose: String,
     #[serde(default, skip_serializing_if = "Dist::is_normal")]
     dist: Dist,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    rotate: bool,
 }
 
 impl From<RawShape> for Shape {
@@ -129,6 +136,7 @@ impl From<RawShape> for Shape {
             qk_std: r.qk_std,
             purpose: r.purpose,
             dist: r.dist,
+            rotate: r.rotate,
         }
     }
 }
@@ -147,6 +155,7 @@ impl From<Shape> for RawShape {
             qk_std: s.qk_std,
             purpose: s.purpose,
             dist: s.dist,
+            rotate: s.rotate,
         }
     }
 }
@@ -251,6 +260,7 @@ impl Shape {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Dist::Normal,
+            rotate: false,
         }
     }
 
@@ -441,7 +451,8 @@ impl Shape {
             .checked_add(per_worker.checked_mul(threads as u64)?)
     }
 
-    /// The inline spelling of this shape, `BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME]`,
+    /// The inline spelling of this shape,
+    /// `BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME][:rotate]`,
     /// which [`Shape::parse_inline`] reads back to the same problem (a one-line reproduction).
     pub fn inline(&self) -> String {
         let mut t = self.dims();
@@ -451,10 +462,13 @@ impl Shape {
         if !self.dist.is_normal() {
             t.push_str(&format!(":dist={}", self.dist.name()));
         }
+        if self.rotate {
+            t.push_str(":rotate");
+        }
         t
     }
 
-    /// Parses an inline `BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME]` shape; `None` if
+    /// Parses an inline `BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME][:rotate]` shape; `None` if
     /// `text` does not start with `BxHxSxD`.
     pub fn parse_inline(text: &str) -> Option<Result<Shape, ConfigError>> {
         let mut options = text.split(':');
@@ -487,7 +501,7 @@ impl Shape {
             dims[2],
             dims[3],
         );
-        const GRAMMAR: &str = "BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME]";
+        const GRAMMAR: &str = "BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME][:rotate]";
         for option in options {
             let count = |v: &str, key: &str| {
                 v.parse::<usize>()
@@ -503,6 +517,7 @@ impl Shape {
                     Err(m) => return bad(m),
                 },
                 None if option == "causal" => shape.causal = true,
+                None if option == "rotate" => shape.rotate = true,
                 Some(("qk", v)) => match v.parse::<f64>() {
                     Ok(x) => shape.qk_std = x,
                     Err(_) => return bad(format!("qk=`{v}` is not a number")),
@@ -828,6 +843,30 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn rotate_is_an_inline_option_that_inline_writes_back_and_the_shapes_file_reads() {
+        let r = Shape::parse_inline("1x16x4096x128:dist=fa3_outliers:rotate")
+            .unwrap()
+            .unwrap();
+        assert!(r.rotate && r.dist == Dist::Fa3Outliers);
+        assert_eq!(r.inline(), "1x16x4096x128:dist=fa3_outliers:rotate");
+        assert!(
+            !Shape::parse_inline("1x16x4096x128")
+                .unwrap()
+                .unwrap()
+                .rotate
+        );
+        let raw: RawShape = serde_json::from_str(
+            r#"{"name": "rot", "B": 1, "H": 2, "S": 8, "D": 64, "rotate": true}"#,
+        )
+        .unwrap();
+        assert!(Shape::from(raw).rotate);
+        let bad = Shape::parse_inline("1x1x8x64:rotated")
+            .unwrap()
+            .unwrap_err();
+        assert!(bad.to_string().contains("[:rotate]"), "{bad}");
     }
 
     #[test]

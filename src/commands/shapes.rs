@@ -50,7 +50,7 @@ pub fn list(args: &ShapesArgs) -> Result<Outcome, AppError> {
         crate::outln!("set {set}: {}", members.join(", "));
     }
     crate::outln!(
-        "inline shapes are written BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME], e.g. \
+        "inline shapes are written BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME][:rotate], e.g. \
          --shapes 1x32x512x128:sk=4096:hkv=8:causal (D 64 or 128; causal is bottom-right \
          aligned)"
     );

@@ -56,6 +56,10 @@ pub struct ExportedProblem {
     pub causal: bool,
     pub softmax_scale: f32,
     pub distribution: Dist,
+    /// Q, K and V rotated along D by the normalized Hadamard matrix before quantization
+    /// ([`Shape::rotate`]): every file holds the rotated tensors, and the output is O·H.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rotate: bool,
     pub qk_std: f64,
     pub seed: u64,
     /// sha256 of the f32 inputs, as the runner's records give it.
@@ -79,6 +83,7 @@ impl ExportedProblem {
             causal: sh.causal,
             softmax_scale: p.softmax_scale,
             distribution: sh.dist,
+            rotate: sh.rotate,
             qk_std: sh.qk_std,
             seed: p.seed,
             checksum: p.inputs.checksum.clone(),
@@ -94,6 +99,7 @@ impl ExportedProblem {
             causal: self.causal,
             qk_std: self.qk_std,
             dist: self.distribution,
+            rotate: self.rotate,
             ..Shape::new(&self.shape, self.b, self.hq, self.sq, self.d)
         };
         shape.validate()?;
@@ -138,6 +144,7 @@ pub fn conventions() -> BTreeMap<String, String> {
         ("layout", "q [B, Hq, Sq, D]; k, v [B, Hkv, Sk, D]; C order, little-endian"),
         ("gqa", "query head h reads K/V head h / (Hq / Hkv)"),
         ("causal", "bottom-right: query i sees keys j <= i + Sk - Sq; a row that sees no key is all zeros"),
+        ("rotate", "where a problem says rotate: true, q, k, v (and their codes) are the drawn tensors times the normalized Hadamard matrix H along D (Sylvester order), and the expected output is O·H"),
         ("fp8", "e4m3 (OCP, saturating to +-448) codes as uint8; value = decode(code) * scale, one scale per (b, head): q_scale [B, Hq], k_scale and v_scale [B, Hkv]"),
         ("output", "write OUT/<id>.npy, shape [B, Hq, Sq, D]: float16, float32, bfloat16 as uint16 (say so in OUT/implementation.json), or e4m3 codes as uint8 with the output's scale in OUT/implementation.json"),
         ("softmax", "O = softmax(softmax_scale * Q K^T + mask) V"),

@@ -589,6 +589,7 @@ mod tests {
             qk_std: 1.0,
             purpose: String::new(),
             dist: Default::default(),
+            rotate: false,
             hkv: h,
             sk: s,
             causal: false,

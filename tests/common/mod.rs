@@ -152,5 +152,6 @@ pub fn shape(
         hkv: h,
         sk: s,
         causal: false,
+        rotate: false,
     }
 }
