@@ -208,6 +208,16 @@ mod tests {
         );
         // Negative terms truncate toward zero; the largest may be a product.
         assert_eq!(fp22_step(2f32.powi(-14), [-1.0, 3.0].into_iter()), 2.0);
+        // Symmetric in sign: negating every term negates the step (the implementation model's
+        // statistical bound on the truncated products rests on it, src/reference/model.rs).
+        let terms = [0.3, -1.7e-4, 2.5e-5, 1.1, -3.3e-6];
+        let up = fp22_step(0.7, terms.into_iter());
+        assert_eq!(fp22_step(-0.7, terms.iter().map(|t| -t)), -up);
+        assert_ne!(
+            up as f64,
+            0.7 + terms.iter().sum::<f64>(),
+            "the step truncated something"
+        );
     }
 
     #[test]

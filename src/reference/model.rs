@@ -261,8 +261,11 @@ impl Reading {
     };
 
     /// The most a weight `w` (relative to the row's maximum, so at most 1) moves when P is
-    /// rounded to this reading's format: half an ulp of a normal, else up to half the
-    /// subnormal step, and never more than `w` itself (a weight that flushes to zero).
+    /// rounded to nearest in this reading's format: half an ulp of a normal, else up to half
+    /// the subnormal step, and never more than `w` itself (a weight below half the smallest
+    /// subnormal rounds to zero). Subnormal P is assumed, as `cvt.rn.satfinite.e4m3x2` and
+    /// f16/bf16 conversions keep it; a conversion that flushed subnormals to zero would move a
+    /// weight by up to the smallest normal, which neither this nor the worst case allows.
     pub fn p_rounding(&self, w: f64) -> f64 {
         let f = self.precision.p_format();
         if w >= f.min_normal {
@@ -335,10 +338,11 @@ impl Reader {
 ///
 /// The worst case (module docs) assumes every weight's error lines up with the sign of its
 /// key's v̂. Those errors (P's rounding, the scores' accumulation, `exp`) are functions of Q
-/// and K alone, and every distribution draws V independently of Q and K, symmetric about zero
-/// and independent per element (src/inputs.rs): given Q, K and |V|, the signs of a column of
-/// V are independent fair coins. So with `spread`, three terms are also bounded by Hoeffding's
-/// inequality over those signs, and each takes the smaller of its two bounds:
+/// and K alone, and every distribution draws V independently of Q and K, its rows independent
+/// and each row's distribution unchanged by v_j → −v_j (src/inputs.rs): given Q, K and each
+/// row of V up to its sign, the elements of a column of V have independent fair signs. So
+/// with `spread`, three terms are also bounded by Hoeffding's inequality over those signs,
+/// and each takes the smaller of its two bounds:
 /// - the weights' errors through V, Σ_j Δ_j v̂_j with |Δ_j| ≤ (2^δ − 1 + 2^-21) w_j + r(w_j):
 ///   c·((2^δ − 1 + 2^-21)·√pp + √rr) / l (Minkowski), c = [`hoeffding`] of one sum;
 /// - the magnitude of every partial sum of P·V that the accumulation rounds: any subset of
@@ -368,12 +372,22 @@ pub fn implementation_element(
     let small = row.subnormal_weights as f64 * p.sub_half / l.max(1.0);
     let (ok, oe) = (o_k.abs(), o_e.abs());
     let (out_rel, out_abs) = imp.output.rounding();
-    // The weights' errors through V, the magnitude the accumulations round against, and (in
-    // the statistical case) the truncated products.
+    // The weights' errors through V, and the accumulation of P·V: its rounding steps relative
+    // to the partial sums (at most A), and at FP8 each product truncated to 13 fraction bits of
+    // the step's largest term, at most min(|t̃|, 2^-13 A') each with A' = Σ|t̃|/l bounding every
+    // term.
     let mut through_v = rho * a + small * head.v_abs_max;
-    let mut accumulation = prec.pv_accumulation(n) * a;
-    if let Some(Spread { pp, rr }) = spread {
-        let (root_pp, root_rr) = (pp.sqrt() / l, rr.sqrt() / l);
+    let a_t = (1.0 + rho) * a + small * head.v_abs_max;
+    let truncated = match prec {
+        Precision::Fp8 => a_t.min(n as f64 * 2f64.powi(-13) * a_t),
+        _ => 0.0,
+    };
+    let mut accumulation = prec.pv_accumulation(n) * a + truncated;
+    if let Some(Spread { pp, rr }) = spread.filter(|_| rho + small < 0.5) {
+        // Second order: l̃ ≥ l (1 − ρ − small), and P is rounded from p̃ ≤ (1 + wr) w, whose
+        // rounding is at most (1 + wr) r(w).
+        let l_t = l * (1.0 - rho - small);
+        let (root_pp, root_rr) = (pp.sqrt() / l_t, (1.0 + weight_rel) * rr.sqrt() / l_t);
         let c = hoeffding(1.0);
         through_v = through_v.min(c * (weight_rel * root_pp + root_rr));
         let root_t = (1.0 + weight_rel) * root_pp + root_rr;
@@ -466,8 +480,9 @@ mod tests {
         };
         let (few, _) = bounds(Precision::Fp8, OutputFormat::F32, &ROW);
         let (lots, _) = bounds(Precision::Fp8, OutputFormat::F32, &many);
-        // 1000 · 2^-10 · (4 + 0.3) / 100.
-        let expected = 1000.0 / 1024.0 * 4.3 / 100.0;
+        // 1000 · 2^-10 · (4 + 0.3) / 100, and the FP8 products' truncation (4096 · 2^-13 = a
+        // half of every term's magnitude, which the small weights raise by 1000 · 2^-10 · 4 / 100).
+        let expected = 1000.0 / 1024.0 * 4.3 / 100.0 + 0.5 * 1000.0 / 1024.0 * 4.0 / 100.0;
         assert!((lots - few - expected).abs() < 1e-12, "{}", lots - few);
     }
 
@@ -495,7 +510,12 @@ mod tests {
             (2.0 * (2.0 / SPREAD_ALPHA).ln()).sqrt(),
             (2.0 * (4.0 * 8192.0 / SPREAD_ALPHA).ln()).sqrt(),
         );
-        let (rpp, rrr) = (11f64.sqrt() / 300.0, (11.0f64 / 256.0).sqrt() / 300.0);
+        let small = 0.0; // ROW has no subnormal weights
+        let l_t = 300.0 * (1.0 - (wr + E4M3.rel) - small);
+        let (rpp, rrr) = (
+            11f64.sqrt() / l_t,
+            (1.0 + wr) * (11.0f64 / 256.0).sqrt() / l_t,
+        );
         let through_v = c * (wr * rpp + rrr);
         let root_t = (1.0 + wr) * rpp + rrr;
         let m = c_m * root_t;
