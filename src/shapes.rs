@@ -86,10 +86,10 @@ pub struct Shape {
     pub purpose: String,
     /// How the inputs are drawn beyond the normal draws ([`Dist`]).
     pub dist: Dist,
-    /// Q, K and V rotated along D by the normalized Hadamard matrix H after they are drawn
-    /// and before they are quantized (FlashAttention-3's incoherent processing, docs/ACCURACY.md):
-    /// QH(KH)ᵀ = QKᵀ, so the problem's output is O·H, and every check runs in that basis (an
-    /// orthogonal H keeps each row's error norm, so RMSE is that of O′Hᵀ against O).
+    /// Q and K rotated along D by the normalized Hadamard matrix H after they are drawn and
+    /// before they are quantized (FlashAttention-3's incoherent processing, docs/ACCURACY.md):
+    /// QH(KH)ᵀ = QKᵀ, so the scores and the output are those of the drawn inputs (up to one
+    /// f32 rounding of the rotated values); only what FP8 makes of them changes.
     pub rotate: bool,
 }
 
@@ -421,6 +421,12 @@ impl Shape {
                 "qk_std={} is out of range: allowed {QK_STD_MIN} to {QK_STD_MAX} (beyond them \
                  the f32 inputs or their scores leave the range the kernel computes in)",
                 self.qk_std
+            ));
+        }
+        if self.rotate && !self.d.is_power_of_two() {
+            return Err(format!(
+                "D={} with rotate: the Hadamard rotation needs D a power of two",
+                self.d
             ));
         }
         if self.elements().is_none() || self.kv_elements().is_none() {

@@ -442,6 +442,70 @@ fn ours_on_the_cpu_backend_is_graded_beside_the_others_with_its_median_time() {
 }
 
 #[test]
+fn a_rotated_problem_is_exported_saying_so_and_graded_after_check_draws_it_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("p");
+    let (code, out, err) = output(
+        runner()
+            .args([
+                "export",
+                "--shapes",
+                "1x2x40x64:hkv=1:causal:dist=fa3_outliers:rotate",
+                "--seeds",
+                "0",
+            ])
+            .arg(&dir),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let manifest = read_json(&dir.join("manifest.json"));
+    let p = &manifest["problems"][0];
+    assert_eq!(p["rotate"], true, "{p}");
+    // Rotated Q: no element of the exported Q equals the drawn one's plain export.
+    let plain = tmp.path().join("plain");
+    let (code, _, _) = output(
+        runner()
+            .args([
+                "export",
+                "--shapes",
+                "1x2x40x64:hkv=1:causal:dist=fa3_outliers",
+                "--seeds",
+                "0",
+            ])
+            .arg(&plain),
+    );
+    assert_eq!(code, 0);
+    let q = |d: &Path| {
+        read_f32(
+            &d.join(
+                read_json(&d.join("manifest.json"))["problems"][0]["files"]["q"]
+                    .as_str()
+                    .unwrap(),
+            ),
+        )
+        .1
+    };
+    let v = |d: &Path| {
+        read_f32(
+            &d.join(
+                read_json(&d.join("manifest.json"))["problems"][0]["files"]["v"]
+                    .as_str()
+                    .unwrap(),
+            ),
+        )
+        .1
+    };
+    assert_ne!(q(&dir), q(&plain));
+    assert_eq!(v(&dir), v(&plain), "V is not rotated");
+    // check draws the problem again (rotation included: else the checksum differs, exit 2)
+    // and grades a textbook attention of the exported tensors.
+    let o = tmp.path().join("o");
+    attention_outputs(&dir, &o, None);
+    let (code, out, err) = check(&dir, &[&o], &["--precision", "fp32"], &tmp.path().join("r"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("PASS"), "{out}");
+}
+
+#[test]
 fn zeros_fail_a_long_fp8_decode_row_and_a_grade_that_zeros_would_also_pass_is_flagged() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("p");

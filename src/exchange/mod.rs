@@ -56,8 +56,9 @@ pub struct ExportedProblem {
     pub causal: bool,
     pub softmax_scale: f32,
     pub distribution: Dist,
-    /// Q, K and V rotated along D by the normalized Hadamard matrix before quantization
-    /// ([`Shape::rotate`]): every file holds the rotated tensors, and the output is O·H.
+    /// Q and K rotated along D by the normalized Hadamard matrix before quantization
+    /// ([`Shape::rotate`]): q and k files hold the rotated tensors; V and the output are as
+    /// without it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rotate: bool,
     pub qk_std: f64,
@@ -144,7 +145,7 @@ pub fn conventions() -> BTreeMap<String, String> {
         ("layout", "q [B, Hq, Sq, D]; k, v [B, Hkv, Sk, D]; C order, little-endian"),
         ("gqa", "query head h reads K/V head h / (Hq / Hkv)"),
         ("causal", "bottom-right: query i sees keys j <= i + Sk - Sq; a row that sees no key is all zeros"),
-        ("rotate", "where a problem says rotate: true, q, k, v (and their codes) are the drawn tensors times the normalized Hadamard matrix H along D (Sylvester order), and the expected output is O·H"),
+        ("rotate", "where a problem says rotate: true, q and k (and their codes) are the drawn tensors times the normalized Hadamard matrix H along D (Sylvester order); QH(KH)^T = QK^T, so the expected output is the attention of the drawn inputs"),
         ("fp8", "e4m3 (OCP, saturating to +-448) codes as uint8; value = decode(code) * scale, one scale per (b, head): q_scale [B, Hq], k_scale and v_scale [B, Hkv]"),
         ("output", "write OUT/<id>.npy, shape [B, Hq, Sq, D]: float16, float32, bfloat16 as uint16 (say so in OUT/implementation.json), or e4m3 codes as uint8 with the output's scale in OUT/implementation.json"),
         ("softmax", "O = softmax(softmax_scale * Q K^T + mask) V"),

@@ -941,7 +941,11 @@ mod tests {
 
     #[test]
     fn a_coarse_fp8_implementation_stays_well_inside_the_statistical_bound_on_every_distribution() {
-        for text in ["1x2x1x128:sk=8192", "1x2x2x64:sk=4096:qk=2"] {
+        for text in [
+            "1x2x1x128:sk=8192",
+            "1x2x2x64:sk=4096:qk=2",
+            "1x2x1x128:sk=4096:rotate",
+        ] {
             for dist in crate::shapes::Dist::ALL {
                 let sh = Shape {
                     dist,
