@@ -11,7 +11,7 @@ if [ "${1:-}" = "--install" ]; then
   dir=${2:?--install DIR}
   mkdir -p "$dir"
   cat .fa4a/part_* .fa4b/part_* >"$dir.tar.xz"
-  (cd "$(dirname "$dir")" && echo "$(cat "$OLDPWD/.fa4b/sha256" | cut -d' ' -f1)  $(basename "$dir").tar.xz" | sha256sum -c -)
+  echo "$(cut -d' ' -f1 .fa4b/sha256)  $dir.tar.xz" | sha256sum -c -
   tar -C "$dir" -xJf "$dir.tar.xz" && rm "$dir.tar.xz"
   exit 0
 fi

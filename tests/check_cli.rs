@@ -12,9 +12,14 @@ use common::{output, read_json, run_dirs, runner};
 const SHAPES: &str = "small,1x4x40x64:sk=30:hkv=2:causal";
 
 fn export(dir: &Path) {
+    export_shapes(dir, SHAPES);
+}
+
+/// `export --shapes SHAPES --seeds 0 DIR`, which must succeed.
+fn export_shapes(dir: &Path, shapes: &str) {
     let (code, out, err) = output(
         runner()
-            .args(["export", "--shapes", SHAPES, "--seeds", "0"])
+            .args(["export", "--shapes", shapes, "--seeds", "0"])
             .arg(dir),
     );
     assert_eq!(code, 0, "{out}{err}");
@@ -444,58 +449,21 @@ fn ours_on_the_cpu_backend_is_graded_beside_the_others_with_its_median_time() {
 #[test]
 fn a_rotated_problem_is_exported_saying_so_and_graded_after_check_draws_it_again() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("p");
-    let (code, out, err) = output(
-        runner()
-            .args([
-                "export",
-                "--shapes",
-                "1x2x40x64:hkv=1:causal:dist=fa3_outliers:rotate",
-                "--seeds",
-                "0",
-            ])
-            .arg(&dir),
+    let (dir, plain) = (tmp.path().join("p"), tmp.path().join("plain"));
+    export_shapes(&dir, "1x2x40x64:hkv=1:causal:dist=fa3_outliers:rotate");
+    export_shapes(&plain, "1x2x40x64:hkv=1:causal:dist=fa3_outliers");
+    assert_eq!(
+        read_json(&dir.join("manifest.json"))["problems"][0]["rotate"],
+        true
     );
-    assert_eq!(code, 0, "{out}{err}");
-    let manifest = read_json(&dir.join("manifest.json"));
-    let p = &manifest["problems"][0];
-    assert_eq!(p["rotate"], true, "{p}");
-    // Rotated Q: no element of the exported Q equals the drawn one's plain export.
-    let plain = tmp.path().join("plain");
-    let (code, _, _) = output(
-        runner()
-            .args([
-                "export",
-                "--shapes",
-                "1x2x40x64:hkv=1:causal:dist=fa3_outliers",
-                "--seeds",
-                "0",
-            ])
-            .arg(&plain),
-    );
-    assert_eq!(code, 0);
-    let q = |d: &Path| {
-        read_f32(
-            &d.join(
-                read_json(&d.join("manifest.json"))["problems"][0]["files"]["q"]
-                    .as_str()
-                    .unwrap(),
-            ),
-        )
-        .1
+    // The first problem's f32 tensor `name` as exported into `d`.
+    let tensor = |d: &Path, name: &str| {
+        let file = &read_json(&d.join("manifest.json"))["problems"][0]["files"][name];
+        read_f32(&d.join(file.as_str().unwrap())).1
     };
-    let v = |d: &Path| {
-        read_f32(
-            &d.join(
-                read_json(&d.join("manifest.json"))["problems"][0]["files"]["v"]
-                    .as_str()
-                    .unwrap(),
-            ),
-        )
-        .1
-    };
-    assert_ne!(q(&dir), q(&plain));
-    assert_eq!(v(&dir), v(&plain), "V is not rotated");
+    assert_ne!(tensor(&dir, "q"), tensor(&plain, "q"), "Q is rotated");
+    assert_ne!(tensor(&dir, "k"), tensor(&plain, "k"), "K is rotated");
+    assert_eq!(tensor(&dir, "v"), tensor(&plain, "v"), "V is not rotated");
     // check draws the problem again (rotation included: else the checksum differs, exit 2)
     // and grades a textbook attention of the exported tensors.
     let o = tmp.path().join("o");
@@ -509,18 +477,7 @@ fn a_rotated_problem_is_exported_saying_so_and_graded_after_check_draws_it_again
 fn zeros_fail_a_long_fp8_decode_row_and_a_grade_that_zeros_would_also_pass_is_flagged() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("p");
-    let (code, out, err) = output(
-        runner()
-            .args([
-                "export",
-                "--shapes",
-                "1x2x1x128:sk=8192,1x2x1x128:sk=8192:qk=3,small",
-                "--seeds",
-                "0",
-            ])
-            .arg(&dir),
-    );
-    assert_eq!(code, 0, "{out}{err}");
+    export_shapes(&dir, "1x2x1x128:sk=8192,1x2x1x128:sk=8192:qk=3,small");
     let zeros = tmp.path().join("zeros");
     std::fs::create_dir(&zeros).unwrap();
     for id in ["1x2x1x128_sk_8192-seed0", "1x2x1x128_sk_8192_qk_3-seed0"] {

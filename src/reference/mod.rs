@@ -182,18 +182,15 @@ impl RowSums {
                 let (kk, vk) = (decode(&p.k, &p.inputs.k), decode(&p.v, &p.inputs.v));
                 let (ke, ve) = (widen(&p.inputs.k), widen(&p.inputs.v));
                 let v_abs: Vec<f64> = vk.iter().map(|x| x.abs()).collect();
-                let v_sq: Vec<f64> = if reading.spread {
-                    vk.iter().map(|x| x * x).collect()
-                } else {
-                    Vec::new()
-                };
+                let v_sq: Option<Vec<f64>> =
+                    reading.spread.then(|| vk.iter().map(|x| x * x).collect());
                 let mine = rows.rows(bh);
                 let head = Head {
                     p,
                     bh,
                     reader: &reader,
                     reading,
-                    v_sq: (!v_sq.is_empty()).then(|| head_view(&v_sq, sk, d)),
+                    v_sq: v_sq.as_deref().map(|v| head_view(v, sk, d)),
                     kk: head_view(&kk, sk, d),
                     vk: head_view(&vk, sk, d),
                     v_abs: head_view(&v_abs, sk, d),
@@ -263,22 +260,19 @@ impl References {
             Model::Implementation(_) => 1,
         };
         // A model that reads spread gets it: a missing one would silently keep the worst case.
-        if model.reading().spread {
+        let mut spread = spread;
+        let spreads: Vec<&[Spread]> = if model.reading().spread {
             assert_eq!(
                 spread.len(),
                 n,
                 "the model reads spread: the sums must have it"
             );
-        } else {
-            assert!(spread.is_empty(), "sums with spread for a model without it");
-        }
-        let mut spread = spread;
-        let spreads: Vec<&[Spread]> = if spread.len() == n {
             rows.split_heads(&mut spread, d)
                 .into_iter()
                 .map(|h| &*h)
                 .collect()
         } else {
+            assert!(spread.is_empty(), "sums with spread for a model without it");
             vec![&[][..]; rows.heads()]
         };
         refs.heads(rows, d)
@@ -952,8 +946,9 @@ mod tests {
                     ..Shape::parse_inline(text).unwrap().unwrap()
                 };
                 let (worst, _) = coarse_fp8(&sh);
-                // Measured up to 0.17 (review of stop 38): the bound holds with room.
-                assert!(worst < 0.5, "{text} {dist:?}: err/bound {worst}");
+                // Measured up to 0.098 (huge_v, rotated decode). Hoeffding's factor c = 7.5 is
+                // what keeps it there: with c = 1 the same implementation reaches 0.49.
+                assert!(worst < 0.25, "{text} {dist:?}: err/bound {worst}");
             }
         }
         // And zeros fail on a long decode row: the bound is below the output.

@@ -114,10 +114,13 @@ impl Precision {
     }
 }
 
+/// The relative step of Hopper's FP8 accumulation (FP22): 13 fraction bits kept.
+const FP22_STEP: f64 = 1.0 / 8192.0;
+
 /// Hopper's FP8 tensor cores: about 14 bits kept while accumulating, one truncation per
 /// 32-deep step, over `len` products.
 fn fp8_accumulation(len: usize) -> f64 {
-    (len.div_ceil(32) as f64 + 2.0) * 2f64.powi(-13)
+    (len.div_ceil(32) as f64 + 2.0) * FP22_STEP
 }
 
 /// A floating-point format's rounding.
@@ -379,7 +382,7 @@ pub fn implementation_element(
     let mut through_v = rho * a + small * head.v_abs_max;
     let a_t = (1.0 + rho) * a + small * head.v_abs_max;
     let truncated = match prec {
-        Precision::Fp8 => a_t.min(n as f64 * 2f64.powi(-13) * a_t),
+        Precision::Fp8 => a_t.min(n as f64 * FP22_STEP * a_t),
         _ => 0.0,
     };
     let mut accumulation = prec.pv_accumulation(n) * a + truncated;
@@ -393,7 +396,7 @@ pub fn implementation_element(
         let root_t = (1.0 + weight_rel) * root_pp + root_rr;
         let m = hoeffding(2.0 * n as f64) * root_t;
         let products = match prec {
-            Precision::Fp8 => c * root_t.min((n as f64).sqrt() * 2f64.powi(-13) * m),
+            Precision::Fp8 => c * root_t.min((n as f64).sqrt() * FP22_STEP * m),
             _ => 0.0,
         };
         accumulation = accumulation.min(prec.pv_accumulation(n) * m + products);
