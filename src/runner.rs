@@ -75,19 +75,14 @@ impl Yardsticks {
             }
         }
         let device = backend.has_device();
-        let sums_apply = Model::of(alg).device_sums_apply();
+        let model = Model::of(alg);
+        let sums_apply = model.device_sums_apply();
         let refs_on_device = device
             && check.references.wants_device(&rows, &p.shape)
             && (sums_apply || check.references == Engine::Device);
-        let emulation_on_device = device
-            && check.emulation.wants_device(&rows, &p.shape)
-            && (alg.is_stage_c() || check.emulation == Engine::Device);
-        let elsewhere = |what: &str| {
-            format!(
-                "the GPU's {what} implements Stage C's only, not this kernel's ({})",
-                alg.describe()
-            )
-        };
+        // The GPU emulation follows any algorithm the manifest can describe (one module per
+        // head dim and algorithm, cuda/emulation_f32.cu).
+        let emulation_on_device = device && check.emulation.wants_device(&rows, &p.shape);
         // The host computes what stays on the host while the device computes the rest; after
         // a fault of the reference kernel the context is unusable, so nothing more is launched.
         // The host's share is a task of this thread's rayon pool (the worker's own, with
@@ -102,18 +97,17 @@ impl Yardsticks {
             });
             let sums = refs_on_device.then(|| {
                 if sums_apply {
-                    backend.reference_sums(p, &rows)
+                    backend.reference_sums(p, model.reading(), &rows)
                 } else {
-                    Ok(OnDevice::Unavailable(elsewhere("f64 reference")))
+                    Ok(OnDevice::Unavailable(format!(
+                        "the GPU's f64 reference reads FP8 codes, not the inputs of this \
+                         kernel's model ({})",
+                        alg.describe()
+                    )))
                 }
             });
-            let emulated = (emulation_on_device && !matches!(sums, Some(Err(_)))).then(|| {
-                if alg.is_stage_c() {
-                    backend.emulation_on_device(p, alg.kv_split, &rows)
-                } else {
-                    Ok(OnDevice::Unavailable(elsewhere("emulation")))
-                }
-            });
+            let emulated = (emulation_on_device && !matches!(sums, Some(Err(_))))
+                .then(|| backend.emulation_on_device(p, alg, &rows));
             (sums, emulated)
         });
         let (host_refs, host_emulation) = host.expect("the scope ran the host's task");
@@ -870,6 +864,7 @@ mod tests {
         fn reference_sums(
             &mut self,
             p: &Problem,
+            reading: crate::reference::Reading,
             rows: &RowSet,
         ) -> Result<crate::backend::DeviceSums, BackendError> {
             self.requests += 1;
@@ -881,24 +876,20 @@ mod tests {
             Ok(if self.out_of_memory {
                 OnDevice::Unavailable("the reference ran out of GPU memory".into())
             } else {
-                OnDevice::Computed(crate::reference::RowSums::on_host(p, rows))
+                OnDevice::Computed(crate::reference::RowSums::read(p, rows, reading))
             })
         }
         fn emulation_on_device(
             &mut self,
             p: &Problem,
-            kv_split: usize,
+            alg: Algorithm,
             rows: &RowSet,
         ) -> Result<OnDevice<Vec<f16>>, BackendError> {
             self.emulation_requests += 1;
             Ok(if self.out_of_memory {
                 OnDevice::Unavailable("the emulation ran out of GPU memory".into())
             } else {
-                OnDevice::Computed(emulation::clean(
-                    p,
-                    Algorithm::STAGE_C.with_split(kv_split),
-                    rows,
-                ))
+                OnDevice::Computed(emulation::clean(p, alg, rows))
             })
         }
     }

@@ -65,7 +65,8 @@ fn a_kernel_that_does_not_compile_exits_4_with_the_nvrtc_log() {
     assert!(run_dirs(&results).is_empty());
 }
 
-/// Same ABI, entries and published constants as the real kernel, but it stores to a wild
+/// Same ABI, entries, published constants and identity instructions (cuda/kernels.toml's
+/// `ptx_must_hold`, on a branch never taken) as the real kernel, but it stores to a wild
 /// address.
 const FAULTING_KERNEL: &str = r#"
 extern "C" __constant__ int SDPA_BLOCK_M = 64;
@@ -79,8 +80,18 @@ extern "C" __constant__ int SDPA_USE_CP_ASYNC = 0;
         const unsigned char* k, const unsigned char* v, const float* qs, const float* ks, \
         const float* vs, unsigned short* out, int B, int H, int Hkv, int Sq, int Sk, \
         int causal, float scale) { \
+    int value = Sq; \
+    if (Sq < 0) { /* never taken: the identity facts the manifest asks of Stage C's PTX */ \
+        unsigned h; \
+        asm volatile("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)Sq)); \
+        float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f; \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, " \
+                     "{%4,%4,%4,%4}, {%4,%4}, {%0,%1,%2,%3};" \
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(h)); \
+        value = (int)(c0 + c1 + c2 + c3); \
+    } \
     volatile int* wild = (volatile int*)(0x10ull + 4ull * threadIdx.x); \
-    *wild = Sq; \
+    *wild = value; \
 }
 WILD(sdpa_fp8_stage_c_mma_d64)
 WILD(sdpa_fp8_stage_c_mma_d64_causal)
@@ -141,7 +152,7 @@ fn a_kernel_whose_toggle_did_not_take_exits_4() {
             .arg(&kernel),
     );
     assert_eq!(code, 4, "{stderr}");
-    assert!(stderr.contains("toggle did not take"), "{stderr}");
+    assert!(stderr.contains("the switch did not take"), "{stderr}");
 }
 
 #[test]
@@ -199,4 +210,93 @@ fn stage_d_runs_the_main_job_through_tensor_maps_and_proves_its_pipeline_depth()
         .map(|v| v["identity"]["constants"]["switch"].as_u64().unwrap())
         .collect();
     assert_eq!(switch, [2, 3], "SDPA_KV_STAGES as each module publishes it");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
+fn stage_d_checked_with_device_yardsticks_gets_the_figures_and_verdicts_of_host_yardsticks() {
+    // The configurations under Stage D's algorithm and model: the emulation's figures are the
+    // same bits, the references' the same within f64 roundoff, every gate the same verdict.
+    let run = |engine: &str| {
+        let results = tempfile::tempdir().unwrap();
+        let (code, stdout, stderr) = output(runner().args([
+            "--kernel",
+            "stage-d",
+            "--shapes",
+            "cfg-chunk,cfg-decode,cfg-tall,1x8x300x128:hkv=2:causal,2x4x16x128:sk=1000:hkv=4",
+            "--seeds",
+            "0",
+            "--iters",
+            "0",
+            "--references",
+            engine,
+            "--emulation",
+            engine,
+            "--results-dir",
+            results.path().to_str().unwrap(),
+        ]));
+        assert_eq!(code, 0, "{engine}: {stdout}{stderr}");
+        let dir = &run_dirs(results.path())[0];
+        read_json(&dir.join("correctness.json"))["results"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let (device, host) = (run("device"), run("host"));
+    assert_eq!(device.len(), 10, "5 problems x 2 variants");
+    assert_eq!(device.len(), host.len());
+    for (d, h) in device.iter().zip(&host) {
+        let what = format!("{} {}", d["shape"], d["variant"]);
+        assert_eq!(
+            (&d["references"], &d["emulation"]),
+            (&"device".into(), &"device".into())
+        );
+        assert_eq!(
+            (&h["references"], &h["emulation"]),
+            (&"host".into(), &"host".into())
+        );
+        assert_eq!(d["output_checksum"], h["output_checksum"], "{what}");
+        // The same bits: the largest error, where it is, and the counts are the same; the
+        // ratio to the references' bound differs by the references' f64 roundoff, and the mean
+        // and RMSE by the order of a parallel sum.
+        let exact = |r: &serde_json::Value| {
+            let e = &r["emulation_ref"];
+            [
+                "max_abs_err",
+                "worst_at",
+                "elements",
+                "nonfinite",
+                "unwritten",
+            ]
+            .map(|k| e[k].clone())
+        };
+        assert_eq!(exact(d), exact(h), "{what}: the emulation's bits");
+        for k in ["mean_abs_err", "rmse", "max_err_over_bound"] {
+            let (a, b) = (
+                d["emulation_ref"][k].as_f64().unwrap(),
+                h["emulation_ref"][k].as_f64().unwrap(),
+            );
+            assert!((a - b).abs() <= 1e-9 * b.abs(), "{what}: {k} {a} vs {b}");
+        }
+        assert_eq!(
+            (&d["emulation_bits_equal_pct"], &d["emulation_max_ulps"]),
+            (&h["emulation_bits_equal_pct"], &h["emulation_max_ulps"]),
+            "{what}"
+        );
+        let verdicts = |r: &serde_json::Value| -> Vec<(String, bool)> {
+            r["gates"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(g, c)| (g.clone(), c["pass"].as_bool().unwrap()))
+                .collect()
+        };
+        assert_eq!(verdicts(d), verdicts(h), "{what}");
+        let ratio = |r: &serde_json::Value| r["kernel_ref"]["max_err_over_bound"].as_f64().unwrap();
+        let (rd, rh) = (ratio(d), ratio(h));
+        assert!(
+            (rd - rh).abs() <= 1e-6 * rh.max(1e-3),
+            "{what}: {rd} vs {rh}"
+        );
+    }
 }

@@ -1,9 +1,11 @@
 //! The emulation computed on the GPU (cuda/emulation_f32.cu) against the host's
-//! (src/emulation/mod.rs), which the emulation's own tests pin: the same f16 bits on every
-//! element, on every shape kind and input distribution, for every KV split from 1 to 4, for
-//! sampled rows in head groups and launches of any size, at a long context, and through whole
-//! checks of a correct kernel and of planted bugs, whose records are then identical
-//! (docs/DESIGN.md "The emulation on the GPU").
+//! (src/emulation/), which the emulation's own tests pin: the same f16 bits on every element,
+//! on every shape kind and input distribution, for every KV split from 1 to 4, on the
+//! configurations (D 128, causal, GQA/MQA, S_q != S_k, rows that see no key) under every
+//! algorithm the manifest describes (Stage C's and Stage D's), for sampled rows in head groups
+//! and launches of any size, at long contexts, and through whole checks of a correct kernel
+//! and of planted bugs, whose records are then identical (docs/DESIGN.md "The emulation on the
+//! GPU").
 
 mod common;
 
@@ -14,12 +16,12 @@ use sdpa_runner::backend::cuda::emulation as cuda_emulation;
 use sdpa_runner::backend::cuda::groups;
 use sdpa_runner::backend::cuda::reference::BLOCKS_PER_LAUNCH;
 use sdpa_runner::backend::cuda::variant::VariantSpec;
-use sdpa_runner::emulation;
+use sdpa_runner::emulation::{self, Algorithm};
 use sdpa_runner::problem::{HostDefect, Problem};
 use sdpa_runner::reference::Engine;
 use sdpa_runner::rows::{CheckRows, RowSet};
 use sdpa_runner::runner::{self, Check};
-use sdpa_runner::shapes::Dist;
+use sdpa_runner::shapes::{Dist, Shape};
 
 fn backend_of(specs: &[VariantSpec]) -> CudaBackend {
     common::gpu_backend(specs)
@@ -29,16 +31,23 @@ fn backend() -> CudaBackend {
     backend_of(&[VariantSpec::new(false, &[])])
 }
 
-fn on_device(b: &mut CudaBackend, p: &Problem, split: usize, rows: &RowSet) -> Vec<f16> {
-    b.emulation_on_device(p, split, rows)
+fn on_device(b: &mut CudaBackend, p: &Problem, alg: Algorithm, rows: &RowSet) -> Vec<f16> {
+    b.emulation_on_device(p, alg, rows)
         .unwrap()
         .computed()
         .unwrap()
 }
 
+/// Stage D's algorithm as cuda/kernels.toml describes it: 128-key tiles, k32 steps in FP22, P
+/// in e4m3, l from the f32 P, Ô per tile.
+fn stage_d() -> Algorithm {
+    Algorithm::of(&common::kernel_spec("stage-d"))
+}
+
 /// Panics at the first element whose bits differ, naming it.
 fn assert_same_bits(device: &[f16], host: &[f16], rows: &RowSet, what: &str) {
     assert_eq!(device.len(), host.len(), "{what}: lengths");
+    let d = host.len() / rows.count().max(1);
     if let Some(i) = device
         .iter()
         .zip(host)
@@ -49,13 +58,13 @@ fn assert_same_bits(device: &[f16], host: &[f16], rows: &RowSet, what: &str) {
             .zip(host)
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
-        let (full_row, _) = rows.each().nth(i / 64).unwrap();
+        let (full_row, _) = rows.each().nth(i / d).unwrap();
         panic!(
             "{what}: {differing} of {} elements differ; first at checked row {} (row {full_row} \
              of the output), column {}: device {:?} ({:#06x}), host {:?} ({:#06x})",
             host.len(),
-            i / 64,
-            i % 64,
+            i / d,
+            i % d,
             device[i],
             device[i].to_bits(),
             host[i],
@@ -81,9 +90,9 @@ fn the_device_emulation_gives_the_hosts_bits_on_every_shape_distribution_and_spl
             let p = Problem::new(sh, seed);
             let rows = RowSet::all(sh);
             for split in 1..=4 {
-                let host =
-                    emulation::clean(&p, emulation::Algorithm::STAGE_C.with_split(split), &rows);
-                let device = on_device(&mut b, &p, split, &rows);
+                let alg = Algorithm::STAGE_C.with_split(split);
+                let host = emulation::clean(&p, alg, &rows);
+                let device = on_device(&mut b, &p, alg, &rows);
                 let what = format!("{} seed {seed} split {split}", sh.name);
                 assert_same_bits(&device, &host, &rows, &what);
                 elements += host.len();
@@ -114,10 +123,13 @@ fn inputs_of_the_planted_host_defects_give_the_same_bits_nan_outputs_included() 
         {
             let p = Problem::with_host_defect(&sh, 0, defect);
             let rows = RowSet::all(&sh);
-            let host = emulation::clean(&p, emulation::Algorithm::STAGE_C, &rows);
-            let device = on_device(&mut b, &p, 2, &rows);
-            assert_same_bits(&device, &host, &rows, &format!("{defect:?} on {}", sh.name));
-            nans += host.iter().filter(|x| x.is_nan()).count();
+            for alg in [Algorithm::STAGE_C, stage_d()] {
+                let host = emulation::clean(&p, alg, &rows);
+                let device = on_device(&mut b, &p, alg, &rows);
+                let what = format!("{defect:?} on {} ({})", sh.name, alg.describe());
+                assert_same_bits(&device, &host, &rows, &what);
+                nans += host.iter().filter(|x| x.is_nan()).count();
+            }
         }
     }
     assert!(nans > 0, "the witness: some outputs are NaN");
@@ -131,7 +143,7 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_emulation() {
     let rows = RowSet::sampled(&sh, 7, &[64, 128]);
     assert!(!rows.is_all());
     let mut b = backend();
-    let host = emulation::clean(&p, emulation::Algorithm::STAGE_C, &rows);
+    let host = emulation::clean(&p, Algorithm::STAGE_C, &rows);
     // The largest two neighbouring heads: the six heads go in three groups of two.
     let head = |bh: usize| cuda_emulation::head_bytes(3000, 64, rows.rows(bh).len(), 2);
     let two_heads = (0..5).map(|bh| head(bh) + head(bh + 1)).max().unwrap();
@@ -144,7 +156,7 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_emulation() {
         (u64::MAX, 1),
     ] {
         let device = b
-            .emulation_grouped(&p, 2, &rows, budget, blocks)
+            .emulation_grouped(&p, Algorithm::STAGE_C, &rows, budget, blocks)
             .unwrap()
             .computed()
             .unwrap();
@@ -155,23 +167,96 @@ fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_emulation() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn a_long_context_gives_the_same_bits_on_its_sampled_rows() {
-    let sh = common::catalog().select("ctx16k").unwrap().remove(0);
-    let p = Problem::new(&sh, 0);
-    let rows = RowSet::choose(CheckRows::Auto, &sh, 0, &[64, 128]);
-    assert!(!rows.is_all());
+fn the_device_emulation_gives_the_hosts_bits_on_the_configurations_under_every_algorithm() {
+    // D 128, causal (bottom-right, and S_q > S_k with rows that see no key), GQA and MQA,
+    // decode and chunked prefill, tile edges, on every distribution; Stage C's algorithm with
+    // splits 1-3 and Stage D's with 1 and 2.
+    let mut shapes = common::catalog()
+        .select("cfg-chunk,cfg-decode,cfg-tall")
+        .unwrap();
+    let inline = [
+        "1x4x77x128:hkv=2:causal",
+        "2x8x1x64:sk=300:hkv=1",
+        "1x2x113x64:sk=203:causal",
+        "1x2x239x128:sk=1",
+        "1x4x129x128:hkv=1:causal:qk=3",
+        "1x2x300x64:sk=100:causal",
+        "2x4x16x128:sk=1000:hkv=2:causal",
+        "1x2x128x128:sk=256",
+    ];
+    for (i, text) in inline.iter().enumerate() {
+        shapes.push(Shape::parse_inline(text).unwrap().unwrap());
+        let dist = Dist::ALL[i % Dist::ALL.len()];
+        shapes.push(Shape {
+            dist,
+            qk_std: [1.0, 20.0, 0.05][i % 3],
+            ..Shape::parse_inline(text).unwrap().unwrap()
+        });
+    }
+    let mut algorithms: Vec<Algorithm> =
+        (1..=3).map(|k| Algorithm::STAGE_C.with_split(k)).collect();
+    algorithms.extend([stage_d(), stage_d().with_split(2)]);
     let mut b = backend();
-    let t = std::time::Instant::now();
-    let device = on_device(&mut b, &p, 2, &rows);
-    let on_gpu = t.elapsed();
-    let t = std::time::Instant::now();
-    let host = emulation::clean(&p, emulation::Algorithm::STAGE_C, &rows);
-    let on_host = t.elapsed();
-    assert_same_bits(&device, &host, &rows, "ctx16k sampled rows");
-    println!(
-        "ctx16k: {} rows: device {on_gpu:.2?}, host {on_host:.2?}",
-        rows.count()
+    let (mut elements, mut zero_rows) = (0, 0);
+    for sh in &shapes {
+        let p = Problem::new(sh, 3);
+        let rows = RowSet::all(sh);
+        for &alg in &algorithms {
+            let host = emulation::clean(&p, alg, &rows);
+            let device = on_device(&mut b, &p, alg, &rows);
+            let what = format!("{} ({}) under {}", sh.name, sh.dims(), alg.describe());
+            assert_same_bits(&device, &host, &rows, &what);
+            elements += host.len();
+            zero_rows += host
+                .chunks(sh.d)
+                .filter(|r| r.iter().all(|x| x.to_bits() == 0))
+                .count();
+        }
+    }
+    assert!(
+        zero_rows > 0,
+        "the witness: some rows see no key and are zeros"
     );
+    println!(
+        "{} configurations x {} algorithms: {elements} elements, every one the same bits",
+        shapes.len(),
+        algorithms.len()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn long_contexts_give_the_same_bits_on_their_sampled_rows() {
+    // A D 64 long context under Stage C's algorithm, a causal GQA prefill at D 128 under both
+    // algorithms, and a D 128 long context under Stage D's, on the rows a run checks.
+    let catalog = common::catalog();
+    let cases = [
+        ("ctx16k", Algorithm::STAGE_C.with_split(2)),
+        ("llama-prefill", Algorithm::STAGE_C.with_split(2)),
+        ("llama-prefill", stage_d()),
+        ("ctx16k-d128", stage_d()),
+    ];
+    let mut b = backend();
+    for (name, alg) in cases {
+        let sh = catalog.select(name).unwrap().remove(0);
+        let p = Problem::new(&sh, 0);
+        let rows = RowSet::choose(CheckRows::Auto, &sh, 0, &[64, 128]);
+        assert!(!rows.is_all());
+        // The first call compiles the module: time the second.
+        on_device(&mut b, &p, alg, &rows);
+        let t = std::time::Instant::now();
+        let device = on_device(&mut b, &p, alg, &rows);
+        let on_gpu = t.elapsed();
+        let t = std::time::Instant::now();
+        let host = emulation::clean(&p, alg, &rows);
+        let on_host = t.elapsed();
+        let what = format!("{name} sampled rows under {}", alg.describe());
+        assert_same_bits(&device, &host, &rows, &what);
+        println!(
+            "{what}: {} rows: device {on_gpu:.2?}, host {on_host:.2?}",
+            rows.count()
+        );
+    }
 }
 
 /// Records with the emulation's engine taken out, as JSON.

@@ -8,7 +8,7 @@ use half::f16;
 
 use crate::emulation::Algorithm;
 use crate::problem::Problem;
-use crate::reference::RowSums;
+use crate::reference::{Reading, RowSums};
 use crate::rows::RowSet;
 use crate::schema::{GpuSlot, VariantMeta};
 use crate::timing::{TimedBlock, TimingPlan};
@@ -157,7 +157,8 @@ pub trait Backend: Send {
         false
     }
 
-    /// The f64 references' sums of `rows` of `problem`, computed on the device
+    /// The f64 references' sums of `rows` of `problem`, read as `reading` says (its small
+    /// weight, and the spread where it asks for it), computed on the device
     /// (cuda/reference_f64.cu) in the backend's own buffers; the loaded problem is left as it
     /// is. Three outcomes:
     /// - `Ok(Computed)`: the sums.
@@ -172,6 +173,7 @@ pub trait Backend: Send {
     fn reference_sums(
         &mut self,
         _problem: &Problem,
+        _reading: Reading,
         _rows: &RowSet,
     ) -> Result<DeviceSums, BackendError> {
         Ok(OnDevice::Unavailable(format!(
@@ -180,14 +182,14 @@ pub trait Backend: Send {
         )))
     }
 
-    /// The clean emulation of `rows` of `problem` with `kv_split` splits, computed on the
-    /// device (cuda/emulation_f32.cu): the same bits as `emulation::clean` on the host, in
-    /// the compact layout of `rows`. The three outcomes of [`Backend::reference_sums`], with
+    /// The clean emulation of algorithm `alg` on `rows` of `problem`, computed on the device
+    /// (cuda/emulation_f32.cu): the same bits as `emulation::clean` on the host, in the
+    /// compact layout of `rows`. The three outcomes of [`Backend::reference_sums`], with
     /// `--emulation` in place of `--references`.
     fn emulation_on_device(
         &mut self,
         _problem: &Problem,
-        _kv_split: usize,
+        _alg: Algorithm,
         _rows: &RowSet,
     ) -> Result<OnDevice<Vec<f16>>, BackendError> {
         Ok(OnDevice::Unavailable(format!(

@@ -28,7 +28,10 @@ pub(super) fn fp22_step(acc: f32, products: impl Iterator<Item = f64>) -> f32 {
     if largest == 0.0 || !largest.is_finite() {
         return fp22(terms.iter().sum());
     }
-    let ulp = 2f64.powi(largest.log2().floor() as i32 - 13);
+    // floor(log2(largest)), exactly: the exponent of a normal f64 (every term is one: an f32
+    // widened, or a product of two). The GPU emulation takes it the same way.
+    let exponent = ((largest.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let ulp = 2f64.powi(exponent - 13);
     fp22(terms.iter().map(|t| (t / ulp).trunc() * ulp).sum())
 }
 

@@ -70,15 +70,15 @@ pub enum Engine {
 /// "What limits throughput").
 pub const AUTO_DEVICE_ABOVE: u64 = 1 << 22;
 
-/// The head dimension the GPU yardsticks (cuda/reference_f64.cu, cuda/emulation_f32.cu) are
-/// built for.
-pub const DEVICE_HEAD_DIM: usize = 64;
+/// The head dims the GPU yardsticks (cuda/reference_f64.cu, cuda/emulation_f32.cu) are built
+/// for, one module each.
+pub const DEVICE_HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// Whether the GPU yardsticks cover `shape`: plain attention (H_kv = H, S_k = S, no mask) of
-/// D = [`DEVICE_HEAD_DIM`]. Every other problem's yardsticks are computed on the host, which
-/// covers them all (docs/DESIGN.md "References on the GPU").
+/// Whether the GPU yardsticks cover `shape`: any problem of a head dim in
+/// [`DEVICE_HEAD_DIMS`], masks, GQA and S_q != S_k included (docs/DESIGN.md "References on
+/// the GPU"); the host covers every problem.
 pub fn device_covers(shape: &Shape) -> bool {
-    shape.is_plain() && shape.d == DEVICE_HEAD_DIM
+    DEVICE_HEAD_DIMS.contains(&shape.d)
 }
 
 impl Engine {
@@ -737,7 +737,7 @@ mod tests {
     }
 
     #[test]
-    fn auto_computes_references_on_the_device_only_above_2_pow_22_row_key_pairs() {
+    fn auto_computes_yardsticks_on_the_device_only_above_2_pow_22_row_key_pairs_for_any_problem() {
         // 2048 rows of 2048 keys: exactly 2^22 pairs stays on the host; one more row does not.
         let at = shape(1, 1, 2048);
         let over = shape(1, 1, 2049);
@@ -752,7 +752,7 @@ mod tests {
         assert!(!Engine::Auto.wants_device(&sampled, &long));
         assert!(Engine::Device.wants_device(&rows_at, &at));
         assert!(!Engine::Host.wants_device(&rows_over, &over));
-        // What the GPU yardsticks do not cover stays on the host under auto, however large.
+        // The configurations go by the same rule: D 128, GQA, causal, S_k != S_q.
         for other in [
             "1x1x2049x128",
             "1x2x2049x64:hkv=1",
@@ -760,11 +760,12 @@ mod tests {
             "1x1x2049x64:sk=2050",
         ] {
             let sh = crate::shapes::Shape::parse_inline(other).unwrap().unwrap();
-            assert!(
-                !Engine::Auto.wants_device(&RowSet::all(&sh), &sh),
-                "{other}"
-            );
+            assert!(Engine::Auto.wants_device(&RowSet::all(&sh), &sh), "{other}");
         }
+        let small = crate::shapes::Shape::parse_inline("1x1x2048x128:sk=2048:causal")
+            .unwrap()
+            .unwrap();
+        assert!(!Engine::Auto.wants_device(&RowSet::all(&small), &small));
     }
 
     #[test]

@@ -225,10 +225,11 @@ impl Model {
         }
     }
 
-    /// Whether sums computed on the GPU (cuda/reference_f64.cu, which counts small weights
-    /// below f16's smallest normal) serve this model.
+    /// Whether sums computed on the GPU serve this model: cuda/reference_f64.cu reads the FP8
+    /// codes, and takes the reading's small weight and P's rounding (for the spread) as
+    /// arguments.
     pub fn device_sums_apply(&self) -> bool {
-        self.reading() == Reading::STAGE_C
+        self.reading().precision == Precision::Fp8
     }
 
     /// What the references read, and below which weight a weight is counted small.
@@ -276,6 +277,13 @@ impl Reading {
         } else {
             w.min(f.sub_half)
         }
+    }
+
+    /// [`Reading::p_rounding`]'s three figures, (relative, smallest normal, half the subnormal
+    /// step): the GPU references compute the same function from them (cuda/reference_f64.cu).
+    pub fn p_rounding_figures(&self) -> [f64; 3] {
+        let f = self.precision.p_format();
+        [f.rel, f.min_normal, f.sub_half]
     }
 }
 

@@ -6,7 +6,8 @@
 //!
 //! The variants and the timer are waited for: nothing runs without them. The runner's own
 //! kernels are needed only by yardsticks computed on the GPU (large problems), so their
-//! compiles go on in the background ([`Pending`]) and the first GPU that needs one waits.
+//! compiles go on in the background ([`Pending`], one per module the run's kernels and head
+//! dims need: `yardsticks::YardstickBuilds`) and the first GPU that needs one waits.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -14,8 +15,9 @@ use std::thread::JoinHandle;
 
 use super::kernel::{self, BuiltVariant, KernelSource};
 use super::nvrtc::Compiled;
+use super::timer;
 use super::variant::VariantSpec;
-use super::{emulation, reference, timer};
+use super::yardsticks::YardstickBuilds;
 use crate::backend::BackendError;
 use crate::shapes::Entry;
 
@@ -24,9 +26,9 @@ use crate::shapes::Entry;
 #[derive(Clone)]
 pub struct ArchBuild {
     pub timer: Result<Compiled, BackendError>,
-    /// The runner's own kernels, still compiling: a failure matters only if they are asked for.
-    pub reference: Arc<Pending<Result<Compiled, String>>>,
-    pub emulation: Arc<Pending<Result<Compiled, String>>>,
+    /// The runner's own kernels, those the run will need already compiling: a failure
+    /// matters only if they are asked for.
+    pub yardsticks: Arc<YardstickBuilds>,
     /// One per spec, in the order of the sources and their specs.
     pub variants: Vec<Result<BuiltVariant, BackendError>>,
 }
@@ -39,10 +41,8 @@ pub fn compile(
     arch: &str,
     entries: &[Entry],
 ) -> ArchBuild {
-    let owned = arch.to_string();
-    let reference = Pending::start(move || unless_panicked(|| reference::compile(&owned)));
-    let owned = arch.to_string();
-    let emulation = Pending::start(move || unless_panicked(|| emulation::compile(&owned)));
+    let yardsticks = YardstickBuilds::new(arch);
+    yardsticks.start_for(sources.iter().map(|(source, _)| &source.spec), entries);
     std::thread::scope(|scope| {
         let timer_job = scope.spawn(|| timer::compile(include_dir, arch));
         let jobs: Vec<_> = sources
@@ -55,8 +55,7 @@ pub fn compile(
         ArchBuild {
             variants: jobs.into_iter().map(joined).collect(),
             timer: joined(timer_job),
-            reference,
-            emulation,
+            yardsticks,
         }
     })
 }
@@ -122,7 +121,7 @@ impl<T: Send + Sync + 'static> Pending<T> {
 /// A background compile's result, a panic in it kept as a failure: the runner's own kernel is
 /// then unavailable (the host computes its yardstick under `auto`), and no waiter, nor
 /// [`finish_background`] after the results are written, ever panics on it.
-fn unless_panicked(
+pub(super) fn unless_panicked(
     compile: impl FnOnce() -> Result<Compiled, String> + std::panic::UnwindSafe,
 ) -> Result<Compiled, String> {
     std::panic::catch_unwind(compile)

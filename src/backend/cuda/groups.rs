@@ -1,8 +1,10 @@
 //! What the runner's own kernels (the f64 references, the emulation) share: how they are
 //! loaded (their launch geometry read from the constants they publish), and how they take a
-//! problem's checked rows: heads in groups that fit a memory budget, the checked Q rows
-//! gathered, and a table of row blocks, one per CTA: `(head within the group, first row,
-//! rows)`, rows indexing the gathered Q rows (the compact layout of [`RowSet`]).
+//! problem's checked rows: query heads in groups that fit a memory budget with the K/V heads
+//! they read, the checked Q rows gathered with the keys each sees, and a table of row blocks,
+//! one per CTA: `(query head, K/V head, first row, rows, keys)`, heads numbered within the
+//! group, rows indexing the gathered Q rows (the compact layout of [`RowSet`]), keys the most
+//! any of the block's rows sees.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -13,6 +15,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::{identity, nvrtc};
 use crate::rows::RowSet;
+use crate::shapes::Shape;
 
 /// One of the runner's own kernels, compiled: `what` names it in messages.
 pub struct OwnKernel<'a> {
@@ -90,19 +93,48 @@ pub fn gather<T: Copy>(
     out
 }
 
-/// The row blocks of heads `heads`: per head, its checked rows `per_block` at a time, as
-/// `(head - heads.start, first row within the group, rows)`.
-pub fn row_blocks(rows: &RowSet, heads: Range<usize>, per_block: usize) -> Vec<i32> {
+/// Ints per row block in the table the runner's kernels read.
+pub const BLOCK_INTS: usize = 5;
+
+fn int(x: usize) -> i32 {
+    i32::try_from(x).expect("a head group's rows and keys fit an int (shapes are checked)")
+}
+
+/// The K/V heads query heads `heads` of a problem of `shape` read: a contiguous range.
+pub fn kv_heads(shape: &Shape, heads: Range<usize>) -> Range<usize> {
+    if heads.is_empty() {
+        return 0..0;
+    }
+    shape.kv_head_of(heads.start)..shape.kv_head_of(heads.end - 1) + 1
+}
+
+/// The keys each checked row of heads `heads` sees ([`Shape::visible_keys`]), in the compact
+/// layout.
+pub fn visible_keys(shape: &Shape, rows: &RowSet, heads: Range<usize>) -> Vec<i32> {
+    let mut keys = Vec::new();
+    for bh in heads {
+        keys.extend(rows.rows(bh).iter().map(|&r| int(shape.visible_keys(r))));
+    }
+    keys
+}
+
+/// The row blocks of query heads `heads` of a problem of `shape`: per head, its checked rows
+/// `per_block` at a time, as `(head - heads.start, its K/V head - the group's first, first row
+/// within the group, rows, the most keys any of them sees)`.
+pub fn row_blocks(shape: &Shape, rows: &RowSet, heads: Range<usize>, per_block: usize) -> Vec<i32> {
     let base = rows.offset(heads.start);
+    let kv_base = kv_heads(shape, heads.clone()).start;
     let mut blocks = Vec::new();
     for bh in heads.clone() {
-        let (first, n) = (rows.offset(bh) - base, rows.rows(bh).len());
-        for start in (0..n).step_by(per_block) {
-            let int = |x: usize| i32::try_from(x).expect("a head group's rows fit an int");
+        let (first, mine) = (rows.offset(bh) - base, rows.rows(bh));
+        for (start, block) in (0..).step_by(per_block).zip(mine.chunks(per_block)) {
+            let keys = block.iter().map(|&r| shape.visible_keys(r)).max();
             blocks.extend([
                 int(bh - heads.start),
+                int(shape.kv_head_of(bh) - kv_base),
                 int(first + start),
-                int(per_block.min(n - start)),
+                int(block.len()),
+                int(keys.unwrap_or(0)),
             ]);
         }
     }
@@ -153,10 +185,40 @@ mod tests {
             gather(&full, &rows, 1..3, 5, 2),
             (10..30).collect::<Vec<_>>()
         );
-        // Heads 1 and 2, 2 rows per block: rows 0-1, 2-3, 4 of each, numbered from head 1.
+        // Heads 1 and 2, 2 rows per block: rows 0-1, 2-3, 4 of each, numbered from head 1;
+        // each its own K/V head, every row seeing all 5 keys.
         assert_eq!(
-            row_blocks(&rows, 1..3, 2),
-            [0, 0, 2, 0, 2, 2, 0, 4, 1, 1, 5, 2, 1, 7, 2, 1, 9, 1]
+            row_blocks(&sh, &rows, 1..3, 2),
+            [
+                0, 0, 0, 2, 5, 0, 0, 2, 2, 5, 0, 0, 4, 1, 5, 1, 1, 5, 2, 5, 1, 1, 7, 2, 5, 1, 1, 9,
+                1, 5
+            ]
         );
+    }
+
+    #[test]
+    fn row_blocks_name_the_kv_head_each_query_head_reads_and_the_most_keys_a_row_sees() {
+        // 2 batches of 4 query heads over 2 K/V heads; 6 queries against 10 keys, causal
+        // (bottom-right: row i sees i + 5 keys).
+        let sh = Shape {
+            b: 2,
+            hkv: 2,
+            sk: 10,
+            causal: true,
+            ..shape(4, 6)
+        };
+        let rows = RowSet::all(&sh);
+        // Query heads 3..7: batch 0 head 3 (K/V head 1), batch 1 heads 0-2 (K/V heads 2, 2, 3).
+        assert_eq!(kv_heads(&sh, 3..7), 1..4);
+        let blocks = row_blocks(&sh, &rows, 3..7, 4);
+        let table: Vec<&[i32]> = blocks.chunks(BLOCK_INTS).collect();
+        assert_eq!(table.len(), 8);
+        assert_eq!(table[0], [0, 0, 0, 4, 8]);
+        assert_eq!(table[1], [0, 0, 4, 2, 10]);
+        assert_eq!(table[2], [1, 1, 6, 4, 8]);
+        assert_eq!(table[5], [2, 1, 16, 2, 10]);
+        assert_eq!(table[6], [3, 2, 18, 4, 8]);
+        assert_eq!(visible_keys(&sh, &rows, 3..4), [5, 6, 7, 8, 9, 10]);
+        assert_eq!(kv_heads(&sh, 0..0), 0..0);
     }
 }

@@ -37,6 +37,7 @@ use crate::devices::GpuId;
 use crate::emulation::Algorithm;
 use crate::kernels::{Abi, KernelSpec};
 use crate::problem::Problem;
+use crate::reference::Reading;
 use crate::rows::RowSet;
 use crate::schema::{GpuSlot, VariantMeta};
 use crate::shapes::Entry;
@@ -46,7 +47,7 @@ use device::DeviceInfo;
 use identity::VariantIdentity;
 use kernel::KernelSource;
 use launch::DeviceProblem;
-use yardsticks::{Lazy, uncovered};
+use yardsticks::uncovered;
 
 /// A variant loaded on the device.
 pub struct LoadedVariant {
@@ -74,12 +75,10 @@ struct Gpu {
     variants: Vec<LoadedVariant>,
     problem: Option<DeviceProblem>,
     timer: timer::Timer,
-    /// The f64 references' kernel (cuda/reference_f64.cu), built in the background and loaded
-    /// on first use, or why it did not build or load: that only matters when device
-    /// references are asked for.
-    reference: Lazy<reference::DeviceReference>,
-    /// The emulation's kernel (cuda/emulation_f32.cu), likewise.
-    emulation: Lazy<emulation::DeviceEmulation>,
+    /// The runner's own kernels, the f64 references' (cuda/reference_f64.cu) and the
+    /// emulation's (cuda/emulation_f32.cu), built in the background and loaded on first use,
+    /// or why one did not build or load: that only matters when they are asked for.
+    yardsticks: yardsticks::Loaded,
     /// Two non-blocking streams for concurrent launches (created on first use).
     pair: Option<[Arc<CudaStream>; 2]>,
 }
@@ -207,12 +206,18 @@ impl Backend for CudaBackend {
         true
     }
 
-    fn reference_sums(&mut self, p: &Problem, rows: &RowSet) -> Result<DeviceSums, BackendError> {
+    fn reference_sums(
+        &mut self,
+        p: &Problem,
+        reading: Reading,
+        rows: &RowSet,
+    ) -> Result<DeviceSums, BackendError> {
         if !crate::reference::device_covers(&p.shape) {
             return Ok(OnDevice::Unavailable(uncovered(&p.shape, "f64 reference")));
         }
         self.reference_sums_grouped(
             p,
+            reading,
             rows,
             reference::GROUP_BYTES,
             reference::BLOCKS_PER_LAUNCH,
@@ -222,7 +227,7 @@ impl Backend for CudaBackend {
     fn emulation_on_device(
         &mut self,
         p: &Problem,
-        kv_split: usize,
+        alg: Algorithm,
         rows: &RowSet,
     ) -> Result<OnDevice<Vec<f16>>, BackendError> {
         if !crate::reference::device_covers(&p.shape) {
@@ -230,7 +235,7 @@ impl Backend for CudaBackend {
         }
         self.emulation_grouped(
             p,
-            kv_split,
+            alg,
             rows,
             reference::GROUP_BYTES,
             reference::BLOCKS_PER_LAUNCH,

@@ -14,7 +14,7 @@ use super::device::{self, DeviceInfo};
 use super::identity::{self, DriverResources, KernelConstants};
 use super::kernel::{self, BuiltVariant, KernelSource};
 use super::variant::VariantSpec;
-use super::yardsticks::Lazy;
+use super::yardsticks;
 use super::{CudaBackend, Gpu, LoadedVariant, build, headers, timer};
 use crate::backend::BackendError;
 use crate::emulation::Algorithm;
@@ -155,8 +155,7 @@ impl Gpu {
         let stream = ctx.default_stream();
         let timer =
             timer::Timer::load(&ctx, build.timer?, device.max_sm_clock_mhz, device.sm_count)?;
-        let reference = Lazy::Compiling(build.reference);
-        let emulation = Lazy::Compiling(build.emulation);
+        let yardsticks = yardsticks::Loaded::new(build.yardsticks);
         let mut built = build.variants.into_iter();
         let mut variants = Vec::new();
         let mut algorithms = Vec::new();
@@ -187,8 +186,7 @@ impl Gpu {
                 variants,
                 problem: None,
                 timer,
-                reference,
-                emulation,
+                yardsticks,
                 pair: None,
             },
             algorithms,

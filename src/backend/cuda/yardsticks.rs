@@ -1,22 +1,109 @@
 //! The runner's own GPU kernels, its yardsticks: the f64 references (cuda/reference_f64.cu)
-//! and the emulation (cuda/emulation_f32.cu), built in the background and loaded into a GPU's
-//! context on first use, each within a share of the device's free memory. Their failures are
-//! the environment's (exit 3), never the kernel under test's.
+//! and the emulation (cuda/emulation_f32.cu), one module per head dim and algorithm (or
+//! reading), built in the background once per architecture ([`YardstickBuilds`]) and loaded
+//! into a GPU's context on first use, each within a share of the device's free memory. Their
+//! failures are the environment's (exit 3), never the kernel under test's.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, DriverError};
 use half::f16;
 
-use super::{CudaBackend, build, emulation, nvrtc, reference};
+use super::build::{Pending, unless_panicked};
+use super::emulation::EmuBuild;
+use super::reference::RefBuild;
+use super::{CudaBackend, emulation, nvrtc, reference};
 use crate::backend::{BackendError, DeviceSums, OnDevice};
+use crate::emulation::Algorithm;
+use crate::kernels::KernelSpec;
 use crate::problem::Problem;
+use crate::reference::{Model, Reading};
 use crate::rows::RowSet;
+use crate::shapes::Entry;
+
+type Build = Arc<Pending<Result<nvrtc::Compiled, String>>>;
+
+/// The runner's own modules for one architecture, each compiled once on a thread of its own
+/// and shared by every GPU of that architecture: those a run will need are started with its
+/// kernels' builds ([`YardstickBuilds::start_for`]), any other on first use.
+pub struct YardstickBuilds {
+    arch: String,
+    references: Mutex<HashMap<RefBuild, Build>>,
+    emulations: Mutex<HashMap<EmuBuild, Build>>,
+}
+
+impl YardstickBuilds {
+    pub fn new(arch: &str) -> Arc<Self> {
+        Arc::new(YardstickBuilds {
+            arch: arch.to_string(),
+            references: Mutex::new(HashMap::new()),
+            emulations: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Starts the modules the kernels of `specs` need on the head dims of `entries`: the
+    /// emulation of each kernel's algorithm, and the references its error model reads.
+    pub fn start_for<'a>(&self, specs: impl Iterator<Item = &'a KernelSpec>, entries: &[Entry]) {
+        for spec in specs {
+            let alg = Algorithm::of(spec);
+            let spread = Model::of(alg).reading().spread;
+            for d in entries.iter().map(|e| e.d) {
+                if crate::reference::DEVICE_HEAD_DIMS.contains(&d) {
+                    self.reference(RefBuild { d, spread });
+                    self.emulation(EmuBuild::new(d, alg));
+                }
+            }
+        }
+    }
+
+    /// The build of reference module `b`, started if it was not.
+    fn reference(&self, b: RefBuild) -> Build {
+        let arch = self.arch.clone();
+        started(&self.references, b, move || reference::compile(b, &arch))
+    }
+
+    /// The build of emulation module `b`, started if it was not.
+    fn emulation(&self, b: EmuBuild) -> Build {
+        let arch = self.arch.clone();
+        started(&self.emulations, b, move || emulation::compile(b, &arch))
+    }
+}
+
+/// `builds[key]`, its compile started on a thread of its own if there was none.
+fn started<K: std::hash::Hash + Eq>(
+    builds: &Mutex<HashMap<K, Build>>,
+    key: K,
+    compile: impl FnOnce() -> Result<nvrtc::Compiled, String> + Send + std::panic::UnwindSafe + 'static,
+) -> Build {
+    let mut builds = builds.lock().unwrap_or_else(|e| e.into_inner());
+    builds
+        .entry(key)
+        .or_insert_with(|| Pending::start(move || unless_panicked(compile)))
+        .clone()
+}
+
+/// One GPU's loaded yardstick modules (or why one could not be built or loaded), by build.
+pub(super) struct Loaded {
+    pub builds: Arc<YardstickBuilds>,
+    pub references: HashMap<RefBuild, Lazy<reference::DeviceReference>>,
+    pub emulations: HashMap<EmuBuild, Lazy<emulation::DeviceEmulation>>,
+}
+
+impl Loaded {
+    pub fn new(builds: Arc<YardstickBuilds>) -> Self {
+        Loaded {
+            builds,
+            references: HashMap::new(),
+            emulations: HashMap::new(),
+        }
+    }
+}
 
 /// One of the runner's own kernels on one GPU: its shared build still compiling, or loaded
 /// into this GPU's context (or why it could not be built or loaded), from its first use on.
 pub(super) enum Lazy<K> {
-    Compiling(Arc<build::Pending<Result<nvrtc::Compiled, String>>>),
+    Compiling(Build),
     Ready(Result<K, String>),
 }
 
@@ -69,18 +156,26 @@ impl CudaBackend {
     pub fn reference_sums_grouped(
         &mut self,
         p: &Problem,
+        reading: Reading,
         rows: &RowSet,
         group_bytes: u64,
         blocks_per_launch: usize,
     ) -> Result<DeviceSums, BackendError> {
         let gpu = &mut *self.gpu;
         let ctx = &gpu.ctx;
-        let kernel = gpu
-            .reference
-            .get(|c| reference::DeviceReference::load(ctx, c));
+        let build = RefBuild {
+            d: p.shape.d,
+            spread: reading.spread,
+        };
+        let own = &mut gpu.yardsticks;
+        let kernel = own
+            .references
+            .entry(build)
+            .or_insert_with(|| Lazy::Compiling(own.builds.reference(build)))
+            .get(|c| reference::DeviceReference::load(ctx, build, c));
         let result = kernel.map_err(String::clone).map(|k| {
             let budget = group_bytes.min(free_share(ctx));
-            k.sums(&gpu.stream, p, rows, budget, blocks_per_launch)
+            k.sums(&gpu.stream, p, reading, rows, budget, blocks_per_launch)
         });
         self.own_kernel_outcome(YARDSTICK_REFERENCES, p, result)
     }
@@ -90,19 +185,30 @@ impl CudaBackend {
     pub fn emulation_grouped(
         &mut self,
         p: &Problem,
-        kv_split: usize,
+        alg: Algorithm,
         rows: &RowSet,
         group_bytes: u64,
         blocks_per_launch: usize,
     ) -> Result<OnDevice<Vec<f16>>, BackendError> {
         let gpu = &mut *self.gpu;
         let ctx = &gpu.ctx;
-        let kernel = gpu
-            .emulation
-            .get(|c| emulation::DeviceEmulation::load(ctx, c));
+        let build = EmuBuild::new(p.shape.d, alg);
+        let own = &mut gpu.yardsticks;
+        let kernel = own
+            .emulations
+            .entry(build)
+            .or_insert_with(|| Lazy::Compiling(own.builds.emulation(build)))
+            .get(|c| emulation::DeviceEmulation::load(ctx, build, c));
         let result = kernel.map_err(String::clone).map(|k| {
             let budget = group_bytes.min(free_share(ctx));
-            k.run(&gpu.stream, p, kv_split, rows, budget, blocks_per_launch)
+            k.run(
+                &gpu.stream,
+                p,
+                alg.kv_split,
+                rows,
+                budget,
+                blocks_per_launch,
+            )
         });
         self.own_kernel_outcome(YARDSTICK_EMULATION, p, result)
     }
@@ -150,8 +256,8 @@ impl CudaBackend {
 /// Why the runner's GPU `what` kernel cannot take a problem of `shape`.
 pub(super) fn uncovered(shape: &crate::shapes::Shape, what: &str) -> String {
     format!(
-        "the GPU {what} kernel covers plain attention of D = {} only, not {}",
-        crate::reference::DEVICE_HEAD_DIM,
+        "the GPU {what} kernel is built for D in {:?}, not {}",
+        crate::reference::DEVICE_HEAD_DIMS,
         shape.dims()
     )
 }
