@@ -51,6 +51,12 @@
 //                   which the host builds V's tensor map. 1 is 15-20% faster at D 128 (15%
 //                   causal) and 4% at D 64 on an H100 (docs/PERF.md, change 12); the default
 //                   is 1 (0 is kept as the reference layout for A/Bs).
+//   TRANSPOSE_LANE_ORDER=0|1  (with V_SWIZZLE) 1: each lane takes the V transpose's four loads
+//                   and four stores in a lane-dependent order, which makes both conflict-free
+//                   (transpose_v); 0, the default: every lane in the same order, 2-way. 1 is
+//                   3-6% slower on an H100 (docs/PERF.md, change 13): the transpose is not bound
+//                   by its bank conflicts but by the producer's instructions, and 1 adds eight
+//                   selects a unit. Kept as a switch so that the next attempt starts from it.
 //   PINGPONG=0|1    the consumers take turns to issue each GEMM (turn_wait), published as
 //                   SDPA_PINGPONG: with V_SWIZZLE, 4-11% slower non-causal, causal within
 //                   noise (change 12).
@@ -85,6 +91,9 @@
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0
+#endif
+#ifndef TRANSPOSE_LANE_ORDER
+#define TRANSPOSE_LANE_ORDER 0
 #endif
 #ifndef SDPA_DELAY_CYCLES
 #define SDPA_DELAY_CYCLES 0
@@ -192,9 +201,14 @@ __device__ __forceinline__ void issue_kv(u8* smem, Barriers& bars, const TmaDesc
 // V is swizzled like K (D bytes). A lane holds t = lane % 4, dq % 4 = (lane / 4) % 4 and
 // h = lane / 16; warp and iteration pick kb and dq / 4. Loads: the bank is ((dq / 4) ^ (2t + x))
 // (mod 8) x 4 + dq % 4 at D 128 (x the key's offset within its pair), x' x 16 + ((dq / 4) ^ t) x 4
-// + dq % 4 at D 64: 16 banks for 32 lanes, 2-way. Stores: the bank is ((2kb + h) ^ (d % 8)) x 4
-// + t with d % 8 = 4 (dq % 2) + i: 16 banks, 2-way (the unswizzled version's stores were 16-way
-// at D 128, 8-way at D 64).
+// + dq % 4 at D 64: in one order for every lane, 16 banks for 32 lanes, 2-way (h does not
+// change the bank). Stores: the bank is ((2kb + h) ^ (d % 8)) x 4 + t with d % 8 = 4 (dq % 2) +
+// i: 16 banks, 2-way (dq / 2 % 2 does not change it; the unswizzled version's stores were
+// 16-way at D 128, 8-way at D 64). TRANSPOSE_LANE_ORDER=1 lets the lanes with h = 1 take each
+// key pair in the other order (key 2t + 1 first: x ^ h) and the lanes with dq / 2 odd store the
+// dims in the order i ^ 2: 32 banks for 32 lanes, conflict-free at both D (every bank formula
+// above checked over all lanes, warps and iterations); selects put the words back. The bytes
+// land where they did: the output's bits do not change. Measured slower (the switch's note).
 template <int D>
 __device__ __forceinline__ unsigned v_word(const u8* v, int key, int dq) {
     constexpr int SWZ_MASK = D == 128 ? 7 : 3; // 128B or 64B swizzle: chunk ^= address bits 7..
@@ -211,10 +225,19 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
         const int r = warp + 4 * it;
         const int kb = r & 3, dq = dq_lo + 4 * (r >> 2);
         const int key0 = 32 * kb + 16 * h + 2 * t;
+#if TRANSPOSE_LANE_ORDER
+        const int x = h;  // the lane's first key of each pair
+        const unsigned a = v_word<D>(v, key0 + x, dq), b = v_word<D>(v, key0 + (1 - x), dq);
+        const unsigned c = v_word<D>(v, key0 + 8 + x, dq), e = v_word<D>(v, key0 + 9 - x, dq);
+        const unsigned w0 = x ? b : a, w1 = x ? a : b, w2 = x ? e : c, w3 = x ? c : e;
+        const int i_flip = dq_lo & 2;  // the lane's first dim of each pair of stores
+#else
         const unsigned w0 = v_word<D>(v, key0 + 0, dq);
         const unsigned w1 = v_word<D>(v, key0 + 1, dq);
         const unsigned w2 = v_word<D>(v, key0 + 8, dq);
         const unsigned w3 = v_word<D>(v, key0 + 9, dq);
+        const int i_flip = 0;
+#endif
 #else
 template <int D>
 __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
@@ -229,6 +252,7 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
         const unsigned w1 = *(const unsigned*)(v + (key0 + 1) * D + 4 * dq);
         const unsigned w2 = *(const unsigned*)(v + (key0 + 8) * D + 4 * dq);
         const unsigned w3 = *(const unsigned*)(v + (key0 + 9) * D + 4 * dq);
+        const int i_flip = 0;
 #endif
         const unsigned a_lo = prmt(w0, w1, 0x5140), a_hi = prmt(w0, w1, 0x7362);
         const unsigned b_lo = prmt(w2, w3, 0x5140), b_hi = prmt(w2, w3, 0x7362);
@@ -237,8 +261,9 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
         const int chunk = 2 * kb + h; // 16-byte chunk of the 128-byte row
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int d = 4 * dq + i;
-            *(unsigned*)(vt + d * BLOCK_N + ((chunk ^ (d & 7)) << 4) + 4 * t) = out[i];
+            const int d = 4 * dq + (i ^ i_flip);
+            const unsigned word = i_flip ? out[i ^ 2] : out[i];
+            *(unsigned*)(vt + d * BLOCK_N + ((chunk ^ (d & 7)) << 4) + 4 * t) = word;
         }
     }
 }

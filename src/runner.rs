@@ -54,8 +54,9 @@ impl Yardsticks {
     /// is refused (exit 2) before any work; where the device cannot compute one
     /// ([`OnDevice::Unavailable`]: out of memory, the runner's kernel did not build) `auto`
     /// computes it on the host (and records `host`), `device` stops (exit 3). The GPU's
-    /// references and emulation implement Stage C's model and algorithm only; for another
-    /// kernel's they are unavailable in the same way.
+    /// emulation follows the kernel's algorithm and its references the model's reading (its
+    /// small weight, its spread), for any manifest kernel; a model that read other than FP8
+    /// codes would find the references unavailable in the same way.
     pub fn with_backend(
         backend: &mut dyn Backend,
         check: &Check,

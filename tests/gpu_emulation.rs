@@ -226,6 +226,49 @@ fn the_device_emulation_gives_the_hosts_bits_on_the_configurations_under_every_a
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn gqa_causal_sampled_rows_in_head_groups_that_split_a_kv_head_give_the_hosts_bits() {
+    // Two batches of 4 query heads over 2 K/V heads each: groups of one and of three query
+    // heads start inside a K/V head's group and cross batches, so every block's K/V head is
+    // taken relative to its group's first.
+    let sh = Shape::parse_inline("2x4x3000x128:hkv=2:causal:qk=3")
+        .unwrap()
+        .unwrap();
+    let p = Problem::new(&sh, 11);
+    let rows = RowSet::sampled(&sh, 11, &[64, 128]);
+    assert!(!rows.is_all());
+    let head = |bh: usize| cuda_emulation::head_bytes(sh.sk, sh.d, rows.rows(bh).len(), 2);
+    let three_heads = (0..6)
+        .map(|bh| head(bh) + head(bh + 1) + head(bh + 2))
+        .max()
+        .unwrap();
+    assert_eq!(
+        groups::head_groups(8, three_heads, head),
+        [0..3, 3..6, 6..8]
+    );
+    let mut b = backend();
+    for alg in [Algorithm::STAGE_C.with_split(2), stage_d()] {
+        let host = emulation::clean(&p, alg, &rows);
+        for (budget, blocks) in [
+            (1, BLOCKS_PER_LAUNCH),
+            (three_heads, 1),
+            (u64::MAX, BLOCKS_PER_LAUNCH),
+        ] {
+            let device = b
+                .emulation_grouped(&p, alg, &rows, budget, blocks)
+                .unwrap()
+                .computed()
+                .unwrap();
+            let what = format!(
+                "{} in groups of {budget} bytes, {blocks} blocks",
+                alg.describe()
+            );
+            assert_same_bits(&device, &host, &rows, &what);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn long_contexts_give_the_same_bits_on_their_sampled_rows() {
     // A D 64 long context under Stage C's algorithm, a causal GQA prefill at D 128 under both
     // algorithms, and a D 128 long context under Stage D's, on the rows a run checks.

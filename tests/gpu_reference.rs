@@ -217,6 +217,51 @@ fn the_device_references_equal_the_hosts_on_the_configurations_under_both_models
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn gqa_causal_sampled_rows_in_head_groups_that_split_a_kv_head_give_the_hosts_references() {
+    // As the emulation's test: groups of one and of three query heads start inside a K/V
+    // head's group and cross batches; the rows are sampled, so each row's visible keys come
+    // from the gathered layout. Both models' readings, the spread included.
+    let sh = Shape::parse_inline("2x4x3000x128:hkv=2:causal:qk=3")
+        .unwrap()
+        .unwrap();
+    let p = Problem::new(&sh, 11);
+    let rows = RowSet::sampled(&sh, 11, &[64, 128]);
+    assert!(!rows.is_all());
+    let stage_d = Algorithm::of(&common::kernel_spec("stage-d"));
+    let mut b = backend();
+    for alg in [Algorithm::STAGE_C, stage_d] {
+        let model = Model::of(alg);
+        let reading = model.reading();
+        let head =
+            |bh: usize| reference::head_bytes(sh.sk, sh.d, rows.rows(bh).len(), reading.spread);
+        let three_heads = (0..6)
+            .map(|bh| head(bh) + head(bh + 1) + head(bh + 2))
+            .max()
+            .unwrap();
+        assert_eq!(
+            groups::head_groups(8, three_heads, head),
+            [0..3, 3..6, 6..8]
+        );
+        let host = References::finish(&p, &model, &rows, RowSums::read(&p, &rows, reading));
+        for (budget, blocks) in [(1, BLOCKS_PER_LAUNCH), (three_heads, 1)] {
+            let sums = b
+                .reference_sums_grouped(&p, reading, &rows, budget, blocks)
+                .unwrap()
+                .computed()
+                .unwrap();
+            let device = References::finish(&p, &model, &rows, sums);
+            let d = disagreement(&device, &host);
+            assert!(
+                d < AGREE,
+                "{} in groups of {budget} bytes: {d:e}",
+                alg.describe()
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn sampled_rows_in_head_groups_of_any_size_give_the_same_device_references() {
     let sh = common::shape(2, 3, 3000, 1.0, Dist::Normal);
     let p = Problem::new(&sh, 7);

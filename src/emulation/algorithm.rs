@@ -60,8 +60,8 @@ impl Algorithm {
         }
     }
 
-    /// Stage C's arithmetic, whatever its split: the GPU emulation (cuda/emulation_f32.cu)
-    /// implements this one only, and the host runs it on its vectorized path.
+    /// Stage C's arithmetic, whatever its split: the host runs it on its vectorized path (the
+    /// general path gives the same bits), and its error model is Stage C's own.
     pub fn is_stage_c(&self) -> bool {
         self.with_split(1) == Self::STAGE_C.with_split(1)
     }

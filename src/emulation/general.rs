@@ -257,4 +257,41 @@ mod tests {
         );
         assert_eq!(fast.o.map(f32::to_bits), general.o.map(f32::to_bits));
     }
+
+    #[test]
+    fn a_first_tile_whose_scores_overflow_to_minus_infinity_leaves_both_paths_finite_and_equal() {
+        // Every score of the first tile is -inf (a huge factor times negative sums), the
+        // second's are finite: neither path may make exp2(-inf + inf) = NaN of the first.
+        const D: usize = 64;
+        let q = [1f32; D];
+        let (k_neg, k_pos, v) = (
+            vec![-1f32; D * KV_TILE],
+            vec![0f32; D * KV_TILE],
+            values(KV_TILE * D, 6),
+        );
+        let tiles = [
+            Tile {
+                k: &k_neg,
+                v: &v,
+                valid: KV_TILE,
+            },
+            Tile {
+                k: &k_pos,
+                v: &v,
+                valid: KV_TILE,
+            },
+        ];
+        let (mut fast, mut general) = (Running::<D>::new(), Running::<D>::new());
+        for t in &tiles {
+            fast.step(&q, t, 1e38);
+            general.step_general(&q, t, 1e38, &Algorithm::STAGE_C);
+        }
+        assert!(fast.l_quad.iter().chain(&fast.o).all(|x| x.is_finite()));
+        assert_eq!(fast.l_quad.iter().sum::<f32>(), KV_TILE as f32);
+        assert_eq!(
+            fast.l_quad.map(f32::to_bits),
+            general.l_quad.map(f32::to_bits)
+        );
+        assert_eq!(fast.o.map(f32::to_bits), general.o.map(f32::to_bits));
+    }
 }

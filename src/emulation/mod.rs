@@ -298,12 +298,20 @@ impl<const D: usize> Running<D> {
             *sc = a * qk_scale;
         }
         // 2. Online softmax (base 2), P rounded to f16, one partial sum per quad lane.
+        // A row with no finite maximum yet keeps P = 0 and alpha = 0 (not exp2(-inf + inf) =
+        // NaN): the kernel's running maximum starts at -FLT_MAX, and the general path and the
+        // GPU emulation take base 0 there too. Only scores that overflow to -inf reach it.
         let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let m_new = self.m.max(tile_max);
-        let alpha = exp2(self.m - m_new);
+        let base = if m_new == f32::NEG_INFINITY {
+            0.0
+        } else {
+            m_new
+        };
+        let alpha = exp2(self.m - base);
         let mut p = [0f32; KV_TILE];
         for (pj, sc) in p.iter_mut().zip(scores) {
-            *pj = exp2(sc - m_new);
+            *pj = exp2(sc - base);
         }
         for pj in p.iter_mut() {
             *pj = round_unit_to_f16(*pj);

@@ -230,8 +230,8 @@ impl References {
     }
 
     /// The references and bounds from the sums of either engine: the same finishing for both.
-    /// The device's sums count small weights as [`Reading::STAGE_C`] does
-    /// ([`Model::device_sums_apply`]).
+    /// The sums must be read as the model of `alg` reads ([`Model::reading`]; the device takes
+    /// the reading as arguments, [`Model::device_sums_apply`]).
     pub fn from_sums(p: &Problem, alg: Algorithm, rows: &RowSet, sums: RowSums) -> Self {
         Self::finish(p, &Model::of(alg), rows, sums)
     }

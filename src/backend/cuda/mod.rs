@@ -215,6 +215,12 @@ impl Backend for CudaBackend {
         if !crate::reference::device_covers(&p.shape) {
             return Ok(OnDevice::Unavailable(uncovered(&p.shape, "f64 reference")));
         }
+        if reading.precision != crate::reference::Precision::Fp8 {
+            return Ok(OnDevice::Unavailable(format!(
+                "the GPU's f64 reference reads FP8 codes, not {:?} inputs",
+                reading.precision
+            )));
+        }
         self.reference_sums_grouped(
             p,
             reading,
