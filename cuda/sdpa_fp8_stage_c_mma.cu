@@ -45,6 +45,12 @@
 // shared memory. The host reads the SDPA_* constants below from the module instead of
 // repeating them.
 //
+// Short queries (S_q <= 16, GQA/MQA decode): the ROW_WARPS query heads of one K/V head that
+// share a group of ROW_WARPS CTAs run in its first CTA, row warp rw taking head y0 + rw, and
+// the others exit at once (`packs`): each K/V step is loaded once for them, and no row warp
+// computes rows that do not exist. Per row the arithmetic is unchanged. Every entry but the
+// plain D = 64 one (held to 128 registers) does it; NO_HEAD_PACKING turns it off for A/Bs.
+//
 // Warps: a CTA owns BLOCK_M = 16·R query rows of one (b, h) and has R·K warps. Warp w owns the
 // 16 rows [16·(w % R), +16) and KV split w / R: split k takes KV tiles k, k + K, k + 2K, ...
 // of BLOCK_N = 64 keys, so one CTA step brings STEP_KEYS = 64·K keys into shared memory and
@@ -350,10 +356,11 @@ __device__ __forceinline__ int cta_row0() {
     const int tile = CAUSAL ? (int)gridDim.x - 1 - ctaid_x() : ctaid_x();
     return tile * BLOCK_M;
 }
-// The first of this warp's 16 rows.
+// The first of this warp's 16 rows: in a CTA that packs query heads (`packs`) every row warp
+// runs rows 0 .. S_q - 1 of its own head.
 template <bool CAUSAL>
-__device__ __forceinline__ int warp_row0() {
-    return cta_row0<CAUSAL>() + ((tid_x() >> 5) % ROW_WARPS) * 16;
+__device__ __forceinline__ int warp_row0(bool packed) {
+    return cta_row0<CAUSAL>() + (packed ? 0 : ((tid_x() >> 5) % ROW_WARPS) * 16);
 }
 // Row i sees keys j <= i + diag.
 __device__ __forceinline__ int diagonal(int Sq, int Sk) {
@@ -376,6 +383,27 @@ __device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
     return b * Hkv + h / (H / Hkv);
 #endif
 }
+// Short queries: with S_q <= 16 one row warp holds every query row, and the CTA's other
+// ROW_WARPS - 1 row warps would compute rows that do not exist. Then the ROW_WARPS query heads
+// y0 .. y0 + ROW_WARPS - 1 (y0 a multiple of ROW_WARPS) share the CTA at ctaid.y = y0, row warp rw
+// taking head y0 + rw, when they read one K/V head (GQA/MQA decode): each K/V step is loaded
+// once for all of them, and the group's other CTAs exit at once. Per row nothing changes (the
+// same tiles, KV splits and order of operations), so neither does any output bit.
+// The plain D = 64 entry, held to 128 registers, has no room for it (it spilled 12-24 bytes):
+// only the other three entries pack.
+template <int D, bool CAUSAL>
+__device__ __forceinline__ bool packs(int y0, int BH, int H, int Hkv, int Sq) {
+#ifdef NO_HEAD_PACKING
+    return false;
+#else
+    if constexpr (D == 64 && !CAUSAL) {
+        return false;
+    } else {
+        return ROW_WARPS > 1 && Sq <= 16 && Hkv != H && y0 + ROW_WARPS <= BH &&
+               kv_head(y0, H, Hkv) == kv_head(y0 + ROW_WARPS - 1, H, Hkv);
+    }
+#endif
+}
 // Keys this CTA loads: all S_k, or up to its last row's last visible key.
 template <bool CAUSAL>
 __device__ __forceinline__ int cta_keys(int Sq, int Sk) {
@@ -383,8 +411,8 @@ __device__ __forceinline__ int cta_keys(int Sq, int Sk) {
 }
 // Keys this warp runs: all S_k, or up to its last row's last visible key.
 template <bool CAUSAL>
-__device__ __forceinline__ int warp_keys(int Sq, int Sk) {
-    int keys = CAUSAL ? keys_seen(min(warp_row0<CAUSAL>() + 16, Sq), diagonal(Sq, Sk), Sk) : Sk;
+__device__ __forceinline__ int warp_keys(int Sq, int Sk, bool packed) {
+    int keys = CAUSAL ? keys_seen(min(warp_row0<CAUSAL>(packed) + 16, Sq), diagonal(Sq, Sk), Sk) : Sk;
 #ifdef MUTANT_CAUSAL_SKIP_EARLY
     if (CAUSAL) keys = max(0, keys - BLOCK_N); // the diagonal's last tile skipped
 #endif
@@ -412,8 +440,11 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     const int g = lane >> 2; // fragment row (and row + 8)
     const int qd = lane & 3; // fragment column pair 2qd, 2qd + 1
     const int split = warp / ROW_WARPS;
-    const int bh = blockIdx.y;
-    if (bh >= B * H) return;
+    if ((int)blockIdx.y >= B * H) return;
+    const int y0 = blockIdx.y - blockIdx.y % ROW_WARPS;
+    const bool packed = packs<D, CAUSAL>(y0, B * H, H, Hkv, Sq);
+    if (packed && (int)blockIdx.y != y0) return; // its head runs in the CTA at y0
+    const int bh = packed ? y0 + warp % ROW_WARPS : (int)blockIdx.y;
 #if SDPA_DELAY_CYCLES > 0
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -424,7 +455,7 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     __syncthreads();
 #endif
     const int bkv = kv_head(bh, H, Hkv);
-    const int q0 = warp_row0<CAUSAL>(); // this warp's first row
+    const int q0 = warp_row0<CAUSAL>(packed); // this warp's first row
 
 #ifdef MUTANT_I32_HEAD_OFFSET
     const int q_off = (int)((unsigned)bh * (unsigned)Sq * D); // wraps past 2^31
@@ -440,17 +471,23 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     // it in shared memory now (read after the loop's barriers) rather than a register or a
     // head-index division there.
     __shared__ float v_scale_shared;
-    if (threadIdx.x == 0) v_scale_shared = v_scale[bkv];
+    // Whether the CTA packs query heads, likewise parked for the mask and the stores (read
+    // after the loop's first barrier; the loop runs at least one step, S_k >= 1).
+    __shared__ int packed_shared;
+    if (threadIdx.x == 0) {
+        v_scale_shared = v_scale[bkv];
+        packed_shared = packed;
+    }
     // Causal: the keys the CTA loads and each warp runs, computed once and read per step
     // from shared memory (at 128 registers a causal loop cannot hold them).
     __shared__ int keys_shared[1 + NUM_WARPS];
     if constexpr (CAUSAL) {
         if (threadIdx.x == 0) keys_shared[0] = cta_keys<CAUSAL>(Sq, Sk);
-        if (lane == 0) keys_shared[1 + warp] = warp_keys<CAUSAL>(Sq, Sk);
+        if (lane == 0) keys_shared[1 + warp] = warp_keys<CAUSAL>(Sq, Sk, packed);
         __syncthreads();
     }
 #define CTA_KEYS (CAUSAL ? keys_shared[0] : cta_keys<CAUSAL>(Sq, Sk))
-#define WARP_KEYS (CAUSAL ? keys_shared[1 + (tid_x() >> 5)] : warp_keys<CAUSAL>(Sq, Sk))
+#define WARP_KEYS (CAUSAL ? keys_shared[1 + (tid_x() >> 5)] : warp_keys<CAUSAL>(Sq, Sk, false))
 #ifdef MUTANT_K_SCALE_TWICE
     const float qk_scale = (q_scale[bh] * k_scale[bkv] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
 #else
@@ -595,7 +632,7 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
             // sees least). Row r sees keys below row_keys(r).
             if constexpr (CAUSAL) {
                 const int diag = diagonal(Sq, Sk);
-                const int w0 = warp_row0<CAUSAL>();
+                const int w0 = warp_row0<CAUSAL>(packed_shared != 0);
                 if (kv0 + BLOCK_N > row_keys(w0, true, diag, Sk)) {
                     const int lim[2] = {row_keys(w0 + g, true, diag, Sk),
                                         row_keys(w0 + g + 8, true, diag, Sk)};
@@ -750,8 +787,11 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 
     // Normalize and store (the head and rows read again: nothing held across the loop).
     const float v_sc = v_scale_shared;
-    __half* out_bh = out + (size_t)ctaid_y() * Sq * D;
-    const int q0_out = warp_row0<CAUSAL>();
+    const bool packed_out = packed_shared != 0;
+    const int y_out = ctaid_y();
+    const int bh_out = packed_out ? y_out - y_out % ROW_WARPS + (tid_x() >> 5) % ROW_WARPS : y_out;
+    __half* out_bh = out + (size_t)bh_out * Sq * D;
+    const int q0_out = warp_row0<CAUSAL>(packed_out);
     // Per row (g, g + 8) and 16-dim chunk c a lane holds dims
     // 16c + 4q .. +3 as (o[2c][.], o[2c+1][.], o[2c][. + 1], o[2c+1][. + 1]): one 8-byte store.
     // A row that saw no key has l = 0 and is written as zeros.
