@@ -26,8 +26,8 @@
 //                   docs/PERF.md; R·K <= 16 and a step's codes must split into whole 16-byte
 //                   chunks per thread: R of 1, 2, 4 or 8). K changes the summation order;
 //                   src/emulation/mod.rs follows the published SDPA_KV_SPLIT.
-//   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: every CTA waits N clock
-//                   cycles before its first load (thread 0 spins between two barriers), a
+//   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: every CTA that runs (not
+//                   those a packed group leaves idle) waits N clock cycles before its first load (thread 0 spins between two barriers), a
 //                   fixed planted slowdown that proves the runner's SLOWER verdict and its
 //                   power (scripts/prove_power.sh). Held before any work by every warp of
 //                   the CTA, it costs about the wait per wave of CTAs, less what other CTAs
@@ -52,7 +52,7 @@
 // plain D = 64 one (held to 128 registers) does it; NO_HEAD_PACKING turns it off for A/Bs.
 //
 // Warps: a CTA owns BLOCK_M = 16·R query rows of one (b, h) and has R·K warps. Warp w owns the
-// 16 rows [16·(w % R), +16) and KV split w / R: split k takes KV tiles k, k + K, k + 2K, ...
+// 16 rows [16·(w % R), +16) (packed, above: rows [0, 16) of head y0 + w % R) and KV split w / R: split k takes KV tiles k, k + K, k + 2K, ...
 // of BLOCK_N = 64 keys, so one CTA step brings STEP_KEYS = 64·K keys into shared memory and
 // each warp eats one tile of it. Splitting the keys shortens each warp's serial chain K-fold
 // and puts K times more warps on the SMs; the splits are merged once, at the end.
@@ -399,8 +399,13 @@ __device__ __forceinline__ bool packs(int y0, int BH, int H, int Hkv, int Sq) {
     if constexpr (D == 64 && !CAUSAL) {
         return false;
     } else {
+#ifdef MUTANT_PACK_ACROSS_KV_HEADS
+        // Packs heads that read different K/V heads: the second reads the first's K and V.
+        return ROW_WARPS > 1 && Sq <= 16 && Hkv != H && y0 + ROW_WARPS <= BH;
+#else
         return ROW_WARPS > 1 && Sq <= 16 && Hkv != H && y0 + ROW_WARPS <= BH &&
                kv_head(y0, H, Hkv) == kv_head(y0 + ROW_WARPS - 1, H, Hkv);
+#endif
     }
 #endif
 }
@@ -471,8 +476,9 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     // it in shared memory now (read after the loop's barriers) rather than a register or a
     // head-index division there.
     __shared__ float v_scale_shared;
-    // Whether the CTA packs query heads, likewise parked for the mask and the stores (read
-    // after the loop's first barrier; the loop runs at least one step, S_k >= 1).
+    // Whether the CTA packs query heads, likewise parked for the mask and the stores: the
+    // mask reads it after the causal barrier below, the stores after the barrier that ends
+    // the loop (a causal CTA whose rows see no key runs no step at all).
     __shared__ int packed_shared;
     if (threadIdx.x == 0) {
         v_scale_shared = v_scale[bkv];

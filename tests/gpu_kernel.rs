@@ -107,6 +107,50 @@ fn both_variants_pass_and_agree_bit_for_bit_on_gqa_decode_causal_and_d128_proble
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn query_heads_packed_into_one_cta_give_the_bits_of_one_cta_per_head() {
+    // Short GQA/MQA queries (S_q <= 16) run the two query heads of a K/V head in one CTA
+    // (cuda/sdpa_fp8_stage_c_mma.cu `packs`); NO_HEAD_PACKING runs a CTA per head. Every output
+    // bit must be the same: D 128 and causal D 64 (the entries that pack), decode and 16-query
+    // speculative decode, MQA, a group of 3 (pairs across K/V heads do not pack), pairs across
+    // a batch boundary, an odd head count.
+    let root = common::project_root();
+    let source = KernelSource::load(
+        &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
+        &root.join("cuda"),
+        &common::kernel_spec("stage-c"),
+    )
+    .unwrap();
+    let packed = VariantSpec::new(true, &[]);
+    let unpacked = packed.with_candidate_defines(&[("NO_HEAD_PACKING".into(), String::new())]);
+    let mut b = CudaBackend::with_every_entry(source, &[packed, unpacked]).unwrap();
+    let shapes = catalog()
+        .select("4x8x1x128:sk=300:hkv=2,2x8x16x128:sk=500:hkv=4:causal,2x8x3x64:sk=200:hkv=1:causal,3x3x5x128:sk=129:hkv=1,1x6x16x128:sk=64:hkv=2,1x6x7x128:sk=90:hkv=3")
+        .unwrap();
+    let host = Check {
+        rows: CheckRows::All,
+        references: Engine::Host,
+        emulation: Engine::Host,
+    };
+    let records = runner::check_all(&mut b, &shapes, &[0, 1], host, &gates(), |_| {}).unwrap();
+    assert_eq!(records.len(), shapes.len() * 2 * 2);
+    for r in &records {
+        assert!(
+            r.pass,
+            "{} seed {} {}: {:?}",
+            r.shape, r.seed, r.variant, r.gates
+        );
+    }
+    for pair in records.chunks(2) {
+        assert_eq!(
+            pair[0].output_checksum, pair[1].output_checksum,
+            "{} seed {}: packed and unpacked outputs differ",
+            pair[0].shape, pair[0].seed
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn cp_async_does_not_change_a_single_output_bit() {
     let shapes = catalog()
         .select("small,mission,partial300,batched,wide")
