@@ -55,8 +55,8 @@ impl Yardsticks {
     /// ([`OnDevice::Unavailable`]: out of memory, the runner's kernel did not build) `auto`
     /// computes it on the host (and records `host`), `device` stops (exit 3). The GPU's
     /// emulation follows the kernel's algorithm and its references the model's reading (its
-    /// small weight, its spread), for any manifest kernel; a model that read other than FP8
-    /// codes would find the references unavailable in the same way.
+    /// small weight, its spread), for any manifest kernel; a reading the device cannot serve
+    /// (other than FP8 codes) is unavailable in the same way.
     pub fn with_backend(
         backend: &mut dyn Backend,
         check: &Check,
@@ -76,11 +76,8 @@ impl Yardsticks {
             }
         }
         let device = backend.has_device();
-        let model = Model::of(alg);
-        let sums_apply = model.device_sums_apply();
-        let refs_on_device = device
-            && check.references.wants_device(&rows, &p.shape)
-            && (sums_apply || check.references == Engine::Device);
+        let reading = Model::of(alg).reading();
+        let refs_on_device = device && check.references.wants_device(&rows, &p.shape);
         // The GPU emulation follows any algorithm the manifest can describe (one module per
         // head dim and algorithm, cuda/emulation_f32.cu).
         let emulation_on_device = device && check.emulation.wants_device(&rows, &p.shape);
@@ -96,17 +93,7 @@ impl Yardsticks {
                 let emulation = (!emulation_on_device).then(|| emulation::clean(p, alg, &rows));
                 host = Some((refs, emulation));
             });
-            let sums = refs_on_device.then(|| {
-                if sums_apply {
-                    backend.reference_sums(p, model.reading(), &rows)
-                } else {
-                    Ok(OnDevice::Unavailable(format!(
-                        "the GPU's f64 reference reads FP8 codes, not the inputs of this \
-                         kernel's model ({})",
-                        alg.describe()
-                    )))
-                }
-            });
+            let sums = refs_on_device.then(|| backend.reference_sums(p, reading, &rows));
             let emulated = (emulation_on_device && !matches!(sums, Some(Err(_))))
                 .then(|| backend.emulation_on_device(p, alg, &rows));
             (sums, emulated)

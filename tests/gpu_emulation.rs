@@ -230,17 +230,9 @@ fn gqa_causal_sampled_rows_in_head_groups_that_split_a_kv_head_give_the_hosts_bi
     // Two batches of 4 query heads over 2 K/V heads each: groups of one and of three query
     // heads start inside a K/V head's group and cross batches, so every block's K/V head is
     // taken relative to its group's first.
-    let sh = Shape::parse_inline("2x4x3000x128:hkv=2:causal:qk=3")
-        .unwrap()
-        .unwrap();
-    let p = Problem::new(&sh, 11);
-    let rows = RowSet::sampled(&sh, 11, &[64, 128]);
-    assert!(!rows.is_all());
+    let (sh, p, rows) = common::gqa_causal_sampled();
     let head = |bh: usize| cuda_emulation::head_bytes(sh.sk, sh.d, rows.rows(bh).len(), 2);
-    let three_heads = (0..6)
-        .map(|bh| head(bh) + head(bh + 1) + head(bh + 2))
-        .max()
-        .unwrap();
+    let three_heads = common::three_heads(8, head);
     assert_eq!(
         groups::head_groups(8, three_heads, head),
         [0..3, 3..6, 6..8]

@@ -76,18 +76,27 @@ fn both_variants_pass_every_gate_on_small_mission_partial_tile_and_single_key() 
 #[ignore = "needs a CUDA GPU"]
 fn both_variants_pass_and_agree_bit_for_bit_on_gqa_decode_causal_and_d128_problems() {
     // The self-test's configuration problems, a FlashAttention pair at D 128 (causal, S_q <
-    // S_k), MQA decode, and causal S_q > S_k (rows that see no key); yardsticks on the host,
-    // the engine that covers them.
+    // S_k), MQA decode, and causal S_q > S_k (rows that see no key); yardsticks on the host
+    // (the GPU's give the same verdicts: tests/gpu_emulation.rs, tests/gpu_reference.rs).
     let shapes = catalog()
         .select("cfg-chunk,cfg-decode,cfg-tall,1x2x113x128:sk=203:causal,2x8x1x64:sk=300:hkv=1,1x4x300x128:sk=77:hkv=2:causal")
         .unwrap();
-    let mut b = backend();
+    assert_both_variants_pass_with_the_same_bits(&mut backend(), &shapes, "cp0 and cp1");
+}
+
+/// Checks `shapes` (seeds 0 and 1, every row, yardsticks on the host) with `b`'s two variants:
+/// every record passes every gate, and the two outputs of each (shape, seed) have one checksum.
+fn assert_both_variants_pass_with_the_same_bits(
+    b: &mut CudaBackend,
+    shapes: &[sdpa_runner::shapes::Shape],
+    which: &str,
+) {
     let host = Check {
         rows: CheckRows::All,
         references: Engine::Host,
         emulation: Engine::Host,
     };
-    let records = runner::check_all(&mut b, &shapes, &[0, 1], host, &gates(), |_| {}).unwrap();
+    let records = runner::check_all(b, shapes, &[0, 1], host, &gates(), |_| {}).unwrap();
     assert_eq!(records.len(), shapes.len() * 2 * 2);
     for r in &records {
         assert!(
@@ -99,8 +108,8 @@ fn both_variants_pass_and_agree_bit_for_bit_on_gqa_decode_causal_and_d128_proble
     for pair in records.chunks(2) {
         assert_eq!(
             pair[0].output_checksum, pair[1].output_checksum,
-            "{}: cp0 and cp1 outputs differ",
-            pair[0].shape
+            "{} seed {}: {which} outputs differ",
+            pair[0].shape, pair[0].seed
         );
     }
 }
@@ -126,27 +135,7 @@ fn query_heads_packed_into_one_cta_give_the_bits_of_one_cta_per_head() {
     let shapes = catalog()
         .select("4x8x1x128:sk=300:hkv=2,2x8x16x128:sk=500:hkv=4:causal,2x8x3x64:sk=200:hkv=1:causal,3x3x5x128:sk=129:hkv=1,1x6x16x128:sk=64:hkv=2,1x6x7x128:sk=90:hkv=3")
         .unwrap();
-    let host = Check {
-        rows: CheckRows::All,
-        references: Engine::Host,
-        emulation: Engine::Host,
-    };
-    let records = runner::check_all(&mut b, &shapes, &[0, 1], host, &gates(), |_| {}).unwrap();
-    assert_eq!(records.len(), shapes.len() * 2 * 2);
-    for r in &records {
-        assert!(
-            r.pass,
-            "{} seed {} {}: {:?}",
-            r.shape, r.seed, r.variant, r.gates
-        );
-    }
-    for pair in records.chunks(2) {
-        assert_eq!(
-            pair[0].output_checksum, pair[1].output_checksum,
-            "{} seed {}: packed and unpacked outputs differ",
-            pair[0].shape, pair[0].seed
-        );
-    }
+    assert_both_variants_pass_with_the_same_bits(&mut b, &shapes, "packed and unpacked");
 }
 
 #[test]

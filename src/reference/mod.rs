@@ -70,27 +70,17 @@ pub enum Engine {
 /// "What limits throughput").
 pub const AUTO_DEVICE_ABOVE: u64 = 1 << 22;
 
-/// The head dims the GPU yardsticks (cuda/reference_f64.cu, cuda/emulation_f32.cu) are built
-/// for, one module each.
-pub const DEVICE_HEAD_DIMS: [usize; 2] = [64, 128];
-
-/// Whether the GPU yardsticks cover `shape`: any problem of a head dim in
-/// [`DEVICE_HEAD_DIMS`], masks, GQA and S_q != S_k included (docs/DESIGN.md "References on
-/// the GPU"); the host covers every problem.
-pub fn device_covers(shape: &Shape) -> bool {
-    DEVICE_HEAD_DIMS.contains(&shape.d)
-}
-
 impl Engine {
     /// Whether the yardsticks of `rows` of a problem of `shape` are wanted on the device:
-    /// under `auto` only where the device covers the problem ([`device_covers`]).
+    /// under `auto` above [`AUTO_DEVICE_ABOVE`] checked (row, key) pairs. The GPU yardsticks
+    /// take every problem the shapes allow, one module per head dim (docs/DESIGN.md
+    /// "References on the GPU"); one that cannot be built or loaded is unavailable, and `auto`
+    /// then computes on the host.
     pub fn wants_device(self, rows: &RowSet, shape: &Shape) -> bool {
         match self {
             Engine::Host => false,
             Engine::Device => true,
-            Engine::Auto => {
-                device_covers(shape) && rows.count() as u64 * shape.sk as u64 > AUTO_DEVICE_ABOVE
-            }
+            Engine::Auto => rows.count() as u64 * shape.sk as u64 > AUTO_DEVICE_ABOVE,
         }
     }
 }
@@ -231,7 +221,7 @@ impl References {
 
     /// The references and bounds from the sums of either engine: the same finishing for both.
     /// The sums must be read as the model of `alg` reads ([`Model::reading`]; the device takes
-    /// the reading as arguments, [`Model::device_sums_apply`]).
+    /// the reading as arguments).
     pub fn from_sums(p: &Problem, alg: Algorithm, rows: &RowSet, sums: RowSums) -> Self {
         Self::finish(p, &Model::of(alg), rows, sums)
     }

@@ -225,13 +225,6 @@ impl Model {
         }
     }
 
-    /// Whether sums computed on the GPU serve this model: cuda/reference_f64.cu reads the FP8
-    /// codes, and takes the reading's small weight and P's rounding (for the spread) as
-    /// arguments.
-    pub fn device_sums_apply(&self) -> bool {
-        self.reading().precision == Precision::Fp8
-    }
-
     /// What the references read, and below which weight a weight is counted small.
     pub fn reading(&self) -> Reading {
         match self {

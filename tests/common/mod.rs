@@ -155,3 +155,29 @@ pub fn shape(
         rotate: false,
     }
 }
+
+/// Two batches of 4 query heads over 2 K/V heads each, causal at D 128, with the rows a run
+/// samples (not all): the problem on which head groups of the runner's GPU kernels start
+/// inside a K/V head's group and cross batches (tests/gpu_emulation.rs, tests/gpu_reference.rs).
+pub fn gqa_causal_sampled() -> (
+    sdpa_runner::shapes::Shape,
+    sdpa_runner::problem::Problem,
+    sdpa_runner::rows::RowSet,
+) {
+    let sh = sdpa_runner::shapes::Shape::parse_inline("2x4x3000x128:hkv=2:causal:qk=3")
+        .unwrap()
+        .unwrap();
+    let p = sdpa_runner::problem::Problem::new(&sh, 11);
+    let rows = sdpa_runner::rows::RowSet::sampled(&sh, 11, &[64, 128]);
+    assert!(!rows.is_all());
+    (sh, p, rows)
+}
+
+/// The memory of the largest three neighbouring heads of `heads`, `bytes(bh)` each: a budget
+/// that groups them three at a time.
+pub fn three_heads(heads: usize, bytes: impl Fn(usize) -> u64) -> u64 {
+    (0..heads - 2)
+        .map(|bh| bytes(bh) + bytes(bh + 1) + bytes(bh + 2))
+        .max()
+        .unwrap()
+}

@@ -47,7 +47,6 @@ use device::DeviceInfo;
 use identity::VariantIdentity;
 use kernel::KernelSource;
 use launch::DeviceProblem;
-use yardsticks::uncovered;
 
 /// A variant loaded on the device.
 pub struct LoadedVariant {
@@ -212,15 +211,6 @@ impl Backend for CudaBackend {
         reading: Reading,
         rows: &RowSet,
     ) -> Result<DeviceSums, BackendError> {
-        if !crate::reference::device_covers(&p.shape) {
-            return Ok(OnDevice::Unavailable(uncovered(&p.shape, "f64 reference")));
-        }
-        if reading.precision != crate::reference::Precision::Fp8 {
-            return Ok(OnDevice::Unavailable(format!(
-                "the GPU's f64 reference reads FP8 codes, not {:?} inputs",
-                reading.precision
-            )));
-        }
         self.reference_sums_grouped(
             p,
             reading,
@@ -236,9 +226,6 @@ impl Backend for CudaBackend {
         alg: Algorithm,
         rows: &RowSet,
     ) -> Result<OnDevice<Vec<f16>>, BackendError> {
-        if !crate::reference::device_covers(&p.shape) {
-            return Ok(OnDevice::Unavailable(uncovered(&p.shape, "emulation")));
-        }
         self.emulation_grouped(
             p,
             alg,

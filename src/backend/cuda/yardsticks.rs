@@ -18,7 +18,7 @@ use crate::backend::{BackendError, DeviceSums, OnDevice};
 use crate::emulation::Algorithm;
 use crate::kernels::KernelSpec;
 use crate::problem::Problem;
-use crate::reference::{Model, Reading};
+use crate::reference::{Model, Precision, Reading};
 use crate::rows::RowSet;
 use crate::shapes::Entry;
 
@@ -49,10 +49,8 @@ impl YardstickBuilds {
             let alg = Algorithm::of(spec);
             let spread = Model::of(alg).reading().spread;
             for d in entries.iter().map(|e| e.d) {
-                if crate::reference::DEVICE_HEAD_DIMS.contains(&d) {
-                    self.reference(RefBuild { d, spread });
-                    self.emulation(EmuBuild::new(d, alg));
-                }
+                self.reference(RefBuild { d, spread });
+                self.emulation(EmuBuild::new(d, alg));
             }
         }
     }
@@ -161,6 +159,12 @@ impl CudaBackend {
         group_bytes: u64,
         blocks_per_launch: usize,
     ) -> Result<DeviceSums, BackendError> {
+        if reading.precision != Precision::Fp8 {
+            return Ok(OnDevice::Unavailable(format!(
+                "the GPU's f64 reference reads FP8 codes, not {:?} inputs",
+                reading.precision
+            )));
+        }
         let gpu = &mut *self.gpu;
         let ctx = &gpu.ctx;
         let build = RefBuild {
@@ -251,13 +255,4 @@ impl CudaBackend {
             }
         }
     }
-}
-
-/// Why the runner's GPU `what` kernel cannot take a problem of `shape`.
-pub(super) fn uncovered(shape: &crate::shapes::Shape, what: &str) -> String {
-    format!(
-        "the GPU {what} kernel is built for D in {:?}, not {}",
-        crate::reference::DEVICE_HEAD_DIMS,
-        shape.dims()
-    )
 }
