@@ -22,6 +22,9 @@
 //                   rewritten every step). Numerics are identical: both variants compute from
 //                   the same code tiles in the same order.
 //   CP_STAGES=N     stages of the cp.async pipeline (default 2, measured best: docs/PERF.md).
+//   SHORT_Q_STAGES=N  stages of the pipeline of a short GQA/MQA query at D = 128 (default 4,
+//                   measured: docs/PERF.md change 15), run where the launch gives its shared
+//                   memory (SDPA_SMEM_BYTES_D128_SHORT; `deep_pipeline`); 2 turns it off.
 //   ROW_WARPS=R, KV_SPLIT=K  the warp grid (defaults 2 x 2, chosen by measurement:
 //                   docs/PERF.md; R·K <= 16 and a step's codes must split into whole 16-byte
 //                   chunks per thread: R of 1, 2, 4 or 8). K changes the summation order;
@@ -45,14 +48,23 @@
 // shared memory. The host reads the SDPA_* constants below from the module instead of
 // repeating them.
 //
-// Short queries (S_q <= 16, GQA/MQA decode): the ROW_WARPS query heads of one K/V head that
-// share a group of ROW_WARPS CTAs run in its first CTA, row warp rw taking head y0 + rw, and
-// the others exit at once (`packs`): each K/V step is loaded once for them, and no row warp
-// computes rows that do not exist. Per row the arithmetic is unchanged. Every entry but the
-// plain D = 64 one (held to 128 registers) does it; NO_HEAD_PACKING turns it off for A/Bs.
+// Short queries (S_q <= 16, GQA/MQA decode): consecutive query heads of one K/V head run in
+// one CTA, a pack, and the pack's other CTAs exit at once (`pack_of`): with S_q <= 8, 2·R heads,
+// each row warp holding two (its fragment rows g and g + 8 are query row g of heads y0 + 2rw
+// and y0 + 2rw + 1); else R heads, row warp rw holding head y0 + rw. Each K/V step is loaded
+// once for the pack, and the MMA rows S_q fills are real ones. Per row the arithmetic is
+// unchanged. Every entry but the plain D = 64 one (held to 128 registers) does it;
+// NO_HEAD_PACKING turns it off, NO_HEAD_PAIRS the packs of 2·R, for A/Bs.
+// A pack streams its K/V head with few CTAs (llama-decode: 128 CTAs, one an SM), so at D = 128
+// a short GQA/MQA query runs a SHORT_Q_STAGES-deep pipeline: the host launches it with
+// SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity.rs
+// `launch_smem_bytes`), and the kernel takes the deep path only where the launch gave that
+// much (`deep_pipeline`, %dynamic_smem_size). The depth changes when codes land, never what is
+// computed.
 //
 // Warps: a CTA owns BLOCK_M = 16·R query rows of one (b, h) and has R·K warps. Warp w owns the
-// 16 rows [16·(w % R), +16) (packed, above: rows [0, 16) of head y0 + w % R) and KV split w / R: split k takes KV tiles k, k + K, k + 2K, ...
+// 16 rows [16·(w % R), +16) (packed, above: rows [0, 16) of head y0 + w % R, or rows [0, 8) of
+// heads y0 + 2(w % R) and y0 + 2(w % R) + 1) and KV split w / R: split k takes KV tiles k, k + K, k + 2K, ...
 // of BLOCK_N = 64 keys, so one CTA step brings STEP_KEYS = 64·K keys into shared memory and
 // each warp eats one tile of it. Splitting the keys shortens each warp's serial chain K-fold
 // and puts K times more warps on the SMs; the splits are merged once, at the end.
@@ -97,9 +109,9 @@
 //   s·STAGE_BYTES          stage s: K codes [STEP_KEYS][D]                         8192   16384
 //   + STEP_CODE_BYTES               V codes [STEP_KEYS][D]                         8192   16384
 //   OFF_Q = STAGES·STAGE_BYTES  Q fragments [warp][k-step][lane] uint4  NUM_WARPS·D·32 8192 16384
-//   stages: 1 (USE_CP_ASYNC=0), CP_STAGES (USE_CP_ASYNC=1)
+//   stages: 1 (USE_CP_ASYNC=0), CP_STAGES (USE_CP_ASYNC=1), SHORT_Q_STAGES (cp1, short queries)
 //   total (R = K = 2): D=64: 24576 (cp0), 40960 (cp1, 2 stages);
-//                      D=128: 49152 (cp0), 81920 (cp1, 2 stages).
+//                      D=128: 49152 (cp0), 81920 (cp1, 2 stages), 147456 (cp1, short: 4 stages).
 //   After the last step the splits' (m, l, O) are parked from offset 0 for the merge
 //   (PARK_BYTES: 9216 at D = 64, 17408 at D = 128 for R = K = 2; SMEM_BYTES grows to fit it
 //   for larger grids).
@@ -112,7 +124,9 @@
 //                score phase: at 128 registers it spilled 16 (cp0) and 28 (cp1) bytes, so it
 //                is allowed 168 (3 CTAs per SM).
 //   d128, d128_causal  64 O accumulators: 255 registers (2 CTAs per SM, which 80 KB of shared
-//                memory for cp1 allows anyway), up to 96 KB of shared memory.
+//                memory for cp1 allows anyway), up to 96 KB of shared memory. A short GQA/MQA
+//                query's launch takes 144 KB (one CTA an SM): its packs are few (one per K/V
+//                head), so it is the pipeline's depth, not the CTAs per SM, that feeds them.
 // D = 256 would need 128 accumulators per lane beside the scores: past 255 registers with this
 // warp grid, so it is refused.
 
@@ -139,6 +153,12 @@
 #ifndef CP_STAGES
 #define CP_STAGES 2
 #endif
+// The cp.async pipeline's depth for short GQA/MQA queries at D = 128 (the header's "Short
+// queries"), where the host launches with SDPA_SMEM_BYTES_D128_SHORT of shared memory.
+#ifndef SHORT_Q_STAGES
+#define SHORT_Q_STAGES 4
+#endif
+#define SHORT_Q_ROWS 16 // S_q at or below which a query is short
 // The entry this module holds: 64 or 128 (the runner compiles one module per D, each in its
 // own NVRTC program, so a run builds only the D its problems need), 0 for both.
 #ifndef SDPA_D
@@ -169,14 +189,14 @@ constexpr int STAGES = USE_CP_ASYNC ? CP_STAGES : 1;
 
 // Everything that depends on the head dimension D: the tiles' sizes, the shared-memory layout
 // (the header's table) and the swizzle.
-template <int D>
+template <int D, int ST = STAGES>
 struct Geo {
     static constexpr int HEAD_DIM = D;
     static constexpr int CHUNKS_PER_ROW = D / 16;
     static constexpr int STEP_CODE_BYTES = STEP_KEYS * D;   // codes of one step of K (or V)
     static constexpr int CHUNKS_PER_THREAD = STEP_CODE_BYTES / 16 / THREADS;
     static constexpr int STAGE_BYTES = 2 * STEP_CODE_BYTES;  // K codes, then V codes
-    static constexpr int OFF_Q = STAGES * STAGE_BYTES;       // each warp's Q fragments
+    static constexpr int OFF_Q = ST * STAGE_BYTES;           // each warp's Q fragments
     static constexpr int Q_FRAG_BYTES = D / 16 * 4 * 4 * 32; // per warp: D/4 registers x 32 lanes
     // A parked split: per lane D/2 O values, then m[2], l[2]; stored lane-major (conflict-free).
     static constexpr int PARK_FLOATS = (D / 2 + 4) * 32;
@@ -196,6 +216,9 @@ struct Geo {
 
 static_assert(ROW_WARPS >= 1 && KV_SPLIT >= 1 && NUM_WARPS <= 16, "1..16 warps");
 static_assert(CP_STAGES >= 2 && CP_STAGES <= 8, "2..8 cp.async stages");
+static_assert(SHORT_Q_STAGES >= 2 && SHORT_Q_STAGES <= 8, "2..8 cp.async stages");
+// The depth of a short query's pipeline: SHORT_Q_STAGES with cp.async (cp0 has one stage).
+constexpr int SHORT_STAGES = USE_CP_ASYNC ? SHORT_Q_STAGES : 1;
 
 // Read by the host after loading the module: launch geometry and identity of this build.
 extern "C" __constant__ int SDPA_BLOCK_M = BLOCK_M;
@@ -204,6 +227,10 @@ extern "C" __constant__ int SDPA_KV_SPLIT = KV_SPLIT;
 extern "C" __constant__ int SDPA_THREADS = THREADS;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = Geo<64>::SMEM_BYTES;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = Geo<128>::SMEM_BYTES;
+// Short GQA/MQA queries at D = 128 (S_q <= SDPA_SHORT_Q_ROWS, H_kv < H) launch with this much
+// instead: the deeper pipeline's stages (the kernel checks what it got: `deep_pipeline`).
+extern "C" __constant__ int SDPA_SHORT_Q_ROWS = SHORT_Q_ROWS;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D128_SHORT = Geo<128, SHORT_STAGES>::SMEM_BYTES;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = USE_CP_ASYNC;
 
 // ---- tensor-core and shared-memory primitives (PTX ISA fragment layouts) -----------------
@@ -356,7 +383,7 @@ __device__ __forceinline__ int cta_row0() {
     const int tile = CAUSAL ? (int)gridDim.x - 1 - ctaid_x() : ctaid_x();
     return tile * BLOCK_M;
 }
-// The first of this warp's 16 rows: in a CTA that packs query heads (`packs`) every row warp
+// The first of this warp's 16 rows: in a CTA that packs query heads (`pack_of`) every row warp
 // runs rows 0 .. S_q - 1 of its own head.
 template <bool CAUSAL>
 __device__ __forceinline__ int warp_row0(bool packed) {
@@ -384,30 +411,63 @@ __device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
 #endif
 }
 // Short queries: with S_q <= 16 one row warp holds every query row, and the CTA's other
-// ROW_WARPS - 1 row warps would compute rows that do not exist. Then the ROW_WARPS query heads
-// y0 .. y0 + ROW_WARPS - 1 (y0 a multiple of ROW_WARPS) share the CTA at ctaid.y = y0, row warp rw
-// taking head y0 + rw, when they read one K/V head (GQA/MQA decode): each K/V step is loaded
-// once for all of them, and the group's other CTAs exit at once. Per row nothing changes (the
-// same tiles, KV splits and order of operations), so neither does any output bit.
+// ROW_WARPS - 1 row warps would compute rows that do not exist. Then consecutive query heads
+// that read one K/V head (GQA/MQA decode) share a CTA, the pack, at the first of them, y0 (a
+// multiple of the pack's size), and the pack's other CTAs exit at once:
+//   2·ROW_WARPS heads, when S_q <= 8: row warp rw holds heads y0 + 2rw (its rows 0..7) and
+//            y0 + 2rw + 1 (its rows 8..15), each with query rows 0 .. S_q - 1, so a lane's
+//            fragment rows g and g + 8 are query row g of two heads;
+//   ROW_WARPS heads, when S_q <= 16 (or the pair does not fit): row warp rw holds head y0 + rw.
+// Each K/V step is loaded once for the whole pack, and every MMA row that S_q fills is a real
+// one. Per row nothing changes (the same tiles, KV splits and order of operations, the row's own
+// head's scales), so neither does any output bit.
 // The plain D = 64 entry, held to 128 registers, has no room for it (it spilled 12-24 bytes):
 // only the other three entries pack.
 template <int D, bool CAUSAL>
-__device__ __forceinline__ bool packs(int y0, int BH, int H, int Hkv, int Sq) {
-#ifdef NO_HEAD_PACKING
-    return false;
-#else
-    if constexpr (D == 64 && !CAUSAL) {
-        return false;
-    } else {
+__device__ __forceinline__ constexpr bool can_pack() { return !(D == 64 && !CAUSAL); }
+// Whether the n heads y0 .. y0 + n - 1 exist and read one K/V head (kv_head is monotone in
+// the head, so the first and the last decide).
+__device__ __forceinline__ bool one_kv_head(int y0, int n, int BH, int H, int Hkv) {
 #ifdef MUTANT_PACK_ACROSS_KV_HEADS
-        // Packs heads that read different K/V heads: the second reads the first's K and V.
-        return ROW_WARPS > 1 && Sq <= 16 && Hkv != H && y0 + ROW_WARPS <= BH;
+    // Packs heads that read different K/V heads: the later ones read the first's K and V.
+    return y0 + n <= BH;
 #else
-        return ROW_WARPS > 1 && Sq <= 16 && Hkv != H && y0 + ROW_WARPS <= BH &&
-               kv_head(y0, H, Hkv) == kv_head(y0 + ROW_WARPS - 1, H, Hkv);
+    return y0 + n <= BH && kv_head(y0, H, Hkv) == kv_head(y0 + n - 1, H, Hkv);
 #endif
+}
+// How many query heads the pack of CTA y holds: 2·ROW_WARPS, ROW_WARPS or 1 (no packing).
+template <int D, bool CAUSAL>
+__device__ __forceinline__ int pack_of(int y, int BH, int H, int Hkv, int Sq) {
+#ifdef NO_HEAD_PACKING
+    return 1;
+#else
+    if constexpr (!can_pack<D, CAUSAL>()) {
+        return 1;
+    } else {
+        if (Hkv == H || Sq > 16) return 1;
+#ifndef NO_HEAD_PAIRS
+        constexpr int PAIRS = 2 * ROW_WARPS;
+        if (Sq <= 8 && one_kv_head(y - y % PAIRS, PAIRS, BH, H, Hkv)) return PAIRS;
+#endif
+        if (ROW_WARPS > 1 && one_kv_head(y - y % ROW_WARPS, ROW_WARPS, BH, H, Hkv)) return ROW_WARPS;
+        return 1;
     }
 #endif
+}
+// Query heads one row warp of a pack holds: 2 in a pack of 2·ROW_WARPS, else 1.
+__device__ __forceinline__ int heads_per_warp(int pack) { return pack > ROW_WARPS ? 2 : 1; }
+// The query head of a lane's fragment row i (g + 8i) in the pack of `pack` heads at y0 (the
+// CTA's own head when it does not pack).
+__device__ __forceinline__ int row_head(int pack, int y0, int i) {
+    const int hpw = heads_per_warp(pack);
+#ifdef MUTANT_PAIR_FIRST_HEAD_SCALE
+    i = 0; // both fragment rows read and write the first head of the pair
+#endif
+    return pack > 1 ? y0 + ((tid_x() >> 5) % ROW_WARPS) * hpw + (hpw - 1) * i : y0;
+}
+// The query row of a lane's fragment row i, counted from the warp's first row.
+__device__ __forceinline__ int row_in_head(int pack, int g, int i) {
+    return heads_per_warp(pack) == 2 ? g : g + 8 * i;
 }
 // Keys this CTA loads: all S_k, or up to its last row's last visible key.
 template <bool CAUSAL>
@@ -429,7 +489,7 @@ __device__ __forceinline__ int warp_keys(int Sq, int Sk, bool packed) {
 
 // ---- the kernel --------------------------------------------------------------------------
 
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, int ST>
 __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __restrict__ k,
                                           const u8* __restrict__ v,
                                           const float* __restrict__ q_scale,
@@ -437,7 +497,8 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
                                           const float* __restrict__ v_scale,
                                           __half* __restrict__ out, int B, int H, int Hkv,
                                           int Sq, int Sk, float softmax_scale) {
-    using G = Geo<D>;
+    using G = Geo<D, ST>;
+    constexpr bool CAN_PACK = can_pack<D, CAUSAL>();
     extern __shared__ __align__(128) u8 smem[];
 
     const int warp = threadIdx.x >> 5;
@@ -446,10 +507,11 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     const int qd = lane & 3; // fragment column pair 2qd, 2qd + 1
     const int split = warp / ROW_WARPS;
     if ((int)blockIdx.y >= B * H) return;
-    const int y0 = blockIdx.y - blockIdx.y % ROW_WARPS;
-    const bool packed = packs<D, CAUSAL>(y0, B * H, H, Hkv, Sq);
-    if (packed && (int)blockIdx.y != y0) return; // its head runs in the CTA at y0
-    const int bh = packed ? y0 + warp % ROW_WARPS : (int)blockIdx.y;
+    const int pack = pack_of<D, CAUSAL>(blockIdx.y, B * H, H, Hkv, Sq);
+    const int y0 = blockIdx.y - blockIdx.y % pack;
+    if ((int)blockIdx.y != y0) return; // its head runs in the CTA at y0
+    const bool packed = pack > 1;
+    const int bh = row_head(pack, y0, 0); // this warp's (first) query head
 #if SDPA_DELAY_CYCLES > 0
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -476,13 +538,13 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     // it in shared memory now (read after the loop's barriers) rather than a register or a
     // head-index division there.
     __shared__ float v_scale_shared;
-    // Whether the CTA packs query heads, likewise parked for the mask and the stores: the
-    // mask reads it after the causal barrier below, the stores after the barrier that ends
-    // the loop (a causal CTA whose rows see no key runs no step at all).
-    __shared__ int packed_shared;
+    // The pack's size, likewise parked for the mask and the stores: the mask reads it after
+    // the causal barrier below, the stores after the barrier that ends the loop (a causal CTA
+    // whose rows see no key runs no step at all).
+    __shared__ int pack_shared;
     if (threadIdx.x == 0) {
         v_scale_shared = v_scale[bkv];
-        packed_shared = packed;
+        pack_shared = pack;
     }
     // Causal: the keys the CTA loads and each warp runs, computed once and read per step
     // from shared memory (at 128 registers a causal loop cannot hold them).
@@ -494,11 +556,18 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     }
 #define CTA_KEYS (CAUSAL ? keys_shared[0] : cta_keys<CAUSAL>(Sq, Sk))
 #define WARP_KEYS (CAUSAL ? keys_shared[1 + (tid_x() >> 5)] : warp_keys<CAUSAL>(Sq, Sk, false))
+    // Per fragment row i (g + 8i): the scale of its own head's scores (the two differ only
+    // in a pack of head pairs).
+    float qk_scale[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int h = row_head(pack, y0, i);
 #ifdef MUTANT_K_SCALE_TWICE
-    const float qk_scale = (q_scale[bh] * k_scale[bkv] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
+        qk_scale[i] = (q_scale[h] * k_scale[bkv] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
 #else
-    const float qk_scale = (q_scale[bh] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
+        qk_scale[i] = (q_scale[h] * k_scale[bkv]) * (softmax_scale * 1.4426950408889634f);
 #endif
+    }
 
     // Per lane: rows g (index 0) and g + 8 (index 1) of the warp's 16.
     float o[D / 8][4];
@@ -519,10 +588,10 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     const unsigned v_lane = smem_addr + G::STEP_CODE_BYTES + split * BLOCK_N * D +
                             G::swizzled((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #if USE_CP_ASYNC
-    // Prologue: the first CP_STAGES - 1 steps in flight, one commit group each (maybe empty),
+    // Prologue: the first ST - 1 steps in flight, one commit group each (maybe empty),
     // before Q's loads, so Q's latency and theirs overlap.
 #pragma unroll
-    for (int st = 0; st < CP_STAGES - 1; ++st) {
+    for (int st = 0; st < ST - 1; ++st) {
         const int keys_cta = CTA_KEYS;
         if (st * STEP_KEYS < keys_cta)
             copy_step_async<D>(k_bh, v_bh, st * STEP_KEYS, min(STEP_KEYS, keys_cta - st * STEP_KEYS), smem + st * G::STAGE_BYTES);
@@ -534,18 +603,20 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     // lane q: one 4-byte load of dims 16kk + 4q .. +3 per row (MMA k-indices 2q, 2q+1, 2q+8,
     // 2q+9: the header's order), the low pair to a0 (a1), the high pair to a2 (a3).
     {
+        const size_t q_pair = (size_t)(heads_per_warp(pack) - 1) * Sq * D;
         unsigned qa[D / 16][4];
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-                const int row = q0 + g + i * 8;
+                // Row i of a head pair is the second head's (q_pair on), else this head's.
+                const int row = q0 + row_in_head(pack, g, i);
                 unsigned codes = 0;
 #ifdef MUTANT_Q_READ_PAST_END
                 // Reads query row S_q too (its scores go nowhere: the output does not change).
-                if (row <= Sq) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * D + kk * 16 + 4 * qd);
+                if (row <= Sq) codes = *reinterpret_cast<const unsigned*>(q_bh + i * q_pair + (size_t)row * D + kk * 16 + 4 * qd);
 #else
-                if (row < Sq) codes = *reinterpret_cast<const unsigned*>(q_bh + (size_t)row * D + kk * 16 + 4 * qd);
+                if (row < Sq) codes = *reinterpret_cast<const unsigned*>(q_bh + i * q_pair + (size_t)row * D + kk * 16 + 4 * qd);
 #endif
                 qa[kk][i] = decode2_e4m3(codes);
                 qa[kk][i + 2] = decode2_e4m3_hi(codes);
@@ -563,10 +634,10 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
     for (int j = 0; j * STEP_KEYS < CTA_KEYS; ++j) {
         // 1. This step's K and V codes, landed in its stage.
 #if USE_CP_ASYNC
-        // Groups committed so far: CP_STAGES - 1 + j; all but the newest CP_STAGES - 2 have
-        // landed once step j has.
+        // Groups committed so far: ST - 1 + j; all but the newest ST - 2 have landed once
+        // step j has.
 #ifndef MUTANT_SKIP_CP_WAIT
-        __pipeline_wait_prior(CP_STAGES - 2);
+        __pipeline_wait_prior(ST - 2);
 #endif
 #ifndef MUTANT_NO_DEQUANT_BARRIER
         __syncthreads(); // every thread's copies of step j are visible; step j - 1 is done
@@ -574,17 +645,17 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
         {
             // Into the stage step j - 1 used: every warp is past it (the barrier above), so
             // one barrier per step suffices.
-            const int ahead = j + CP_STAGES - 1;
+            const int ahead = j + ST - 1;
             const int keys_cta = CTA_KEYS;
             if (ahead * STEP_KEYS < keys_cta)
                 copy_step_async<D>(k_bh, v_bh, ahead * STEP_KEYS, min(STEP_KEYS, keys_cta - ahead * STEP_KEYS),
-                                   smem + (ahead % CP_STAGES) * G::STAGE_BYTES);
+                                   smem + (ahead % ST) * G::STAGE_BYTES);
             __pipeline_commit(); // one group per iteration keeps the count uniform
         }
 #ifdef MUTANT_WRONG_STAGE
-        const int cur = (j + 1) % CP_STAGES; // a stage still being filled
+        const int cur = (j + 1) % ST; // a stage still being filled
 #else
-        const int cur = j % CP_STAGES;
+        const int cur = j % ST;
 #endif
 #else
         load_step<D>(k_bh, v_bh, j * STEP_KEYS, min(STEP_KEYS, CTA_KEYS - j * STEP_KEYS), smem);
@@ -632,16 +703,17 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 #pragma unroll
             for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nb][e] = __fmul_rn(s[nb][e], qk_scale);
+                for (int e = 0; e < 4; ++e) s[nb][e] = __fmul_rn(s[nb][e], qk_scale[e >> 1]);
             // Only a tile that some row of the warp does not see whole pays for the mask: the
             // last tile (partial) or, causal, one the diagonal crosses (the warp's first row
             // sees least). Row r sees keys below row_keys(r).
             if constexpr (CAUSAL) {
                 const int diag = diagonal(Sq, Sk);
-                const int w0 = warp_row0<CAUSAL>(packed_shared != 0);
+                const int pk = CAN_PACK ? pack_shared : 1;
+                const int w0 = warp_row0<CAUSAL>(pk > 1);
                 if (kv0 + BLOCK_N > row_keys(w0, true, diag, Sk)) {
-                    const int lim[2] = {row_keys(w0 + g, true, diag, Sk),
-                                        row_keys(w0 + g + 8, true, diag, Sk)};
+                    const int lim[2] = {row_keys(w0 + row_in_head(pk, g, 0), true, diag, Sk),
+                                        row_keys(w0 + row_in_head(pk, g, 1), true, diag, Sk)};
 #pragma unroll
                     for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
@@ -793,24 +865,23 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 
     // Normalize and store (the head and rows read again: nothing held across the loop).
     const float v_sc = v_scale_shared;
-    const bool packed_out = packed_shared != 0;
-    const int y_out = ctaid_y();
-    const int bh_out = packed_out ? y_out - y_out % ROW_WARPS + (tid_x() >> 5) % ROW_WARPS : y_out;
-    __half* out_bh = out + (size_t)bh_out * Sq * D;
-    const int q0_out = warp_row0<CAUSAL>(packed_out);
+    const int pack_out = CAN_PACK ? pack_shared : 1;
+    __half* out_bh = out + (size_t)row_head(pack_out, ctaid_y(), 0) * Sq * D;
+    const size_t out_pair = (size_t)(heads_per_warp(pack_out) - 1) * Sq * D; // row i's head
+    const int q0_out = warp_row0<CAUSAL>(pack_out > 1);
     // Per row (g, g + 8) and 16-dim chunk c a lane holds dims
     // 16c + 4q .. +3 as (o[2c][.], o[2c+1][.], o[2c][. + 1], o[2c+1][. + 1]): one 8-byte store.
     // A row that saw no key has l = 0 and is written as zeros.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #ifdef MUTANT_STORE_ROW_OFF_BY_ONE
-        const int row = q0_out + g + i * 8 + 1;
+        const int row = q0_out + row_in_head(pack_out, g, i) + 1;
 #else
-        const int row = q0_out + g + i * 8;
+        const int row = q0_out + row_in_head(pack_out, g, i);
 #endif
         if (row < Sq) {
             const float scale = l_run[i] == 0.0f ? 0.0f : v_sc / l_run[i];
-            uint2* dst = reinterpret_cast<uint2*>(out_bh + (size_t)row * D + 4 * qd);
+            uint2* dst = reinterpret_cast<uint2*>(out_bh + i * out_pair + (size_t)row * D + 4 * qd);
 #pragma unroll
             for (int c = 0; c < D / 16; ++c) {
                 const __half d0 = __float2half_rn(__fmul_rn(o[2 * c][2 * i], scale));
@@ -826,6 +897,39 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
         (void)*(volatile const u8*)(k_bh + (size_t)Sk * D); // past the last head's K
     }
 #endif
+}
+
+__device__ __forceinline__ unsigned dynamic_smem_size() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+// Whether this launch runs the deeper pipeline: a short query at D = 128 whose launch gave
+// the deeper stages' shared memory (the host does for GQA/MQA: launch.rs). The depth changes
+// when codes land, not what is computed: the outputs are the same bits.
+template <int D>
+__device__ __forceinline__ bool deep_pipeline(int Sq) {
+    if constexpr (D == 128 && SHORT_STAGES > STAGES) {
+        return Sq <= SHORT_Q_ROWS && dynamic_smem_size() >= (unsigned)Geo<D, SHORT_STAGES>::SMEM_BYTES;
+    } else {
+        return false;
+    }
+}
+template <int D, bool CAUSAL>
+__device__ __forceinline__ void sdpa_entry(const u8* __restrict__ q, const u8* __restrict__ k,
+                                           const u8* __restrict__ v,
+                                           const float* __restrict__ q_scale,
+                                           const float* __restrict__ k_scale,
+                                           const float* __restrict__ v_scale,
+                                           __half* __restrict__ out, int B, int H, int Hkv,
+                                           int Sq, int Sk, float softmax_scale) {
+    if constexpr (D == 128 && SHORT_STAGES > STAGES) {
+        if (deep_pipeline<D>(Sq)) {
+            sdpa_body<D, CAUSAL, SHORT_STAGES>(q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale);
+            return;
+        }
+    }
+    sdpa_body<D, CAUSAL, STAGES>(q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale);
 }
 
 // The entries, one per D. D = 64 is held to 128 registers (4 CTAs of 128 threads in 64K
@@ -845,7 +949,7 @@ __device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __
 #define D64_CAUSAL_BOUNDS __launch_bounds__(THREADS, 3)
 #define D128_BOUNDS __launch_bounds__(THREADS, 2)
 #define ENTRY(NAME, BOUNDS, DIM, CAUSAL_) \
-    extern "C" __global__ void BOUNDS NAME(SDPA_ARGS) { sdpa_body<DIM, CAUSAL_>(SDPA_PASS); }
+    extern "C" __global__ void BOUNDS NAME(SDPA_ARGS) { sdpa_entry<DIM, CAUSAL_>(SDPA_PASS); }
 
 #if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 1
 ENTRY(sdpa_fp8_stage_c_mma_d64, D64_BOUNDS, 64, false)

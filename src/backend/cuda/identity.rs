@@ -22,6 +22,13 @@ pub struct KernelConstants {
     /// Dynamic shared memory of the D = 128 entry.
     #[serde(default)]
     pub smem_bytes_d128: u32,
+    /// Short GQA/MQA queries (S_q at most this, H_kv < H; 0: none) launch the D = 128 entry
+    /// with `smem_bytes_d128_short` instead (`SDPA_SHORT_Q_ROWS`, `SDPA_SMEM_BYTES_D128_SHORT`:
+    /// Stage C's deeper pipeline for decode).
+    #[serde(default)]
+    pub short_q_rows: u32,
+    #[serde(default)]
+    pub smem_bytes_d128_short: u32,
     /// The A/B switch's published value (cuda/kernels.toml `proof_constant`: Stage C's
     /// SDPA_USE_CP_ASYNC, Stage D's SDPA_KV_STAGES).
     #[serde(alias = "use_cp_async")]
@@ -46,9 +53,36 @@ impl KernelConstants {
             threads: get("SDPA_THREADS")?,
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
+            short_q_rows: ptx_constant_opt(ptx, "SDPA_SHORT_Q_ROWS")?.unwrap_or(0),
+            smem_bytes_d128_short: ptx_constant_opt(ptx, "SDPA_SMEM_BYTES_D128_SHORT")?
+                .unwrap_or(0),
             switch: get(switch_constant)?,
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
         })
+    }
+
+    /// The dynamic shared memory a launch of `entry` on a problem of `sq` query rows with
+    /// `h` query heads over `hkv` K/V heads gets: a short GQA/MQA query at D = 128 the short
+    /// figure (where the module publishes one), any other the entry's.
+    pub fn launch_smem_bytes(&self, entry: Entry, sq: usize, h: usize, hkv: usize) -> u32 {
+        if entry.d != 128 {
+            return self.smem_bytes;
+        }
+        let short = sq <= self.short_q_rows as usize && hkv < h;
+        if short && self.smem_bytes_d128_short > 0 {
+            self.smem_bytes_d128_short
+        } else {
+            self.smem_bytes_d128
+        }
+    }
+
+    /// The most dynamic shared memory any launch of `entry` asks for (the function's limit).
+    pub fn max_smem_bytes(&self, entry: Entry) -> u32 {
+        if entry.d == 128 {
+            self.smem_bytes_d128.max(self.smem_bytes_d128_short)
+        } else {
+            self.smem_bytes
+        }
     }
 
     /// The tensor-map layout this module asks for (src/backend/cuda/tensor_map.rs).
@@ -506,6 +540,54 @@ ptxas info    : Used 96 registers, used 1 barriers
     }
 
     #[test]
+    fn short_gqa_queries_at_d128_launch_with_the_published_short_shared_memory_and_others_do_not() {
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 64;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 40960;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 81920;\n\
+                   .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
+        let short = format!(
+            "{ptx}.const .align 4 .u32 SDPA_SHORT_Q_ROWS = 16;\n\
+             .const .align 4 .u32 SDPA_SMEM_BYTES_D128_SHORT = 147456;\n"
+        );
+        let c = KernelConstants::from_ptx(&short, "SDPA_USE_CP_ASYNC").unwrap();
+        let (d128, d128c, d64c) = (
+            Entry {
+                d: 128,
+                causal: false,
+            },
+            Entry {
+                d: 128,
+                causal: true,
+            },
+            Entry {
+                d: 64,
+                causal: true,
+            },
+        );
+        // (entry, S_q, H, H_kv) -> bytes
+        assert_eq!(c.launch_smem_bytes(d128, 1, 32, 8), 147456, "decode");
+        assert_eq!(c.launch_smem_bytes(d128c, 16, 32, 1), 147456, "S_q 16, MQA");
+        assert_eq!(c.launch_smem_bytes(d128, 17, 32, 8), 81920, "S_q past 16");
+        assert_eq!(
+            c.launch_smem_bytes(d128, 1, 32, 32),
+            81920,
+            "no GQA: nothing packs"
+        );
+        assert_eq!(
+            c.launch_smem_bytes(d64c, 1, 32, 8),
+            40960,
+            "D 64 has no deeper pipeline"
+        );
+        assert_eq!(c.max_smem_bytes(d128), 147456);
+        assert_eq!(c.max_smem_bytes(d64c), 40960);
+        // A module that publishes none (Stage D, older builds) launches every problem alike.
+        let plain = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
+        assert_eq!(plain.launch_smem_bytes(d128, 1, 32, 8), 81920);
+        assert_eq!(plain.max_smem_bytes(d128), 81920);
+    }
+
+    #[test]
     fn a_module_that_publishes_v_swizzle_gets_a_swizzled_v_map_and_one_that_does_not_an_unswizzled_one()
      {
         let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 128;\n\
@@ -572,6 +654,8 @@ ptxas info    : Used 96 registers, used 1 barriers
                 threads: 128,
                 smem_bytes: 61440,
                 smem_bytes_d128: 61440,
+                short_q_rows: 0,
+                smem_bytes_d128_short: 0,
                 switch: published,
                 v_swizzle: false,
             },

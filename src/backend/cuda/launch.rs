@@ -131,11 +131,12 @@ impl DeviceProblem {
         let function = variant
             .entry(self.entry)
             .expect("the entry of the problem was built");
-        let smem_bytes = if self.entry.d == 128 {
-            consts.smem_bytes_d128
-        } else {
-            consts.smem_bytes
-        };
+        let smem_bytes = consts.launch_smem_bytes(
+            self.entry,
+            self.sq as usize,
+            self.h as usize,
+            self.hkv as usize,
+        );
         let cfg = LaunchConfig {
             grid_dim: (
                 (self.sq as u32).div_ceil(consts.block_m),

@@ -228,7 +228,7 @@ fn load_variant(
         function
             .set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_bytes as i32,
+                c.max_smem_bytes(e) as i32,
             )
             .map_err(|err| refuse("the device refused the kernel's shared memory size", err))?;
         let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
