@@ -24,7 +24,10 @@
 //   CP_STAGES=N     stages of the cp.async pipeline (default 2, measured best: docs/PERF.md).
 //   SHORT_Q_STAGES=N  stages of the pipeline of a short GQA/MQA query at D = 128 (default 4,
 //                   measured: docs/PERF.md change 15), run where the launch gives its shared
-//                   memory (SDPA_SMEM_BYTES_D128_SHORT; `deep_pipeline`); 2 turns it off.
+//                   memory (SDPA_SMEM_BYTES_D128_SHORT; `deep_pipeline`); a depth no deeper
+//                   than CP_STAGES, or one past 227 KB, builds no deeper body.
+//   SHORT_Q_EXPECT_DEEP  test hook, never in normal builds: a short GQA/MQA query at D = 128
+//                   that reaches the shallow body traps (tests/gpu_kernel.rs).
 //   ROW_WARPS=R, KV_SPLIT=K  the warp grid (defaults 2 x 2, chosen by measurement:
 //                   docs/PERF.md; R·K <= 16 and a step's codes must split into whole 16-byte
 //                   chunks per thread: R of 1, 2, 4 or 8). K changes the summation order;
@@ -45,7 +48,8 @@
 //                   identical with those blocks removed. Their names say what they break.
 //
 // Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES_D<D> of dynamic
-// shared memory. The host reads the SDPA_* constants below from the module instead of
+// shared memory (a short GQA/MQA query at D = 128: SDPA_SMEM_BYTES_D128_SHORT, where the
+// build has a deeper body and the device allows it; "Short queries" below). The host reads the SDPA_* constants below from the module instead of
 // repeating them.
 //
 // Short queries (S_q <= 16, GQA/MQA decode): consecutive query heads of one K/V head run in
@@ -227,10 +231,15 @@ extern "C" __constant__ int SDPA_KV_SPLIT = KV_SPLIT;
 extern "C" __constant__ int SDPA_THREADS = THREADS;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = Geo<64>::SMEM_BYTES;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = Geo<128>::SMEM_BYTES;
+// Whether this build has the deeper body at all: more stages than the entries' own, within
+// the 227 KB a block may have on sm_90 (a grid such as KV_SPLIT=4 would need more: no deep body).
+constexpr bool HAS_DEEP = SHORT_STAGES > STAGES && Geo<128, SHORT_STAGES>::SMEM_BYTES <= 232448;
 // Short GQA/MQA queries at D = 128 (S_q <= SDPA_SHORT_Q_ROWS, H_kv < H) launch with this much
-// instead: the deeper pipeline's stages (the kernel checks what it got: `deep_pipeline`).
+// instead (0: no deeper body, every launch gets SDPA_SMEM_BYTES_D128); the host launches with
+// it only where the device allows a block that much, and the kernel checks what it got
+// (`deep_pipeline`).
 extern "C" __constant__ int SDPA_SHORT_Q_ROWS = SHORT_Q_ROWS;
-extern "C" __constant__ int SDPA_SMEM_BYTES_D128_SHORT = Geo<128, SHORT_STAGES>::SMEM_BYTES;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D128_SHORT = HAS_DEEP ? Geo<128, SHORT_STAGES>::SMEM_BYTES : 0;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = USE_CP_ASYNC;
 
 // ---- tensor-core and shared-memory primitives (PTX ISA fragment layouts) -----------------
@@ -461,7 +470,7 @@ __device__ __forceinline__ int heads_per_warp(int pack) { return pack > ROW_WARP
 __device__ __forceinline__ int row_head(int pack, int y0, int i) {
     const int hpw = heads_per_warp(pack);
 #ifdef MUTANT_PAIR_FIRST_HEAD_SCALE
-    i = 0; // both fragment rows read and write the first head of the pair
+    i = 0; // both fragment rows take the first head of the pair (here: its Q scale)
 #endif
     return pack > 1 ? y0 + ((tid_x() >> 5) % ROW_WARPS) * hpw + (hpw - 1) * i : y0;
 }
@@ -909,7 +918,7 @@ __device__ __forceinline__ unsigned dynamic_smem_size() {
 // when codes land, not what is computed: the outputs are the same bits.
 template <int D>
 __device__ __forceinline__ bool deep_pipeline(int Sq) {
-    if constexpr (D == 128 && SHORT_STAGES > STAGES) {
+    if constexpr (D == 128 && HAS_DEEP) {
         return Sq <= SHORT_Q_ROWS && dynamic_smem_size() >= (unsigned)Geo<D, SHORT_STAGES>::SMEM_BYTES;
     } else {
         return false;
@@ -923,12 +932,17 @@ __device__ __forceinline__ void sdpa_entry(const u8* __restrict__ q, const u8* _
                                            const float* __restrict__ v_scale,
                                            __half* __restrict__ out, int B, int H, int Hkv,
                                            int Sq, int Sk, float softmax_scale) {
-    if constexpr (D == 128 && SHORT_STAGES > STAGES) {
+    if constexpr (D == 128 && HAS_DEEP) {
         if (deep_pipeline<D>(Sq)) {
             sdpa_body<D, CAUSAL, SHORT_STAGES>(q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale);
             return;
         }
     }
+#ifdef SHORT_Q_EXPECT_DEEP
+    // Test hook (tests/gpu_kernel.rs), never in normal builds: a short GQA/MQA query at D = 128
+    // that reaches the shallow body traps, so a test knows the deep one ran.
+    if (D == 128 && Sq <= SHORT_Q_ROWS && Hkv < H) __trap();
+#endif
     sdpa_body<D, CAUSAL, STAGES>(q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale);
 }
 

@@ -16,9 +16,10 @@ use serde::{Deserialize, Serialize};
 pub const TOOLS: [&str; 4] = ["memcheck", "racecheck", "synccheck", "initcheck"];
 
 /// Small problems that reach every edge: S 1, 77 and 129 (partial query and KV tiles), GQA
-/// and MQA with S_q != S_k under a causal mask (rows that see no key), D 128.
-pub const SHAPES: &str =
-    "1x2x1x64,1x2x77x64,1x2x129x64,1x4x129x128:hkv=2:causal,2x4x77x64:sk=129:hkv=1:causal";
+/// and MQA with S_q != S_k under a causal mask (rows that see no key), D 128, and a short GQA
+/// query at D 128 (Stage C packs its heads and runs its deeper pipeline, whose 4-stage ring
+/// its 5 steps of keys wrap).
+pub const SHAPES: &str = "1x2x1x64,1x2x77x64,1x2x129x64,1x4x129x128:hkv=2:causal,2x4x77x64:sk=129:hkv=1:causal,2x8x3x128:sk=600:hkv=2";
 
 /// The child's exit code when the sanitizer found something.
 const FINDINGS_EXIT: i32 = 86;

@@ -120,23 +120,37 @@ fn query_heads_packed_into_one_cta_give_the_bits_of_one_cta_per_head() {
     // Short GQA/MQA queries (S_q <= 16) run the query heads of a K/V head in one CTA
     // (cuda/sdpa_fp8_stage_c_mma.cu `pack_of`): 4 heads, two a row warp, with S_q <= 8, else 2;
     // NO_HEAD_PACKING runs a CTA per head. Every output bit must be the same.
-    assert_a_switch_keeps_every_bit_of_short_queries("NO_HEAD_PACKING", "packed and unpacked");
+    let packed = VariantSpec::new(true, &[]);
+    let unpacked = packed.with_candidate_defines(&[("NO_HEAD_PACKING".into(), String::new())]);
+    assert_two_builds_give_the_same_bits_on_short_queries(packed, unpacked, "packed and unpacked");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_deeper_pipeline_of_short_queries_gives_the_bits_of_the_shallow_one() {
     // Short GQA/MQA queries at D 128 launch with more shared memory and run SHORT_Q_STAGES
-    // cp.async stages (`deep_pipeline`); SHORT_Q_STAGES=2 (the default depth) turns it off.
-    assert_a_switch_keeps_every_bit_of_short_queries("SHORT_Q_STAGES=2", "deep and shallow");
+    // cp.async stages (`deep_pipeline`); SHORT_Q_STAGES=2 (the entries' own depth) turns it
+    // off. SHORT_Q_EXPECT_DEEP makes the deep build trap where such a query reaches the
+    // shallow body, so the bits compared are the deep body's (a host that stopped giving the
+    // launch its shared memory fails here, not silently).
+    let deep = VariantSpec::new(true, &[])
+        .with_candidate_defines(&[("SHORT_Q_EXPECT_DEEP".into(), String::new())]);
+    let shallow = VariantSpec::new(true, &[])
+        .with_candidate_defines(&[("SHORT_Q_STAGES".into(), "2".into())]);
+    assert_two_builds_give_the_same_bits_on_short_queries(deep, shallow, "deep and shallow");
 }
 
-/// cp1 against cp1 with `define` on the short-query problems: D 128 and causal D 64 (the
-/// entries that pack), decode, S_q 8 (the head pairs' edge), 9, and 16-query speculative
-/// decode, MQA, groups of 3, 5 and 6 (packs of 4 and of 2 across K/V heads do not pack, others
-/// fall back to 2 or 1), packs across a batch boundary, an odd head count; both must pass and
-/// give the same bits.
-fn assert_a_switch_keeps_every_bit_of_short_queries(define: &str, which: &str) {
+/// Two cp1 builds on the short-query problems: D 128 and causal D 64 (the entries that pack),
+/// decode, S_q 8 (the head pairs' edge), 9, 16-query speculative decode and S_q 17 (past
+/// short), MQA, groups of 3, 5 and 6 (packs of 4 and of 2 across K/V heads do not pack, others
+/// fall back to 2 or 1), packs across a batch boundary, an odd head count, causal rows that
+/// see no key (S_q > S_k), and a decode whose 8 steps wrap the 4-stage ring twice; both must
+/// pass and give the same bits.
+fn assert_two_builds_give_the_same_bits_on_short_queries(
+    a: VariantSpec,
+    b: VariantSpec,
+    which: &str,
+) {
     let root = common::project_root();
     let source = KernelSource::load(
         &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
@@ -144,14 +158,11 @@ fn assert_a_switch_keeps_every_bit_of_short_queries(define: &str, which: &str) {
         &common::kernel_spec("stage-c"),
     )
     .unwrap();
-    let (name, value) = define.split_once('=').unwrap_or((define, ""));
-    let on = VariantSpec::new(true, &[]);
-    let off = on.with_candidate_defines(&[(name.into(), value.into())]);
-    let mut b = CudaBackend::with_every_entry(source, &[on, off]).unwrap();
+    let mut backend = CudaBackend::with_every_entry(source, &[a, b]).unwrap();
     let shapes = catalog()
-        .select("4x8x1x128:sk=300:hkv=2,2x8x16x128:sk=500:hkv=4:causal,2x8x3x64:sk=200:hkv=1:causal,3x3x5x128:sk=129:hkv=1,1x6x16x128:sk=64:hkv=2,1x6x7x128:sk=90:hkv=3,cfg-pack,1x12x8x128:sk=100:hkv=2:causal,3x4x2x64:sk=77:hkv=1:causal,1x8x9x128:sk=150:hkv=1,2x8x1x128:sk=1000:hkv=2")
+        .select("4x8x1x128:sk=300:hkv=2,2x8x16x128:sk=500:hkv=4:causal,2x8x3x64:sk=200:hkv=1:causal,3x3x5x128:sk=129:hkv=1,1x6x16x128:sk=64:hkv=2,1x6x7x128:sk=90:hkv=3,cfg-pack,1x12x8x128:sk=100:hkv=2:causal,3x4x2x64:sk=77:hkv=1:causal,1x8x9x128:sk=150:hkv=1,2x8x1x128:sk=1000:hkv=2,1x8x17x128:sk=300:hkv=2,2x8x8x128:sk=5:hkv=2:causal,2x8x6x64:sk=4:hkv=2:causal")
         .unwrap();
-    assert_both_variants_pass_with_the_same_bits(&mut b, &shapes, which);
+    assert_both_variants_pass_with_the_same_bits(&mut backend, &shapes, which);
 }
 
 #[test]

@@ -69,10 +69,24 @@ impl KernelConstants {
             return self.smem_bytes;
         }
         let short = sq <= self.short_q_rows as usize && hkv < h;
-        if short && self.smem_bytes_d128_short > 0 {
-            self.smem_bytes_d128_short
+        if short {
+            // Never less than the entry's own, whatever the module publishes.
+            self.smem_bytes_d128.max(self.smem_bytes_d128_short)
         } else {
             self.smem_bytes_d128
+        }
+    }
+
+    /// These constants on a device that allows a block `optin` bytes of shared memory: a short
+    /// figure past it is dropped (every launch then gets the entry's own).
+    pub fn within_device_smem(self, optin: u32) -> Self {
+        KernelConstants {
+            smem_bytes_d128_short: if self.smem_bytes_d128_short <= optin {
+                self.smem_bytes_d128_short
+            } else {
+                0
+            },
+            ..self
         }
     }
 
@@ -581,6 +595,19 @@ ptxas info    : Used 96 registers, used 1 barriers
         );
         assert_eq!(c.max_smem_bytes(d128), 147456);
         assert_eq!(c.max_smem_bytes(d64c), 40960);
+        // S_q 17 is not short; a device that allows less than the short figure drops it.
+        assert_eq!(c.launch_smem_bytes(d128, 17, 32, 8), 81920);
+        let small_gpu = c.within_device_smem(101376);
+        assert_eq!(small_gpu.launch_smem_bytes(d128, 1, 32, 8), 81920);
+        assert_eq!(small_gpu.max_smem_bytes(d128), 81920);
+        assert_eq!(c.within_device_smem(232448), c, "sm_90 keeps it");
+        // A short figure below the entry's (a build without the deeper body publishes 0)
+        // never shrinks a launch.
+        let shallow = KernelConstants {
+            smem_bytes_d128_short: 40960,
+            ..c
+        };
+        assert_eq!(shallow.launch_smem_bytes(d128, 1, 32, 8), 81920);
         // A module that publishes none (Stage D, older builds) launches every problem alike.
         let plain = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
         assert_eq!(plain.launch_smem_bytes(d128, 1, 32, 8), 81920);

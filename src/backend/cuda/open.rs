@@ -208,6 +208,13 @@ fn load_variant(
     let refuse = |what: &str, e: DriverError| {
         BackendError::Kernel(format!("variant {}: {what}: {e}", spec.name))
     };
+    // A short query's deeper pipeline only where this GPU allows a block its shared memory
+    // (sm_90: 227 KB; smaller GPUs launch it with the entry's figure, and the kernel, which
+    // checks what it got, runs its shallow body).
+    let optin = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(|err| refuse("querying the device's shared memory limit failed", err))?;
+    identity.constants = identity.constants.within_device_smem(optin.max(0) as u32);
     let c = identity.constants;
     let mut functions = Vec::new();
     let mut modules = Vec::new();
