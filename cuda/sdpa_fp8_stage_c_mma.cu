@@ -60,10 +60,11 @@
 // unchanged. Every entry but the plain D = 64 one (held to 128 registers) does it;
 // NO_HEAD_PACKING turns it off, NO_HEAD_PAIRS the packs of 2·R, for A/Bs.
 // A pack streams its K/V head with few CTAs (llama-decode: 128 CTAs, one an SM), so at D = 128
-// a short GQA/MQA query runs a SHORT_Q_STAGES-deep pipeline: the host launches it with
-// SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity.rs
-// `launch_smem_bytes`), and the kernel takes the deep path only where the launch gave that
-// much (`deep_pipeline`, %dynamic_smem_size). The depth changes when codes land, never what is
+// a short GQA/MQA query whose packs fit one CTA an SM runs a SHORT_Q_STAGES-deep pipeline: the
+// host launches it with SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity.rs
+// `launch_smem_bytes`, from SDPA_PACK_HEADS_8/16 and the SM count; with more packs the entry's
+// two CTAs an SM win), and the kernel takes the deep path only where the launch gave that much
+// (`deep_pipeline`, %dynamic_smem_size). The depth changes when codes land, never what is
 // computed.
 //
 // Warps: a CTA owns BLOCK_M = 16·R query rows of one (b, h) and has R·K warps. Warp w owns the
@@ -239,6 +240,18 @@ constexpr bool HAS_DEEP = SHORT_STAGES > STAGES && Geo<128, SHORT_STAGES>::SMEM_
 // it only where the device allows a block that much, and the kernel checks what it got
 // (`deep_pipeline`).
 extern "C" __constant__ int SDPA_SHORT_Q_ROWS = SHORT_Q_ROWS;
+// The query heads a D = 128 CTA packs with S_q <= 8 and with S_q <= 16 (`pack_of`): the host
+// launches the deeper pipeline only where the packs fit one CTA an SM (identity.rs).
+#if defined(NO_HEAD_PACKING)
+extern "C" __constant__ int SDPA_PACK_HEADS_8 = 1;
+extern "C" __constant__ int SDPA_PACK_HEADS_16 = 1;
+#elif defined(NO_HEAD_PAIRS)
+extern "C" __constant__ int SDPA_PACK_HEADS_8 = ROW_WARPS;
+extern "C" __constant__ int SDPA_PACK_HEADS_16 = ROW_WARPS;
+#else
+extern "C" __constant__ int SDPA_PACK_HEADS_8 = 2 * ROW_WARPS;
+extern "C" __constant__ int SDPA_PACK_HEADS_16 = ROW_WARPS;
+#endif
 extern "C" __constant__ int SDPA_SMEM_BYTES_D128_SHORT = HAS_DEEP ? Geo<128, SHORT_STAGES>::SMEM_BYTES : 0;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = USE_CP_ASYNC;
 
@@ -914,7 +927,8 @@ __device__ __forceinline__ unsigned dynamic_smem_size() {
     return r;
 }
 // Whether this launch runs the deeper pipeline: a short query at D = 128 whose launch gave
-// the deeper stages' shared memory (the host does for GQA/MQA: launch.rs). The depth changes
+// the deeper stages' shared memory (the host does for GQA/MQA whose packs fit one CTA an SM:
+// src/backend/cuda/identity.rs `launch_smem_bytes`). The depth changes
 // when codes land, not what is computed: the outputs are the same bits.
 template <int D>
 __device__ __forceinline__ bool deep_pipeline(int Sq) {
@@ -940,7 +954,8 @@ __device__ __forceinline__ void sdpa_entry(const u8* __restrict__ q, const u8* _
     }
 #ifdef SHORT_Q_EXPECT_DEEP
     // Test hook (tests/gpu_kernel.rs), never in normal builds: a short GQA/MQA query at D = 128
-    // that reaches the shallow body traps, so a test knows the deep one ran.
+    // that reaches the shallow body traps, so a test whose problems' packs all fit the SMs
+    // (the host then launches them deep) knows the deep body ran.
     if (D == 128 && Sq <= SHORT_Q_ROWS && Hkv < H) __trap();
 #endif
     sdpa_body<D, CAUSAL, STAGES>(q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale);

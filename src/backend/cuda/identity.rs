@@ -29,6 +29,12 @@ pub struct KernelConstants {
     pub short_q_rows: u32,
     #[serde(default)]
     pub smem_bytes_d128_short: u32,
+    /// Query heads one D = 128 CTA packs with S_q <= 8 and with S_q <= 16
+    /// (`SDPA_PACK_HEADS_8`, `SDPA_PACK_HEADS_16`; absent: 1, no packing).
+    #[serde(default)]
+    pub pack_heads_8: u32,
+    #[serde(default)]
+    pub pack_heads_16: u32,
     /// The A/B switch's published value (cuda/kernels.toml `proof_constant`: Stage C's
     /// SDPA_USE_CP_ASYNC, Stage D's SDPA_KV_STAGES).
     #[serde(alias = "use_cp_async")]
@@ -56,25 +62,40 @@ impl KernelConstants {
             short_q_rows: ptx_constant_opt(ptx, "SDPA_SHORT_Q_ROWS")?.unwrap_or(0),
             smem_bytes_d128_short: ptx_constant_opt(ptx, "SDPA_SMEM_BYTES_D128_SHORT")?
                 .unwrap_or(0),
+            pack_heads_8: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_8")?.unwrap_or(1),
+            pack_heads_16: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_16")?.unwrap_or(1),
             switch: get(switch_constant)?,
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
         })
     }
 
-    /// The dynamic shared memory a launch of `entry` on a problem of `sq` query rows with
-    /// `h` query heads over `hkv` K/V heads gets: a short GQA/MQA query at D = 128 the short
-    /// figure (where the module publishes one), any other the entry's.
-    pub fn launch_smem_bytes(&self, entry: Entry, sq: usize, h: usize, hkv: usize) -> u32 {
+    /// The dynamic shared memory a launch of `entry` on `q` gets on a GPU of `sms` SMs: a
+    /// short GQA/MQA query at D = 128 whose packs fit one CTA an SM the short figure (where
+    /// the module publishes one: the deeper pipeline, which holds an SM alone), any other the
+    /// entry's. Measured (docs/PERF.md change 15): with more packs than SMs the deep launch's
+    /// one CTA an SM loses to the entry's two (64×32×1×128 at S_k 4096, 512 packs: 27% slower).
+    pub fn launch_smem_bytes(&self, entry: Entry, q: LaunchShape, sms: u32) -> u32 {
         if entry.d != 128 {
             return self.smem_bytes;
         }
-        let short = sq <= self.short_q_rows as usize && hkv < h;
-        if short {
+        if q.short_packs(self)
+            .is_some_and(|packs| packs <= sms as usize)
+        {
             // Never less than the entry's own, whatever the module publishes.
             self.smem_bytes_d128.max(self.smem_bytes_d128_short)
         } else {
             self.smem_bytes_d128
         }
+    }
+
+    /// The constants' pack size for `sq` query rows (1 where nothing packs).
+    fn pack_heads(&self, sq: usize) -> usize {
+        let p = if sq <= 8 {
+            self.pack_heads_8
+        } else {
+            self.pack_heads_16
+        };
+        p.max(1) as usize
     }
 
     /// These constants on a device that allows a block `optin` bytes of shared memory: a short
@@ -105,6 +126,28 @@ impl KernelConstants {
             block_n: self.block_n,
             v_swizzled: self.v_swizzle,
         }
+    }
+}
+
+/// What a launch's shared memory depends on: the problem's batch, heads and query rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub b: usize,
+    pub h: usize,
+    pub hkv: usize,
+    pub sq: usize,
+}
+
+impl LaunchShape {
+    /// Where the problem is a short GQA/MQA query (S_q at most the module's short rows,
+    /// H_kv < H), the CTAs that work on it: per K/V head, its group of query heads in packs
+    /// of the module's size (a pack never spans two K/V heads).
+    pub fn short_packs(&self, c: &KernelConstants) -> Option<usize> {
+        if self.sq > c.short_q_rows as usize || self.hkv >= self.h || self.hkv == 0 {
+            return None;
+        }
+        let group = self.h / self.hkv;
+        Some(self.b * self.hkv * group.div_ceil(c.pack_heads(self.sq)))
     }
 }
 
@@ -554,7 +597,7 @@ ptxas info    : Used 96 registers, used 1 barriers
     }
 
     #[test]
-    fn short_gqa_queries_at_d128_launch_with_the_published_short_shared_memory_and_others_do_not() {
+    fn short_gqa_queries_at_d128_whose_packs_fit_the_sms_launch_with_the_short_shared_memory() {
         let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n\
                    .const .align 4 .u32 SDPA_BLOCK_N = 64;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
                    .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 40960;\n\
@@ -562,43 +605,75 @@ ptxas info    : Used 96 registers, used 1 barriers
                    .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
         let short = format!(
             "{ptx}.const .align 4 .u32 SDPA_SHORT_Q_ROWS = 16;\n\
-             .const .align 4 .u32 SDPA_SMEM_BYTES_D128_SHORT = 147456;\n"
+             .const .align 4 .u32 SDPA_SMEM_BYTES_D128_SHORT = 147456;\n\
+             .const .align 4 .u32 SDPA_PACK_HEADS_8 = 4;\n\
+             .const .align 4 .u32 SDPA_PACK_HEADS_16 = 2;\n"
         );
         let c = KernelConstants::from_ptx(&short, "SDPA_USE_CP_ASYNC").unwrap();
-        let (d128, d128c, d64c) = (
-            Entry {
-                d: 128,
-                causal: false,
-            },
-            Entry {
-                d: 128,
-                causal: true,
-            },
-            Entry {
-                d: 64,
-                causal: true,
-            },
-        );
-        // (entry, S_q, H, H_kv) -> bytes
-        assert_eq!(c.launch_smem_bytes(d128, 1, 32, 8), 147456, "decode");
-        assert_eq!(c.launch_smem_bytes(d128c, 16, 32, 1), 147456, "S_q 16, MQA");
-        assert_eq!(c.launch_smem_bytes(d128, 17, 32, 8), 81920, "S_q past 16");
+        let d128 = Entry {
+            d: 128,
+            causal: false,
+        };
+        let d128c = Entry {
+            d: 128,
+            causal: true,
+        };
+        let d64c = Entry {
+            d: 64,
+            causal: true,
+        };
+        let q = |b, h, hkv, sq| LaunchShape { b, h, hkv, sq };
+        const SMS: u32 = 132;
+        // Packs: B · H_kv · ceil(group / pack), the pack 4 heads with S_q <= 8, 2 up to 16.
+        assert_eq!(q(16, 32, 8, 1).short_packs(&c), Some(128));
+        assert_eq!(q(8, 32, 8, 16).short_packs(&c), Some(128));
         assert_eq!(
-            c.launch_smem_bytes(d128, 1, 32, 32),
-            81920,
+            q(2, 10, 2, 5).short_packs(&c),
+            Some(8),
+            "groups of 5: packs 4 + 1"
+        );
+        assert_eq!(q(16, 32, 8, 17).short_packs(&c), None, "S_q past 16");
+        assert_eq!(
+            q(16, 32, 32, 1).short_packs(&c),
+            None,
             "no GQA: nothing packs"
         );
+        // (entry, problem) -> bytes
         assert_eq!(
-            c.launch_smem_bytes(d64c, 1, 32, 8),
+            c.launch_smem_bytes(d128, q(16, 32, 8, 1), SMS),
+            147456,
+            "llama-decode"
+        );
+        assert_eq!(
+            c.launch_smem_bytes(d128c, q(8, 32, 1, 16), SMS),
+            147456,
+            "S_q 16, MQA"
+        );
+        assert_eq!(
+            c.launch_smem_bytes(d128, q(33, 32, 8, 1), SMS),
+            81920,
+            "264 packs"
+        );
+        assert_eq!(
+            c.launch_smem_bytes(d128, q(33, 32, 8, 1), 264),
+            147456,
+            "a wider GPU"
+        );
+        assert_eq!(c.launch_smem_bytes(d128, q(16, 32, 8, 17), SMS), 81920);
+        assert_eq!(c.launch_smem_bytes(d128, q(16, 32, 32, 1), SMS), 81920);
+        assert_eq!(
+            c.launch_smem_bytes(d64c, q(16, 32, 8, 1), SMS),
             40960,
-            "D 64 has no deeper pipeline"
+            "D 64: none"
         );
         assert_eq!(c.max_smem_bytes(d128), 147456);
         assert_eq!(c.max_smem_bytes(d64c), 40960);
-        // S_q 17 is not short; a device that allows less than the short figure drops it.
-        assert_eq!(c.launch_smem_bytes(d128, 17, 32, 8), 81920);
+        // A device that allows less than the short figure drops it.
         let small_gpu = c.within_device_smem(101376);
-        assert_eq!(small_gpu.launch_smem_bytes(d128, 1, 32, 8), 81920);
+        assert_eq!(
+            small_gpu.launch_smem_bytes(d128, q(16, 32, 8, 1), SMS),
+            81920
+        );
         assert_eq!(small_gpu.max_smem_bytes(d128), 81920);
         assert_eq!(c.within_device_smem(232448), c, "sm_90 keeps it");
         // A short figure below the entry's (a build without the deeper body publishes 0)
@@ -607,10 +682,10 @@ ptxas info    : Used 96 registers, used 1 barriers
             smem_bytes_d128_short: 40960,
             ..c
         };
-        assert_eq!(shallow.launch_smem_bytes(d128, 1, 32, 8), 81920);
+        assert_eq!(shallow.launch_smem_bytes(d128, q(16, 32, 8, 1), SMS), 81920);
         // A module that publishes none (Stage D, older builds) launches every problem alike.
         let plain = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
-        assert_eq!(plain.launch_smem_bytes(d128, 1, 32, 8), 81920);
+        assert_eq!(plain.launch_smem_bytes(d128, q(16, 32, 8, 1), SMS), 81920);
         assert_eq!(plain.max_smem_bytes(d128), 81920);
     }
 
@@ -683,6 +758,8 @@ ptxas info    : Used 96 registers, used 1 barriers
                 smem_bytes_d128: 61440,
                 short_q_rows: 0,
                 smem_bytes_d128_short: 0,
+                pack_heads_8: 1,
+                pack_heads_16: 1,
                 switch: published,
                 v_swizzle: false,
             },

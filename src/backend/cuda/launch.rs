@@ -10,6 +10,7 @@ use cudarc::driver::{
 use half::f16;
 
 use super::LoadedVariant;
+use super::identity::LaunchShape;
 use super::tensor_map::{self, MapLayout, Operand, TmaDesc};
 use crate::kernels::Abi;
 use crate::metrics::POISON;
@@ -131,12 +132,13 @@ impl DeviceProblem {
         let function = variant
             .entry(self.entry)
             .expect("the entry of the problem was built");
-        let smem_bytes = consts.launch_smem_bytes(
-            self.entry,
-            self.sq as usize,
-            self.h as usize,
-            self.hkv as usize,
-        );
+        let shape = LaunchShape {
+            b: self.b as usize,
+            h: self.h as usize,
+            hkv: self.hkv as usize,
+            sq: self.sq as usize,
+        };
+        let smem_bytes = consts.launch_smem_bytes(self.entry, shape, variant.sms);
         let cfg = LaunchConfig {
             grid_dim: (
                 (self.sq as u32).div_ceil(consts.block_m),

@@ -56,6 +56,8 @@ pub struct LoadedVariant {
     pub options: Vec<String>,
     /// The entries built (the base entry first), each with its function.
     functions: Vec<(Entry, CudaFunction)>,
+    /// The GPU's SMs (whether a short query's packs fit one CTA an SM: `launch_smem_bytes`).
+    pub sms: u32,
     _modules: Vec<Arc<CudaModule>>,
 }
 

@@ -215,6 +215,12 @@ fn load_variant(
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .map_err(|err| refuse("querying the device's shared memory limit failed", err))?;
     identity.constants = identity.constants.within_device_smem(optin.max(0) as u32);
+    let sms = ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .map_err(|err| refuse("querying the device's SM count failed", err))?
+        .max(1) as u32;
     let c = identity.constants;
     let mut functions = Vec::new();
     let mut modules = Vec::new();
@@ -267,6 +273,7 @@ fn load_variant(
         kernel,
         options: compiled.options,
         functions,
+        sms,
         _modules: modules,
     })
 }
