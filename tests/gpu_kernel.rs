@@ -122,7 +122,12 @@ fn query_heads_packed_into_one_cta_give_the_bits_of_one_cta_per_head() {
     // NO_HEAD_PACKING runs a CTA per head. Every output bit must be the same.
     let packed = VariantSpec::new(true, &[]);
     let unpacked = packed.with_candidate_defines(&[("NO_HEAD_PACKING".into(), String::new())]);
-    assert_two_builds_give_the_same_bits_on_short_queries(packed, unpacked, "packed and unpacked");
+    assert_two_builds_give_the_same_bits_on_short_queries(
+        packed,
+        unpacked,
+        "packed and unpacked",
+        false,
+    );
 }
 
 #[test]
@@ -137,7 +142,7 @@ fn the_deeper_pipeline_of_short_queries_gives_the_bits_of_the_shallow_one() {
         .with_candidate_defines(&[("SHORT_Q_EXPECT_DEEP".into(), String::new())]);
     let shallow = VariantSpec::new(true, &[])
         .with_candidate_defines(&[("SHORT_Q_STAGES".into(), "2".into())]);
-    assert_two_builds_give_the_same_bits_on_short_queries(deep, shallow, "deep and shallow");
+    assert_two_builds_give_the_same_bits_on_short_queries(deep, shallow, "deep and shallow", true);
 }
 
 /// Two cp1 builds on the short-query problems: D 128 and causal D 64 (the entries that pack),
@@ -145,11 +150,13 @@ fn the_deeper_pipeline_of_short_queries_gives_the_bits_of_the_shallow_one() {
 /// short), MQA, groups of 3, 5 and 6 (packs of 4 and of 2 across K/V heads do not pack, others
 /// fall back to 2 or 1), packs across a batch boundary, an odd head count, causal rows that
 /// see no key (S_q > S_k), and a decode whose 8 steps wrap the 4-stage ring twice; both must
-/// pass and give the same bits.
+/// pass and give the same bits. `needs_deep`: `a` traps where a short query runs shallow, so
+/// on a GPU that cannot run the deeper body the test says it is skipped.
 fn assert_two_builds_give_the_same_bits_on_short_queries(
     a: VariantSpec,
     b: VariantSpec,
     which: &str,
+    needs_deep: bool,
 ) {
     let root = common::project_root();
     let source = KernelSource::load(
@@ -159,6 +166,12 @@ fn assert_two_builds_give_the_same_bits_on_short_queries(
     )
     .unwrap();
     let mut backend = CudaBackend::with_every_entry(source, &[a, b]).unwrap();
+    if needs_deep && backend.identities()[0].constants.smem_bytes_d128_short == 0 {
+        // A GPU whose blocks may not have the deeper body's shared memory (sm_86, sm_89: 99
+        // KB) runs every short query shallow, and the first build's hook would trap.
+        eprintln!("skipped: this GPU cannot give a block the deeper pipeline's shared memory");
+        return;
+    }
     let shapes = catalog()
         .select("4x8x1x128:sk=300:hkv=2,2x8x16x128:sk=500:hkv=4:causal,2x8x3x64:sk=200:hkv=1:causal,3x3x5x128:sk=129:hkv=1,1x6x16x128:sk=64:hkv=2,1x6x7x128:sk=90:hkv=3,cfg-pack,1x12x8x128:sk=100:hkv=2:causal,3x4x2x64:sk=77:hkv=1:causal,1x8x9x128:sk=150:hkv=1,2x8x1x128:sk=1000:hkv=2,1x8x17x128:sk=300:hkv=2,2x8x8x128:sk=5:hkv=2:causal,2x8x6x64:sk=4:hkv=2:causal")
         .unwrap();

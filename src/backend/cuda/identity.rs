@@ -30,7 +30,9 @@ pub struct KernelConstants {
     #[serde(default)]
     pub smem_bytes_d128_short: u32,
     /// Query heads one D = 128 CTA packs with S_q <= 8 and with S_q <= 16
-    /// (`SDPA_PACK_HEADS_8`, `SDPA_PACK_HEADS_16`; absent: 1, no packing).
+    /// (`SDPA_PACK_HEADS_8`, `SDPA_PACK_HEADS_16`). Absent (0): a module of the first change-15
+    /// builds, which launched every short GQA/MQA query with the short figure; so does this
+    /// host for it, so that a `--base-kernel` of those builds runs as its own runner ran it.
     #[serde(default)]
     pub pack_heads_8: u32,
     #[serde(default)]
@@ -62,8 +64,8 @@ impl KernelConstants {
             short_q_rows: ptx_constant_opt(ptx, "SDPA_SHORT_Q_ROWS")?.unwrap_or(0),
             smem_bytes_d128_short: ptx_constant_opt(ptx, "SDPA_SMEM_BYTES_D128_SHORT")?
                 .unwrap_or(0),
-            pack_heads_8: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_8")?.unwrap_or(1),
-            pack_heads_16: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_16")?.unwrap_or(1),
+            pack_heads_8: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_8")?.unwrap_or(0),
+            pack_heads_16: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_16")?.unwrap_or(0),
             switch: get(switch_constant)?,
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
         })
@@ -78,24 +80,18 @@ impl KernelConstants {
         if entry.d != 128 {
             return self.smem_bytes;
         }
-        if q.short_packs(self)
-            .is_some_and(|packs| packs <= sms as usize)
-        {
+        let deep = match q.short_packs(self) {
+            None => false,
+            // A module that publishes no pack sizes: every short GQA/MQA query (its own rule).
+            Some(_) if self.pack_heads_8 == 0 => true,
+            Some(packs) => packs <= sms as usize,
+        };
+        if deep {
             // Never less than the entry's own, whatever the module publishes.
             self.smem_bytes_d128.max(self.smem_bytes_d128_short)
         } else {
             self.smem_bytes_d128
         }
-    }
-
-    /// The constants' pack size for `sq` query rows (1 where nothing packs).
-    fn pack_heads(&self, sq: usize) -> usize {
-        let p = if sq <= 8 {
-            self.pack_heads_8
-        } else {
-            self.pack_heads_16
-        };
-        p.max(1) as usize
     }
 
     /// These constants on a device that allows a block `optin` bytes of shared memory: a short
@@ -140,14 +136,30 @@ pub struct LaunchShape {
 
 impl LaunchShape {
     /// Where the problem is a short GQA/MQA query (S_q at most the module's short rows,
-    /// H_kv < H), the CTAs that work on it: per K/V head, its group of query heads in packs
-    /// of the module's size (a pack never spans two K/V heads).
+    /// H_kv < H), the CTAs that work on it, counted by the kernel's own rule
+    /// (cuda/sdpa_fp8_stage_c_mma.cu `pack_of`): the CTA at head y runs a pack of n heads when
+    /// y is a multiple of n and heads y .. y + n - 1 exist and read one K/V head, n the pack of
+    /// S_q <= 8 (`SDPA_PACK_HEADS_8`) where that holds, else the pack of S_q <= 16; a head in
+    /// neither runs alone. Packs align across all B·H heads, not per K/V head, so an odd group
+    /// breaks into smaller packs at its edges (groups of 7: 1.5 times B·H_kv·⌈7/4⌉ CTAs).
     pub fn short_packs(&self, c: &KernelConstants) -> Option<usize> {
         if self.sq > c.short_q_rows as usize || self.hkv >= self.h || self.hkv == 0 {
             return None;
         }
-        let group = self.h / self.hkv;
-        Some(self.b * self.hkv * group.div_ceil(c.pack_heads(self.sq)))
+        let (bh, group) = (self.b * self.h, self.h / self.hkv);
+        let kv = |y: usize| (y / self.h) * self.hkv + (y % self.h) / group;
+        let packs = |y0: usize, n: usize| n > 1 && y0 + n <= bh && kv(y0) == kv(y0 + n - 1);
+        let (p8, p16) = (c.pack_heads_8 as usize, c.pack_heads_16 as usize);
+        let pack = |y: usize| {
+            if self.sq <= 8 && packs(y - y % p8.max(1), p8) {
+                p8
+            } else if packs(y - y % p16.max(1), p16) {
+                p16
+            } else {
+                1
+            }
+        };
+        Some((0..bh).filter(|&y| y % pack(y) == 0).count())
     }
 }
 
@@ -624,14 +636,23 @@ ptxas info    : Used 96 registers, used 1 barriers
         };
         let q = |b, h, hkv, sq| LaunchShape { b, h, hkv, sq };
         const SMS: u32 = 132;
-        // Packs: B · H_kv · ceil(group / pack), the pack 4 heads with S_q <= 8, 2 up to 16.
+        // The CTAs that work: packs of 4 heads with S_q <= 8, of 2 up to 16.
         assert_eq!(q(16, 32, 8, 1).short_packs(&c), Some(128));
         assert_eq!(q(8, 32, 8, 16).short_packs(&c), Some(128));
+        // cfg-pack, groups of 5: heads 0-3 and 16-19 in packs of 4; 6-7, 8-9, 10-11, 12-13 in
+        // packs of 2; 4, 5, 14, 15 alone (a pack may not span two K/V heads).
+        assert_eq!(q(2, 10, 2, 5).short_packs(&c), Some(10));
         assert_eq!(
-            q(2, 10, 2, 5).short_packs(&c),
-            Some(8),
-            "groups of 5: packs 4 + 1"
+            q(2, 10, 2, 9).short_packs(&c),
+            Some(12),
+            "S_q 9: packs of 2 only"
         );
+        assert_eq!(
+            q(16, 28, 4, 1).short_packs(&c),
+            Some(192),
+            "groups of 7, not 128"
+        );
+        assert_eq!(q(2, 6, 2, 3).short_packs(&c), Some(8), "groups of 3");
         assert_eq!(q(16, 32, 8, 17).short_packs(&c), None, "S_q past 16");
         assert_eq!(
             q(16, 32, 32, 1).short_packs(&c),
@@ -683,6 +704,15 @@ ptxas info    : Used 96 registers, used 1 barriers
             ..c
         };
         assert_eq!(shallow.launch_smem_bytes(d128, q(16, 32, 8, 1), SMS), 81920);
+        // A module of the first change-15 builds (a short figure, no pack sizes) launches
+        // every short GQA query with it, as its own runner did.
+        let first = KernelConstants {
+            pack_heads_8: 0,
+            pack_heads_16: 0,
+            ..c
+        };
+        assert_eq!(first.launch_smem_bytes(d128, q(64, 32, 8, 1), SMS), 147456);
+        assert_eq!(first.launch_smem_bytes(d128, q(64, 32, 32, 1), SMS), 81920);
         // A module that publishes none (Stage D, older builds) launches every problem alike.
         let plain = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
         assert_eq!(plain.launch_smem_bytes(d128, q(16, 32, 8, 1), SMS), 81920);
