@@ -57,9 +57,12 @@
 //                   3-6% slower on an H100 (docs/PERF.md, change 13): the transpose is not bound
 //                   by its bank conflicts but by the producer's instructions, and 1 adds eight
 //                   selects a unit. Kept as a switch so that the next attempt starts from it.
-//   PINGPONG=0|1    the consumers take turns to issue each GEMM (turn_wait), published as
+//   PINGPONG=0|1|2  1: the consumers take turns to issue each GEMM (turn_wait), published as
 //                   SDPA_PINGPONG: with V_SWIZZLE, 4-11% slower non-causal, causal within
-//                   noise (change 12).
+//                   noise (change 12; measured with the probe's nvcc builds: the runner's
+//                   NVRTC builds show no such cost, change 16). 2: turns around Q·Kᵀ only,
+//                   P·V issued freely: with the runner's builds 3.4-4.5% faster on causal
+//                   problems at st2, up to 3% slower at D 64 st3 (docs/PERF.md change 16).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
@@ -91,6 +94,9 @@
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0
+#endif
+#if PINGPONG < 0 || PINGPONG > 2
+#error "PINGPONG must be 0, 1 or 2"
 #endif
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
@@ -312,14 +318,16 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
 // one's softmax runs while the other's GEMMs hold the tensor cores. Warpgroup c waits on named
 // barrier 1 + c (its turn) and, once its GEMMs are issued, arrives on the other's; consumer 1
 // opens the first turn and skips its last arrival, so every barrier ends balanced.
-__device__ __forceinline__ void turn_wait(int c) {
+// PINGPONG=2 takes turns around Q·Kᵀ alone (`pv` false): consumer 1 then skips its last Q·Kᵀ
+// arrival instead.
+__device__ __forceinline__ void turn_wait(int c, bool pv) {
 #if PINGPONG
-    asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
+    if (PINGPONG == 1 || !pv) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
 #endif
 }
-__device__ __forceinline__ void turn_pass(int c) {
+__device__ __forceinline__ void turn_pass(int c, bool pv) {
 #if PINGPONG
-    asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
+    if (PINGPONG == 1 || !pv) asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
 #endif
 }
 
@@ -340,7 +348,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
-    if (n_tiles > 0 && c == 1) turn_pass(c);
+    if (n_tiles > 0 && c == 1) turn_pass(c, false);
     const unsigned q_base = smem_addr(smem + c * 64 * D);
     const int cta_row0 = m_block * BLOCK_M;
     for (int j = 0; j < n_tiles; ++j) {
@@ -353,14 +361,14 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
 #endif
         float sc[S_REGS];
         const unsigned k_base = smem_addr(smem + T::OFF_K + s * T::K_BYTES);
-        turn_wait(c);
+        turn_wait(c, false);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < T::QK_STEPS; ++kk)
             wgmma_ss_n128(sc, wgmma_desc<D>(q_base + 32 * kk), wgmma_desc<D>(k_base + 32 * kk),
                           kk > 0);
         wgmma_commit();
-        turn_pass(c);
+        if (PINGPONG != 2 || c == 0 || j + 1 < n_tiles) turn_pass(c, false);
         wgmma_wait<0>();
         wgmma_hold(sc);
 
@@ -417,7 +425,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
         mbar_wait(&bars.vt_full[s], parity);
         float ot[T::O_REGS];
         const unsigned vt_base = smem_addr(smem + T::OFF_VT + s * T::VT_BYTES);
-        turn_wait(c);
+        turn_wait(c, true);
         wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < T::PV_STEPS; ++kb) {
@@ -427,7 +435,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
                 wgmma_rs_n128(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
         }
         wgmma_commit();
-        if (c == 0 || j + 1 < n_tiles) turn_pass(c);
+        if (c == 0 || j + 1 < n_tiles) turn_pass(c, true);
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
         wgmma_wait<1>();
 #else
