@@ -57,12 +57,14 @@
 //                   3-6% slower on an H100 (docs/PERF.md, change 13): the transpose is not bound
 //                   by its bank conflicts but by the producer's instructions, and 1 adds eight
 //                   selects a unit. Kept as a switch so that the next attempt starts from it.
-//   PINGPONG=0|1|2  1: the consumers take turns to issue each GEMM (turn_wait), published as
+//   PINGPONG=0|1|2  unset (the default): 2 for the D = 128 causal entry, 0 for the others
+//                   (`pingpong`; docs/PERF.md change 16).
+//                   0: no turns. 1: the consumers take turns to issue each GEMM (turn_wait), published as
 //                   SDPA_PINGPONG: with V_SWIZZLE, 4-11% slower non-causal, causal within
 //                   noise (change 12; measured with the probe's nvcc builds: the runner's
 //                   NVRTC builds show no such cost, change 16). 2: turns around Q·Kᵀ only,
-//                   P·V issued freely: with the runner's builds 3.4-4.5% faster on causal
-//                   problems at st2, up to 3% slower at D 64 st3 (docs/PERF.md change 16).
+//                   P·V issued freely: with the runner's builds 3-5% faster at D 128 causal
+//                   (st2), 11-17% slower at D 64 causal (docs/PERF.md change 16).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
@@ -92,12 +94,21 @@
 #ifndef V_SWIZZLE
 #define V_SWIZZLE 1
 #endif
-#ifndef PINGPONG
-#define PINGPONG 0
-#endif
+// PINGPONG unset: per entry, 2 for the D = 128 causal entry and 0 for the others (change 16:
+// 3-5% faster at D 128 causal, 11-17% slower at D 64 causal, the same non-causal).
+#ifdef PINGPONG
 #if PINGPONG < 0 || PINGPONG > 2
 #error "PINGPONG must be 0, 1 or 2"
 #endif
+#endif
+template <int D, bool CAUSAL>
+__device__ __forceinline__ constexpr int pingpong() {
+#ifdef PINGPONG
+    return PINGPONG;
+#else
+    return CAUSAL && D == 128 ? 2 : 0;
+#endif
+}
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
 #endif
@@ -137,7 +148,17 @@ __constant__ int SDPA_THREADS = THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
-__constant__ int SDPA_PINGPONG = PINGPONG;   // what the PTX proves of the turn-taking switch
+// What the PTX proves of the turn-taking switch: the module's entries' mode (-1: a module of
+// both a causal and a plain entry under the per-entry default).
+#if defined(PINGPONG)
+__constant__ int SDPA_PINGPONG = PINGPONG;
+#elif SDPA_CAUSAL == 1 && SDPA_D == 128
+__constant__ int SDPA_PINGPONG = 2;
+#elif SDPA_CAUSAL == 0 || SDPA_D == 64
+__constant__ int SDPA_PINGPONG = 0;
+#else
+__constant__ int SDPA_PINGPONG = -1;
+#endif
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
 
@@ -320,15 +341,13 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
 // opens the first turn and skips its last arrival, so every barrier ends balanced.
 // PINGPONG=2 takes turns around Q·Kᵀ alone (`pv` false): consumer 1 then skips its last Q·Kᵀ
 // arrival instead.
+template <int PP>
 __device__ __forceinline__ void turn_wait(int c, bool pv) {
-#if PINGPONG
-    if (PINGPONG == 1 || !pv) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
-#endif
+    if (PP == 1 || (PP == 2 && !pv)) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
 }
+template <int PP>
 __device__ __forceinline__ void turn_pass(int c, bool pv) {
-#if PINGPONG
-    if (PINGPONG == 1 || !pv) asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
-#endif
+    if (PP == 1 || (PP == 2 && !pv)) asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
 }
 
 template <int D, bool CAUSAL>
@@ -337,6 +356,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
                                          int n_tiles, float qk_scale, float v_scale,
                                          __half* __restrict__ out) {
     using T = Tiles<D>;
+    constexpr int PP = pingpong<D, CAUSAL>(); // the turn-taking of this entry
     const int ctid = threadIdx.x - 128 * (c + 1);
     const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
     const int row0 = m_block * BLOCK_M + 64 * c + 16 * warp + g; // and row0 + 8
@@ -348,7 +368,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
-    if (n_tiles > 0 && c == 1) turn_pass(c, false);
+    if (n_tiles > 0 && c == 1) turn_pass<PP>(c, false);
     const unsigned q_base = smem_addr(smem + c * 64 * D);
     const int cta_row0 = m_block * BLOCK_M;
     for (int j = 0; j < n_tiles; ++j) {
@@ -361,14 +381,14 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
 #endif
         float sc[S_REGS];
         const unsigned k_base = smem_addr(smem + T::OFF_K + s * T::K_BYTES);
-        turn_wait(c, false);
+        turn_wait<PP>(c, false);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < T::QK_STEPS; ++kk)
             wgmma_ss_n128(sc, wgmma_desc<D>(q_base + 32 * kk), wgmma_desc<D>(k_base + 32 * kk),
                           kk > 0);
         wgmma_commit();
-        if (PINGPONG != 2 || c == 0 || j + 1 < n_tiles) turn_pass(c, false);
+        if (PP != 2 || c == 0 || j + 1 < n_tiles) turn_pass<PP>(c, false);
         wgmma_wait<0>();
         wgmma_hold(sc);
 
@@ -425,7 +445,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
         mbar_wait(&bars.vt_full[s], parity);
         float ot[T::O_REGS];
         const unsigned vt_base = smem_addr(smem + T::OFF_VT + s * T::VT_BYTES);
-        turn_wait(c, true);
+        turn_wait<PP>(c, true);
         wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < T::PV_STEPS; ++kb) {
@@ -435,7 +455,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
                 wgmma_rs_n128(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
         }
         wgmma_commit();
-        if (c == 0 || j + 1 < n_tiles) turn_pass(c, true);
+        if (c == 0 || j + 1 < n_tiles) turn_pass<PP>(c, true);
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
         wgmma_wait<1>();
 #else
