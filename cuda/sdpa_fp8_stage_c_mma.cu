@@ -511,14 +511,16 @@ __device__ __forceinline__ int warp_keys(int Sq, int Sk, bool packed) {
 
 // ---- the kernel --------------------------------------------------------------------------
 
+// The body's parameters (the entries' but `causal`, which picks the entry) and their names.
+#define SDPA_BODY_PARAMS                                                                     \
+    const u8 *__restrict__ q, const u8 *__restrict__ k, const u8 *__restrict__ v,           \
+        const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
+        const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
+        int Sq, int Sk, float softmax_scale
+#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale
+
 template <int D, bool CAUSAL, int ST>
-__device__ __forceinline__ void sdpa_body(const u8* __restrict__ q, const u8* __restrict__ k,
-                                          const u8* __restrict__ v,
-                                          const float* __restrict__ q_scale,
-                                          const float* __restrict__ k_scale,
-                                          const float* __restrict__ v_scale,
-                                          __half* __restrict__ out, int B, int H, int Hkv,
-                                          int Sq, int Sk, float softmax_scale) {
+__device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     using G = Geo<D, ST>;
     constexpr bool CAN_PACK = can_pack<D, CAUSAL>();
     extern __shared__ __align__(128) u8 smem[];
@@ -939,16 +941,10 @@ __device__ __forceinline__ bool deep_pipeline(int Sq) {
     }
 }
 template <int D, bool CAUSAL>
-__device__ __forceinline__ void sdpa_entry(const u8* __restrict__ q, const u8* __restrict__ k,
-                                           const u8* __restrict__ v,
-                                           const float* __restrict__ q_scale,
-                                           const float* __restrict__ k_scale,
-                                           const float* __restrict__ v_scale,
-                                           __half* __restrict__ out, int B, int H, int Hkv,
-                                           int Sq, int Sk, float softmax_scale) {
+__device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
     if constexpr (D == 128 && HAS_DEEP) {
         if (deep_pipeline<D>(Sq)) {
-            sdpa_body<D, CAUSAL, SHORT_STAGES>(q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale);
+            sdpa_body<D, CAUSAL, SHORT_STAGES>(SDPA_PASS);
             return;
         }
     }
@@ -958,7 +954,7 @@ __device__ __forceinline__ void sdpa_entry(const u8* __restrict__ q, const u8* _
     // (the host then launches them deep) knows the deep body ran.
     if (D == 128 && Sq <= SHORT_Q_ROWS && Hkv < H) __trap();
 #endif
-    sdpa_body<D, CAUSAL, STAGES>(q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale);
+    sdpa_body<D, CAUSAL, STAGES>(SDPA_PASS);
 }
 
 // The entries, one per D. D = 64 is held to 128 registers (4 CTAs of 128 threads in 64K
@@ -968,7 +964,6 @@ __device__ __forceinline__ void sdpa_entry(const u8* __restrict__ q, const u8* _
         const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
         const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
         int Sq, int Sk, int causal, float softmax_scale
-#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale
 
 // One entry per (D, causal); a module holds those SDPA_D and SDPA_CAUSAL select. The causal
 // argument is the same for every entry (the host picks the entry by it), so one ABI serves all.
