@@ -95,7 +95,8 @@
 #define V_SWIZZLE 1
 #endif
 // PINGPONG unset: per entry, 2 for the D = 128 causal entry and 0 for the others (change 16:
-// 3-5% faster at D 128 causal, 11-17% slower at D 64 causal, the same non-causal).
+// 3-5% faster at D 128 causal, 11-17% slower at D 64 causal; non-causal the same at st2 and up
+// to 3% slower at st3).
 #ifdef PINGPONG
 #if PINGPONG < 0 || PINGPONG > 2
 #error "PINGPONG must be 0, 1 or 2"
@@ -148,8 +149,8 @@ __constant__ int SDPA_THREADS = THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
-// What the PTX proves of the turn-taking switch: the module's entries' mode (-1: a module of
-// both a causal and a plain entry under the per-entry default).
+// What the PTX proves of the turn-taking switch: the module's entries' mode (-1: a module whose
+// entries differ under the per-entry default, e.g. every entry at once, as the probe builds).
 #if defined(PINGPONG)
 __constant__ int SDPA_PINGPONG = PINGPONG;
 #elif SDPA_CAUSAL == 1 && SDPA_D == 128
