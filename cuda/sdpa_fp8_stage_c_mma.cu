@@ -43,11 +43,15 @@
 //                   per (D, causal), each only when a problem needs it; unset, all four):
 //                   NVRTC's time per module stays that of one entry, and the plain path
 //                   carries no mask logic of the causal one.
+//   SPLIT_KV_CTAS=N, SPLIT_KV_MAX=M  the working CTAs split KV aims for (128) and the most CTAs a
+//                   query tile's steps go to (64), published as SDPA_SPLIT_KV_CTAS/_MAX
+//                   (measured: docs/PERF.md change 17); NO_SPLIT_KV publishes 0 (never split).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
 //
-// Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES_D<D> of dynamic
+// Launch: grid (ceil(S_q / BLOCK_M), B*H, C), C = 1 but for split KV (below), THREADS threads,
+// SDPA_SMEM_BYTES_D<D> of dynamic
 // shared memory (a short GQA/MQA query at D = 128: SDPA_SMEM_BYTES_D128_SHORT, where the
 // build has a deeper body and the device allows it; "Short queries" below). The host reads the SDPA_* constants below from the module instead of
 // repeating them.
@@ -66,6 +70,16 @@
 // two CTAs an SM win), and the kernel takes the deep path only where the launch gave that much
 // (`deep_pipeline`, %dynamic_smem_size). The depth changes when codes land, never what is
 // computed.
+// Split KV (SPLIT_KV_CTAS, SPLIT_KV_MAX, NO_SPLIT_KV): a short query at D = 128 whose working
+// CTAs are few (1×32×1×128 at S_k 32768, H_kv 8: 8 packs on 132 SMs) has its query tile's KV
+// steps dealt to C = gridDim.z CTAs, the host's choice (identity.rs `kv_ctas`: about 128
+// working CTAs, at most SPLIT_KV_MAX, at most one per step). CTA z runs steps z, z + C, ...;
+// its warps park their (O, m, l) in the launch's workspace, and the last CTA to arrive merges
+// every chain in order and stores the rows (`split_kv_end`). Chain z·KV_SPLIT + split holds
+// exactly the tiles t ≡ z·KV_SPLIT + split (mod C·KV_SPLIT), so the arithmetic is that of a
+// CTA with C·KV_SPLIT splits, which the emulation follows. A launch with C = 1 runs a body
+// compiled without the split (`sdpa_split_or_not`). The deep pipeline's rule counts all
+// packs × C CTAs.
 //
 // Warps: a CTA owns BLOCK_M = 16·R query rows of one (b, h) and has R·K warps. Warp w owns the
 // 16 rows [16·(w % R), +16) (packed, above: rows [0, 16) of head y0 + w % R, or rows [0, 8) of
@@ -119,7 +133,8 @@
 //                      D=128: 49152 (cp0), 81920 (cp1, 2 stages), 147456 (cp1, short: 4 stages).
 //   After the last step the splits' (m, l, O) are parked from offset 0 for the merge
 //   (PARK_BYTES: 9216 at D = 64, 17408 at D = 128 for R = K = 2; SMEM_BYTES grows to fit it
-//   for larger grids).
+//   for larger grids). A split launch's last CTA instead holds the merge's weights and row sums
+//   there: BLOCK_M x (2 x C x KV_SPLIT + 1) floats, at most 32,896 bytes (a static_assert).
 //
 // Resources per entry (the resource gates, gates/default.json "resources" and
 // "resources_by_entry"; every entry spill-free):
@@ -164,6 +179,16 @@
 #define SHORT_Q_STAGES 4
 #endif
 #define SHORT_Q_ROWS 16 // S_q at or below which a query is short
+// Split KV (the header's "Short queries"): a short query at D = 128 whose CTAs are few has its
+// KV steps dealt to gridDim.z CTAs; the host picks gridDim.z <= SPLIT_KV_MAX so that about
+// SPLIT_KV_CTAS CTAs work (src/backend/cuda/identity.rs `kv_ctas`). NO_SPLIT_KV publishes 0:
+// the host then never splits.
+#ifndef SPLIT_KV_CTAS
+#define SPLIT_KV_CTAS 128
+#endif
+#ifndef SPLIT_KV_MAX
+#define SPLIT_KV_MAX 64
+#endif
 // The entry this module holds: 64 or 128 (the runner compiles one module per D, each in its
 // own NVRTC program, so a run builds only the D its problems need), 0 for both.
 #ifndef SDPA_D
@@ -253,6 +278,15 @@ extern "C" __constant__ int SDPA_PACK_HEADS_8 = 2 * ROW_WARPS;
 extern "C" __constant__ int SDPA_PACK_HEADS_16 = ROW_WARPS;
 #endif
 extern "C" __constant__ int SDPA_SMEM_BYTES_D128_SHORT = HAS_DEEP ? Geo<128, SHORT_STAGES>::SMEM_BYTES : 0;
+// Split KV: the CTAs a short D = 128 query's split aims for and the most CTAs one query tile's
+// steps may be dealt to (0, 0: no split; every launch has gridDim.z = 1).
+#ifdef NO_SPLIT_KV
+extern "C" __constant__ int SDPA_SPLIT_KV_CTAS = 0;
+extern "C" __constant__ int SDPA_SPLIT_KV_MAX = 0;
+#else
+extern "C" __constant__ int SDPA_SPLIT_KV_CTAS = SPLIT_KV_CTAS;
+extern "C" __constant__ int SDPA_SPLIT_KV_MAX = SPLIT_KV_MAX;
+#endif
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = USE_CP_ASYNC;
 
 // ---- tensor-core and shared-memory primitives (PTX ISA fragment layouts) -----------------
@@ -447,6 +481,11 @@ __device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
 // only the other three entries pack.
 template <int D, bool CAUSAL>
 __device__ __forceinline__ constexpr bool can_pack() { return !(D == 64 && !CAUSAL); }
+// Which entries split a short query's KV steps across CTAs when the launch asks for it
+// (gridDim.z > 1): D = 128, the decode head dim of the models the split is for. The D = 64
+// entries' loops keep their instructions.
+template <int D>
+__device__ __forceinline__ constexpr bool can_split() { return D == 128; }
 // Whether the n heads y0 .. y0 + n - 1 exist and read one K/V head (kv_head is monotone in
 // the head, so the first and the last decide).
 __device__ __forceinline__ bool one_kv_head(int y0, int n, int BH, int H, int Hkv) {
@@ -509,6 +548,135 @@ __device__ __forceinline__ int warp_keys(int Sq, int Sk, bool packed) {
     return keys;
 }
 
+// ---- split KV: the end of a query tile whose steps several CTAs ran -----------------------
+
+// Floats per (row, slot) in the split's workspace: O's D values, then m and l (16-byte rows).
+template <int D>
+constexpr int SPLIT_SLOT_FLOATS = D + 4;
+
+// The merge parks a weight and an l per (row, slot) and an l per row in the dynamic shared
+// memory of the smallest D = 128 launch (cp0's one stage): at most BLOCK_M rows (a pack's
+// rows) and SPLIT_KV_MAX x KV_SPLIT slots.
+static_assert(BLOCK_M * (2 * SPLIT_KV_MAX * KV_SPLIT + 1) * 4 <= Geo<128, 1>::SMEM_BYTES,
+              "the split's merge must fit the D = 128 entries' shared memory");
+
+// The end of a query tile whose KV steps gridDim.z = C CTAs ran (C > 1 only for short
+// queries: one query tile, gridDim.x = 1). Every warp parks its rows' (O, m, l) in `work` at
+// slot zc·KV_SPLIT + split, which is the chain t % (C·KV_SPLIT) of every tile t it ran (its
+// tiles are t = (zc + nC)·KV_SPLIT + split), so the slots are the emulation's KV splits for
+// C·KV_SPLIT of them. The CTA that arrives last merges every row's slots in slot order, as
+// the in-CTA merge merges its splits (M = max m_s, O = O_0·exp2(m_0 - M), then
+// fma(O_s, exp2(m_s - M), O), likewise l), and stores the pack's rows.
+//   work: one arrival counter per CTA y (B·H u32, padded to 16 bytes), zero before a launch:
+//         the last CTA of a group resets its own; then [B·H query heads][S_q rows]
+//         [C·KV_SPLIT slots][D + 4] floats (O, m, l, 2 unused), every slot rewritten by every
+//         launch before it is read. The counters come first, where every launch's are,
+//         whatever its C: a workspace that launches of different splits share (a base
+//         kernel's and the candidate's) keeps them zero. The host allocates one zeroed
+//         workspace per output buffer, so concurrent launches never share one
+//         (src/backend/cuda/launch.rs).
+template <int D, bool CAUSAL>
+__device__ __forceinline__ void split_kv_end(const float (&o)[D / 8][4], const float (&m_run)[2],
+                                             const float (&l_run)[2], __half* __restrict__ out,
+                                             float* __restrict__ work, int BH, int Sq, float v_sc,
+                                             int pack) {
+    constexpr int STRIDE = SPLIT_SLOT_FLOATS<D>;
+    if (gridDim.x != 1 || Sq > SHORT_Q_ROWS) __trap(); // the host splits short queries only
+    const int lane = tid_x() & 31, g = lane >> 2, qd = lane & 3;
+    const int split = (tid_x() >> 5) / ROW_WARPS;
+    const int slots = (int)gridDim.z * KV_SPLIT;
+    const int slot = (int)blockIdx.z * KV_SPLIT + split;
+    const int y0 = ctaid_y(); // only a pack's first CTA runs
+    const int q0 = warp_row0<CAUSAL>(pack > 1);
+    unsigned* arrivals = reinterpret_cast<unsigned*>(work);
+    work += (BH + 3) / 4 * 4; // the parked states: 16-byte aligned after the counters
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = q0 + row_in_head(pack, g, i);
+        if (row >= Sq) continue;
+        float* dst = work + ((size_t)row_head(pack, y0, i) * Sq + row) * slots * STRIDE + (size_t)slot * STRIDE;
+#pragma unroll
+        for (int c = 0; c < D / 16; ++c)
+            *reinterpret_cast<float4*>(dst + 16 * c + 4 * qd) =
+                make_float4(o[2 * c][2 * i], o[2 * c + 1][2 * i], o[2 * c][2 * i + 1], o[2 * c + 1][2 * i + 1]);
+        if (qd == 0) *reinterpret_cast<float2*>(dst + D) = make_float2(m_run[i], l_run[i]);
+    }
+    // The classic last-block pattern: parked state visible device-wide before the arrival,
+    // the arrival seen before the last CTA reads (through L2: ld.cg) what the others parked.
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (tid_x() == 0) {
+        last = atomicAdd(arrivals + y0, 1u) == gridDim.z - 1;
+        if (last) arrivals[y0] = 0; // every CTA of the group has arrived: ready for the next launch
+        __threadfence();
+    }
+    __syncthreads();
+    if (!last) return;
+    // The merge, in three passes over the pack's rows r = (head y0 + r / S_q, row r % S_q),
+    // with every slot's loads in flight together (shared memory is free: the loop ended on a
+    // barrier): (1) a warp per row finds M = max m_s and parks each slot's weight
+    // exp2(m_s - M) and l_s; (2) a thread per row chains l; (3) a thread per 4 dims chains O.
+    extern __shared__ __align__(128) u8 smem[];
+    const int rows = pack * Sq; // <= 32: 4 heads of 8 rows or 2 of 16
+    float* weight = reinterpret_cast<float*>(smem); // [rows][slots]
+    float* l_slot = weight + rows * slots;          // [rows][slots]
+    float* l_row = l_slot + rows * slots;           // [rows]
+#ifdef MUTANT_SPLIT_KV_DROP_LAST
+    const int merged = slots - 1; // the last CTA's last split never merged
+#else
+    const int merged = slots;
+#endif
+    auto row_state = [&](int r) {
+        return work + ((size_t)(y0 + r / Sq) * Sq + r % Sq) * slots * STRIDE;
+    };
+    for (int r = tid_x() >> 5; r < rows; r += NUM_WARPS) {
+        const float* src = row_state(r);
+        float m_all = M_NONE; // a slot that saw no key has m = M_NONE: weight 0
+        for (int s2 = lane; s2 < slots; s2 += 32) m_all = fmaxf(m_all, __ldcg(src + s2 * STRIDE + D));
+#pragma unroll
+        for (int w = 16; w > 0; w >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, w));
+        for (int s2 = lane; s2 < slots; s2 += 32) {
+            weight[r * slots + s2] = exp2f(__ldcg(src + s2 * STRIDE + D) - m_all);
+            l_slot[r * slots + s2] = __ldcg(src + s2 * STRIDE + D + 1);
+        }
+    }
+    __syncthreads();
+    for (int r = tid_x(); r < rows; r += THREADS) {
+        const float* a = weight + r * slots;
+        const float* ls = l_slot + r * slots;
+        float l = __fmul_rn(ls[0], a[0]);
+        for (int s2 = 1; s2 < merged; ++s2) l = __fmaf_rn(ls[s2], a[s2], l);
+        l_row[r] = l;
+    }
+    __syncthreads();
+    constexpr int QUADS = D / 4; // four dims per thread: one 8-byte store
+    for (int e = tid_x(); e < rows * QUADS; e += THREADS) {
+        const int r = e / QUADS, x = e % QUADS * 4;
+        const float* src = row_state(r) + x;
+        const float* a = weight + r * slots;
+        const float4 o0 = __ldcg(reinterpret_cast<const float4*>(src));
+        float o4[4] = {__fmul_rn(o0.x, a[0]), __fmul_rn(o0.y, a[0]), __fmul_rn(o0.z, a[0]), __fmul_rn(o0.w, a[0])};
+#pragma unroll 8
+        for (int s2 = 1; s2 < merged; ++s2) {
+            const float4 os = __ldcg(reinterpret_cast<const float4*>(src + s2 * STRIDE));
+            o4[0] = __fmaf_rn(os.x, a[s2], o4[0]);
+            o4[1] = __fmaf_rn(os.y, a[s2], o4[1]);
+            o4[2] = __fmaf_rn(os.z, a[s2], o4[2]);
+            o4[3] = __fmaf_rn(os.w, a[s2], o4[3]);
+        }
+        // A row that saw no key has l = 0 and is written as zeros, as the one-CTA end does.
+        const float l = l_row[r];
+        const float scale = l == 0.0f ? 0.0f : v_sc / l;
+        const __half d0 = __float2half_rn(__fmul_rn(o4[0], scale));
+        const __half d1 = __float2half_rn(__fmul_rn(o4[1], scale));
+        const __half d2 = __float2half_rn(__fmul_rn(o4[2], scale));
+        const __half d3 = __float2half_rn(__fmul_rn(o4[3], scale));
+        *reinterpret_cast<uint2*>(out + ((size_t)(y0 + r / Sq) * Sq + r % Sq) * D + x) =
+            make_uint2(pack_half2(d0, d1), pack_half2(d2, d3));
+    }
+}
+
 // ---- the kernel --------------------------------------------------------------------------
 
 // The body's parameters (the entries' but `causal`, which picks the entry) and their names.
@@ -516,10 +684,13 @@ __device__ __forceinline__ int warp_keys(int Sq, int Sk, bool packed) {
     const u8 *__restrict__ q, const u8 *__restrict__ k, const u8 *__restrict__ v,           \
         const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
         const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
-        int Sq, int Sk, float softmax_scale
-#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale
+        int Sq, int Sk, float softmax_scale, float *__restrict__ work
+#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale, work
 
-template <int D, bool CAUSAL, int ST>
+// ST: the cp.async pipeline's stages; SPLIT: whether the launch deals the query tile's KV
+// steps to gridDim.z CTAs (`split_kv_end`). A launch that does not split runs a body with no
+// trace of it: C = 1 and zc = 0 are constants there.
+template <int D, bool CAUSAL, int ST, bool SPLIT>
 __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     using G = Geo<D, ST>;
     constexpr bool CAN_PACK = can_pack<D, CAUSAL>();
@@ -611,14 +782,19 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     const unsigned k_lane = smem_addr + split * BLOCK_N * D + G::swizzled(lane & 7, lane >> 3);
     const unsigned v_lane = smem_addr + G::STEP_CODE_BYTES + split * BLOCK_N * D +
                             G::swizzled((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+    // Split KV: this CTA runs steps zc, zc + C, zc + 2C, ... of its query tile's keys (C = 1,
+    // zc = 0 but in a launch that splits them: `split_kv_end`).
+    const int kv_ctas = SPLIT ? (int)gridDim.z : 1;
+    const int zc = SPLIT ? (int)blockIdx.z : 0;
 #if USE_CP_ASYNC
     // Prologue: the first ST - 1 steps in flight, one commit group each (maybe empty),
     // before Q's loads, so Q's latency and theirs overlap.
 #pragma unroll
     for (int st = 0; st < ST - 1; ++st) {
         const int keys_cta = CTA_KEYS;
-        if (st * STEP_KEYS < keys_cta)
-            copy_step_async<D>(k_bh, v_bh, st * STEP_KEYS, min(STEP_KEYS, keys_cta - st * STEP_KEYS), smem + st * G::STAGE_BYTES);
+        const int kv_first = (zc + st * kv_ctas) * STEP_KEYS;
+        if (kv_first < keys_cta)
+            copy_step_async<D>(k_bh, v_bh, kv_first, min(STEP_KEYS, keys_cta - kv_first), smem + st * G::STAGE_BYTES);
         __pipeline_commit();
     }
 #endif
@@ -655,11 +831,12 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     }
     const uint4* q_park = reinterpret_cast<const uint4*>(smem + G::OFF_Q) + warp * (D / 16) * 32 + lane;
 
-    for (int j = 0; j * STEP_KEYS < CTA_KEYS; ++j) {
+    for (int n = 0; (zc + n * kv_ctas) * STEP_KEYS < CTA_KEYS; ++n) {
+        const int j = zc + n * kv_ctas; // the step of the query tile's keys
         // 1. This step's K and V codes, landed in its stage.
 #if USE_CP_ASYNC
-        // Groups committed so far: ST - 1 + j; all but the newest ST - 2 have landed once
-        // step j has.
+        // Groups committed so far: ST - 1 + n; all but the newest ST - 2 have landed once
+        // this CTA's step n has.
 #ifndef MUTANT_SKIP_CP_WAIT
         __pipeline_wait_prior(ST - 2);
 #endif
@@ -667,19 +844,20 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         __syncthreads(); // every thread's copies of step j are visible; step j - 1 is done
 #endif
         {
-            // Into the stage step j - 1 used: every warp is past it (the barrier above), so
+            // Into the stage step n - 1 used: every warp is past it (the barrier above), so
             // one barrier per step suffices.
-            const int ahead = j + ST - 1;
+            const int ahead = n + ST - 1;
             const int keys_cta = CTA_KEYS;
-            if (ahead * STEP_KEYS < keys_cta)
-                copy_step_async<D>(k_bh, v_bh, ahead * STEP_KEYS, min(STEP_KEYS, keys_cta - ahead * STEP_KEYS),
+            const int kv_ahead = (zc + ahead * kv_ctas) * STEP_KEYS;
+            if (kv_ahead < keys_cta)
+                copy_step_async<D>(k_bh, v_bh, kv_ahead, min(STEP_KEYS, keys_cta - kv_ahead),
                                    smem + (ahead % ST) * G::STAGE_BYTES);
             __pipeline_commit(); // one group per iteration keeps the count uniform
         }
 #ifdef MUTANT_WRONG_STAGE
-        const int cur = (j + 1) % ST; // a stage still being filled
+        const int cur = (n + 1) % ST; // a stage still being filled
 #else
-        const int cur = j % ST;
+        const int cur = n % ST;
 #endif
 #else
         load_step<D>(k_bh, v_bh, j * STEP_KEYS, min(STEP_KEYS, CTA_KEYS - j * STEP_KEYS), smem);
@@ -834,6 +1012,13 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
     }
 
+    // Split KV: the query tile's other CTAs hold the rest of its keys.
+    if constexpr (SPLIT) {
+        split_kv_end<D, CAUSAL>(o, m_run, l_run, out, work, B * H, Sq, v_scale_shared,
+                                CAN_PACK ? pack_shared : 1);
+        return;
+    }
+
     // Merge the KV splits into split 0 (shared memory is free: the loop ended on a barrier).
 #if KV_SPLIT > 1
     float* park = reinterpret_cast<float*>(smem);
@@ -940,11 +1125,24 @@ __device__ __forceinline__ bool deep_pipeline(int Sq) {
         return false;
     }
 }
+// The body of ST stages for this launch: one that splits the KV steps where the launch has
+// gridDim.z > 1 (the host asks for it only at D = 128: identity.rs `kv_ctas`), else the one
+// with no split.
+template <int D, bool CAUSAL, int ST>
+__device__ __forceinline__ void sdpa_split_or_not(SDPA_BODY_PARAMS) {
+    if constexpr (can_split<D>()) {
+        if (gridDim.z > 1) {
+            sdpa_body<D, CAUSAL, ST, true>(SDPA_PASS);
+            return;
+        }
+    }
+    sdpa_body<D, CAUSAL, ST, false>(SDPA_PASS);
+}
 template <int D, bool CAUSAL>
 __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
     if constexpr (D == 128 && HAS_DEEP) {
         if (deep_pipeline<D>(Sq)) {
-            sdpa_body<D, CAUSAL, SHORT_STAGES>(SDPA_PASS);
+            sdpa_split_or_not<D, CAUSAL, SHORT_STAGES>(SDPA_PASS);
             return;
         }
     }
@@ -954,7 +1152,7 @@ __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
     // (the host then launches them deep) knows the deep body ran.
     if (D == 128 && Sq <= SHORT_Q_ROWS && Hkv < H) __trap();
 #endif
-    sdpa_body<D, CAUSAL, STAGES>(SDPA_PASS);
+    sdpa_split_or_not<D, CAUSAL, STAGES>(SDPA_PASS);
 }
 
 // The entries, one per D. D = 64 is held to 128 registers (4 CTAs of 128 threads in 64K
@@ -963,7 +1161,7 @@ __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
     const u8 *__restrict__ q, const u8 *__restrict__ k, const u8 *__restrict__ v,           \
         const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
         const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
-        int Sq, int Sk, int causal, float softmax_scale
+        int Sq, int Sk, int causal, float softmax_scale, float *__restrict__ work
 
 // One entry per (D, causal); a module holds those SDPA_D and SDPA_CAUSAL select. The causal
 // argument is the same for every entry (the host picks the entry by it), so one ABI serves all.

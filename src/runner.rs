@@ -478,7 +478,7 @@ fn run_problem(
         // Launch first: a fault ends the run before the O(S²) host work.
         let output = backend.launch_poisoned(i)?;
         mark("launched");
-        let split = backend.algorithm_of(i);
+        let split = backend.algorithm_of(i, shape);
         if !yardsticks.iter().any(|(s, _)| *s == split) {
             let y = Yardsticks::with_backend(backend, &work.check, &p, split, rows.clone())?;
             yardsticks.push((split, y));

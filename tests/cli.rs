@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{cpu, output, read_json, run_dirs, runner};
+use common::{cpu, entries, output, read_json, run_dirs, runner};
 
 #[test]
 fn cpu_backend_main_job_passes_writes_files_and_prints_the_path_last() {
@@ -313,7 +313,7 @@ fn the_default_backend_without_a_gpu_exits_3_and_points_at_the_cpu_backend() {
         "{stderr}"
     );
     assert!(
-        run_dirs(results.path()).is_empty(),
+        entries(results.path()).is_empty(),
         "no results directory for a run that never started"
     );
 }
@@ -417,7 +417,7 @@ fn devices_without_a_gpu_exit_3_for_every_command_that_takes_them() {
         let advice = stderr.contains("--backend cpu");
         assert_eq!(advice, command != ["selftest"], "{command:?}: {stderr}");
         assert!(!advice || stderr.contains("Without --devices"), "{stderr}");
-        assert!(run_dirs(results.path()).is_empty(), "{command:?}");
+        assert!(entries(results.path()).is_empty(), "{command:?}");
     }
 }
 

@@ -579,7 +579,7 @@ fn a_timed_run_refuses_a_malformed_floors_file_naming_the_key_and_a_correctness_
         err.contains("floors.json") && err.contains("paired.G.shapes.mission.floor_pct"),
         "{err}"
     );
-    assert!(!results.exists() || common::run_dirs(&results).is_empty());
+    assert!(!results.exists() || common::entries(&results).is_empty());
     let (code, out, err) = common::cpu(
         &[
             "--shapes", "small", "--seeds", "0", "--iters", "0", "--floors", floors_arg,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{output, read_json, run_dirs, runner};
+use common::{entries, output, read_json, run_dirs, runner};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -62,7 +62,7 @@ fn a_kernel_that_does_not_compile_exits_4_with_the_nvrtc_log() {
         stderr.contains("planted compile error") && stderr.contains("NVRTC log"),
         "{stderr}"
     );
-    assert!(run_dirs(&results).is_empty());
+    assert!(entries(&results).is_empty());
 }
 
 /// Same ABI, entries, published constants and identity instructions (cuda/kernels.toml's
@@ -127,7 +127,7 @@ fn a_kernel_that_faults_exits_4_naming_the_error_variant_and_shape() {
         lower.contains("illegal") && stderr.contains("cp0") && stderr.contains("small"),
         "{stderr}"
     );
-    assert!(run_dirs(&results).is_empty());
+    assert!(entries(&results).is_empty());
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn a_kernel_that_hangs_is_stopped_at_the_launch_limit_with_exit_4_and_nothing_wr
         "{stderr}"
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(60));
-    assert!(run_dirs(results.path()).is_empty(), "nothing is written");
+    assert!(entries(results.path()).is_empty(), "nothing is written");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{output, read_json, run_dirs, runner};
+use common::{entries, output, read_json, run_dirs, runner};
 use serde_json::Value;
 
 /// Runs the runner with `args` into a fresh folder; returns the exit code, stdout and the
@@ -126,7 +126,7 @@ fn a_gpu_listed_twice_is_refused_when_timed_and_a_missing_gpu_exits_2() {
         );
         assert_eq!(code, 2, "{devices}: {stderr}");
         assert!(stderr.contains(needle), "{devices}: {stderr}");
-        assert!(run_dirs(results.path()).is_empty());
+        assert!(entries(results.path()).is_empty());
     }
 }
 

@@ -7,14 +7,20 @@ use sdpa_runner::backend::Backend;
 use sdpa_runner::backend::cuda::CudaBackend;
 use sdpa_runner::backend::cuda::kernel::KernelSource;
 use sdpa_runner::backend::cuda::variant::VariantSpec;
+use sdpa_runner::emulation;
 use sdpa_runner::gates::Gates;
 use sdpa_runner::problem::Problem;
 use sdpa_runner::reference::Engine;
-use sdpa_runner::rows::CheckRows;
+use sdpa_runner::rows::{CheckRows, RowSet};
 use sdpa_runner::runner::{self, Check};
 use sdpa_runner::shapes::ShapeCatalog;
 
 fn backend() -> CudaBackend {
+    stage_c_backend(&[VariantSpec::new(false, &[]), VariantSpec::new(true, &[])])
+}
+
+/// Stage C's builds of `specs`, every entry of each.
+fn stage_c_backend(specs: &[VariantSpec]) -> CudaBackend {
     let root = common::project_root();
     let source = KernelSource::load(
         &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
@@ -22,11 +28,7 @@ fn backend() -> CudaBackend {
         &common::kernel_spec("stage-c"),
     )
     .unwrap();
-    CudaBackend::with_every_entry(
-        source,
-        &[VariantSpec::new(false, &[]), VariantSpec::new(true, &[])],
-    )
-    .unwrap()
+    CudaBackend::with_every_entry(source, specs).unwrap()
 }
 
 fn gates() -> Gates {
@@ -145,6 +147,99 @@ fn the_deeper_pipeline_of_short_queries_gives_the_bits_of_the_shallow_one() {
     assert_two_builds_give_the_same_bits_on_short_queries(deep, shallow, "deep and shallow", true);
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn keys_split_across_ctas_give_the_emulations_bits_and_pass_every_gate() {
+    // Short D 128 queries with few CTAs deal their KV steps to gridDim.z CTAs, the last of
+    // which merges every chain (cuda/sdpa_fp8_stage_c_mma.cu `split_kv_end`); the emulation
+    // sums them as kv_split x CTAs chains. (shape, chains): two MQA packs of S_k 5000 at one
+    // CTA per 128-key step (40 x 2), causal GQA with packs of 4, MHA at S_q 16 (a CTA per head), a
+    // partial last step, cfg-pack's odd groups.
+    let cases = [
+        ("1x8x1x128:sk=5000:hkv=1", 80),
+        ("2x8x3x128:sk=3000:hkv=2:causal", 48),
+        ("1x4x16x128:sk=2000:hkv=4", 32),
+        ("2x4x5x128:sk=777:hkv=1:causal", 14),
+        ("cfg-pack", 4),
+    ];
+    let names: Vec<&str> = cases.iter().map(|(n, _)| *n).collect();
+    let shapes = catalog().select(&names.join(",")).unwrap();
+    let mut b = backend();
+    for (shape, (name, chains)) in shapes.iter().zip(cases) {
+        assert_eq!(
+            b.algorithm_of(1, shape).kv_split,
+            chains,
+            "{name}: the host's split"
+        );
+    }
+    assert_both_variants_pass_with_the_same_bits(&mut b, &shapes, "cp0 and cp1");
+    // The emulation of the host's split reproduces the output's bits (all but where CUDA's
+    // exp2f, within 2 ulps, is not the correctly rounded 2^x the emulation takes, in a rescale
+    // or a chain's weight); the emulation of any other chain count reproduces fewer: the
+    // output was summed in exactly the chains the host says. (Chains past the row's tiles
+    // add empty ones, which change no bit: the others are fewer.)
+    for (shape, (name, chains)) in shapes.iter().zip(cases) {
+        let p = Problem::new(shape, 3);
+        b.load(&p).unwrap();
+        let out = b.launch_poisoned(1).unwrap();
+        let alg = b.algorithm_of(1, shape);
+        let rows = RowSet::all(shape);
+        let equal = |kv_split: usize| {
+            let emulated = emulation::clean(&p, alg.with_split(kv_split), &rows);
+            let same = out
+                .iter()
+                .zip(&emulated)
+                .filter(|(a, e)| a.to_bits() == e.to_bits());
+            100.0 * same.count() as f64 / out.len() as f64
+        };
+        let right = equal(chains);
+        let others = [2, chains / 2, chains - 2].map(|c| (c, equal(c)));
+        eprintln!("{name}: {right:.2}% of the bits with {chains} chains; others {others:?}");
+        assert!(right >= 95.0, "{name}: {right:.2}% with {chains} chains");
+        for (c, pct) in others.into_iter().filter(|&(c, _)| c != chains) {
+            assert!(
+                pct < right,
+                "{name}: {c} chains give {pct:.2}%, the host's {chains} {right:.2}%"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn builds_of_different_splits_sharing_one_problems_workspace_each_write_every_row() {
+    // A base kernel and the candidate launch on one problem's buffers, workspace included
+    // (src/backend/cuda/launch.rs); where their splits differ, the one's parked states lie
+    // where the other's arrival counters would be, unless the counters sit where every
+    // split's do. Each must write every row and pass.
+    let ours = VariantSpec::new(true, &[]);
+    let fewer = ours.with_candidate_defines(&[("SPLIT_KV_CTAS".into(), "64".into())]);
+    let mut b = stage_c_backend(&[ours, fewer]);
+    let shapes = catalog()
+        .select("1x32x1x128:sk=4096:hkv=8,2x8x3x128:sk=3000:hkv=2:causal")
+        .unwrap();
+    for shape in &shapes {
+        let (a, c) = (b.algorithm_of(0, shape), b.algorithm_of(1, shape));
+        assert!(
+            a.kv_split > c.kv_split && c.kv_split > 2,
+            "{}: {a:?} {c:?}",
+            shape.name
+        );
+    }
+    let host = Check {
+        rows: CheckRows::All,
+        references: Engine::Host,
+        emulation: Engine::Host,
+    };
+    for r in runner::check_all(&mut b, &shapes, &[0, 1], host, &gates(), |_| {}).unwrap() {
+        assert!(
+            r.pass,
+            "{} seed {} {}: {:?}",
+            r.shape, r.seed, r.variant, r.gates
+        );
+    }
+}
+
 /// Two cp1 builds on the short-query problems: D 128 and causal D 64 (the entries that pack),
 /// decode, S_q 8 (the head pairs' edge), 9, 16-query speculative decode and S_q 17 (past
 /// short), MQA, groups of 3, 5 and 6 (packs of 4 and of 2 across K/V heads do not pack, others
@@ -158,14 +253,7 @@ fn assert_two_builds_give_the_same_bits_on_short_queries(
     which: &str,
     needs_deep: bool,
 ) {
-    let root = common::project_root();
-    let source = KernelSource::load(
-        &root.join("cuda/sdpa_fp8_stage_c_mma.cu"),
-        &root.join("cuda"),
-        &common::kernel_spec("stage-c"),
-    )
-    .unwrap();
-    let mut backend = CudaBackend::with_every_entry(source, &[a, b]).unwrap();
+    let mut backend = stage_c_backend(&[a, b]);
     if needs_deep && backend.identities()[0].constants.smem_bytes_d128_short == 0 {
         // A GPU whose blocks may not have the deeper body's shared memory (sm_86, sm_89: 99
         // KB) runs every short query shallow, and the first build's hook would trap.

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::refused_with_env as refused;
-use common::{output, run_dirs, runner};
+use common::{entries, output, run_dirs, runner};
 
 /// A CPU run long enough to be interrupted: `long` for many seeds, correctness only.
 fn long_cpu_run(results: &Path) -> std::process::Command {
@@ -63,7 +63,7 @@ fn sigint_and_sigterm_remove_the_staged_run_and_exit_128_plus_the_signal() {
         assert_eq!(out.status.code(), Some(code), "signal {signal}: {stderr}");
         assert!(stderr.contains("removed the unfinished run"), "{stderr}");
         assert!(
-            run_dirs(results.path()).is_empty(),
+            entries(results.path()).is_empty(),
             "signal {signal} left {:?}",
             run_dirs(results.path())
         );
@@ -104,7 +104,7 @@ fn a_closed_stdout_pipe_stops_the_run_and_leaves_nothing_behind() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        run_dirs(results.path()).is_empty(),
+        entries(results.path()).is_empty(),
         "{:?}",
         run_dirs(results.path())
     );

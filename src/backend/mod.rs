@@ -138,8 +138,10 @@ pub trait Backend: Send {
         Algorithm::STAGE_C
     }
 
-    /// The algorithm of one variant (variants of different kernel sources may differ in split).
-    fn algorithm_of(&self, _variant: usize) -> Algorithm {
+    /// The algorithm of one variant on problems of `shape` (variants of different kernel
+    /// sources may differ in split, and a module that splits a short query's keys across CTAs
+    /// sums that problem in more chains).
+    fn algorithm_of(&self, _variant: usize, _shape: &crate::shapes::Shape) -> Algorithm {
         self.algorithm()
     }
 

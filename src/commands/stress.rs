@@ -109,7 +109,7 @@ fn stress_problem(
 ) -> Result<Vec<StressRecord>, BackendError> {
     let p = Problem::new(shape, seed);
     let rows = RowSet::choose(check.rows, shape, seed, &runner::query_tiles(backend));
-    let split = backend.algorithm();
+    let split = backend.algorithm_of(0, shape);
     let y = Yardsticks::with_backend(backend, &check, &p, split, rows)?;
     backend.load(&p)?;
     let mut results = Vec::new();

@@ -20,8 +20,12 @@
 //!   ρ = (2^δ − 1) + 2^-22 + u16, and the output moves by at most ρ · (A + |O|).
 //! - weights below f16's normal range (2^-14) are off by up to 2^-25 absolute each:
 //!   n_sub · 2^-25 · (max|v̂| + |O|).
-//! - P·V in f32: per tile 4 MMA steps (16 u32 each) and one rescale: (65 T + 8) u32 · A.
-//! - the row sum l in f32 (16 adds and one fma per tile): (17 T + 8) u32 · |O|.
+//! - P·V in f32: per tile 4 MMA steps (16 u32 each) and one rescale: 65 T u32 · A, and the
+//!   merge of the row's S = KV_SPLIT chains (times the CTAs a split launch deals its keys
+//!   to: src/backend/cuda/identity.rs `kv_ctas`), one product and S − 1 fmas, with slack:
+//!   4 max(S, 2) u32 · A (8 u32 at S <= 2).
+//! - the row sum l in f32 (16 adds and one fma per tile, the same merge):
+//!   (17 T + 4 max(S, 2)) u32 · |O|.
 //! - the end: two f32 operations and the f16 rounding: (u16 + 4 u32) |O| + 2^-25.
 //! - a row that sees no key (causal, S_q > S_k) is written as zeros: its bound is 0, so
 //!   anything but an exact zero fails.
@@ -86,14 +90,15 @@ pub struct RowFacts {
 /// The two bounds of one element: `a` = Σ p̂|v̂| / Σ p̂, `o_k` and `o_e` the two references.
 pub fn element(head: &HeadFacts, row: &RowFacts, a: f64, o_k: f64, o_e: f64) -> (f64, f64) {
     let t = head.tiles(row.keys) as f64;
+    let merge = 4.0 * head.kv_split.max(2) as f64;
     let steps = head.head_dim as f64 + 8.0;
     let delta = steps * U32 * head.qk_scale_log2 * row.q_norm * head.k_norm_max;
     let rho = (delta.exp2() - 1.0) + 2f64.powi(-22) + U16;
     let (ok, oe) = (o_k.abs(), o_e.abs());
     let kernel = rho * (a + ok)
         + row.subnormal_weights as f64 * F16_SUB_HALF * (head.v_abs_max + ok)
-        + (65.0 * t + 8.0) * U32 * a
-        + (17.0 * t + 8.0) * U32 * ok
+        + (65.0 * t + merge) * U32 * a
+        + (17.0 * t + merge) * U32 * ok
         + (U16 + 4.0 * U32) * ok
         + F16_SUB_HALF;
     let shrink = 1.0 - E4M3_REL;
@@ -154,6 +159,30 @@ mod tests {
     }
 
     #[test]
+    fn merging_more_chains_widens_the_bound_by_four_u32_per_chain_past_two() {
+        // One tile per chain at any split: only the merge differs.
+        let row = RowFacts { keys: 64, ..ROW };
+        let with = |kv_split| {
+            let h = HeadFacts {
+                kv_split,
+                ..head(1)
+            };
+            element(&h, &row, 0.8, 0.3, 0.3).0
+        };
+        assert_eq!(
+            with(1),
+            with(2),
+            "one or two chains: the 8 u32 it always had"
+        );
+        let widened = with(32) - with(2);
+        let expected = (4.0 * 32.0 - 8.0) * U32 * (0.8 + 0.3);
+        assert!(
+            (widened - expected).abs() < 1e-3 * expected,
+            "{widened} vs {expected}"
+        );
+    }
+
+    #[test]
     fn a_longer_dot_product_widens_the_score_term() {
         let wide = HeadFacts {
             head_dim: 128,
@@ -170,7 +199,16 @@ mod tests {
 
     #[test]
     fn the_kernel_bound_is_a_few_f16_roundings_of_the_output_for_ordinary_data() {
-        let (k, _) = element(&head(8), &ROW, 0.8, 0.3, 0.3);
+        // Chains of 8 tiles, as the kernel's two splits sum 1024 keys.
+        let h = HeadFacts {
+            kv_split: 2,
+            ..head(8)
+        };
+        let row = RowFacts {
+            keys: 16 * 64,
+            ..ROW
+        };
+        let (k, _) = element(&h, &row, 0.8, 0.3, 0.3);
         // ρ·(A + |O|) + u16·|O| ≈ 2^-11 · 1.4, plus small f32 terms.
         assert!(k > U16 * 1.4 && k < U16 * 1.6, "{k}");
     }

@@ -48,10 +48,22 @@ pub fn output(cmd: &mut Command) -> (i32, String, String) {
     )
 }
 
-/// The run directories under `results`.
-pub fn run_dirs(results: &std::path::Path) -> Vec<PathBuf> {
+/// Everything under `results`, files included (for the checks that nothing was written).
+pub fn entries(results: &std::path::Path) -> Vec<PathBuf> {
     match std::fs::read_dir(results) {
         Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The run directories under `results` (not the files beside them, such as the COMPARE.md a
+/// gate run writes there: read_dir's order is the file system's, so the first entry may be one).
+pub fn run_dirs(results: &std::path::Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(results) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_dir())
+            .collect(),
         Err(_) => Vec::new(),
     }
 }

@@ -37,6 +37,13 @@ pub struct KernelConstants {
     pub pack_heads_8: u32,
     #[serde(default)]
     pub pack_heads_16: u32,
+    /// Split KV (`SDPA_SPLIT_KV_CTAS`, `SDPA_SPLIT_KV_MAX`): a short query at D = 128 whose
+    /// CTAs are fewer than `split_kv_ctas` has its KV steps dealt to up to `split_kv_max` CTAs
+    /// each ([`KernelConstants::kv_ctas`]). Absent (0): the module never splits.
+    #[serde(default)]
+    pub split_kv_ctas: u32,
+    #[serde(default)]
+    pub split_kv_max: u32,
     /// The A/B switch's published value (cuda/kernels.toml `proof_constant`: Stage C's
     /// SDPA_USE_CP_ASYNC, Stage D's SDPA_KV_STAGES).
     #[serde(alias = "use_cp_async")]
@@ -66,6 +73,8 @@ impl KernelConstants {
                 .unwrap_or(0),
             pack_heads_8: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_8")?.unwrap_or(0),
             pack_heads_16: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_16")?.unwrap_or(0),
+            split_kv_ctas: ptx_constant_opt(ptx, "SDPA_SPLIT_KV_CTAS")?.unwrap_or(0),
+            split_kv_max: ptx_constant_opt(ptx, "SDPA_SPLIT_KV_MAX")?.unwrap_or(0),
             switch: get(switch_constant)?,
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
         })
@@ -76,6 +85,7 @@ impl KernelConstants {
     /// the module publishes one: the deeper pipeline, which holds an SM alone), any other the
     /// entry's. Measured (docs/PERF.md change 15): with more packs than SMs the deep launch's
     /// one CTA an SM loses to the entry's two (64×32×1×128 at S_k 4096, 512 packs: 27% slower).
+    /// A split launch counts each pack's CTAs ([`KernelConstants::kv_ctas`]).
     pub fn launch_smem_bytes(&self, entry: Entry, q: LaunchShape, sms: u32) -> u32 {
         if entry.d != 128 {
             return self.smem_bytes;
@@ -84,7 +94,7 @@ impl KernelConstants {
             None => false,
             // A module that publishes no pack sizes: every short GQA/MQA query (its own rule).
             Some(_) if self.pack_heads_8 == 0 => true,
-            Some(packs) => packs <= sms as usize,
+            Some(packs) => packs * self.kv_ctas(entry, q) as usize <= sms as usize,
         };
         if deep {
             // Never less than the entry's own, whatever the module publishes.
@@ -92,6 +102,25 @@ impl KernelConstants {
         } else {
             self.smem_bytes_d128
         }
+    }
+
+    /// The CTAs one query tile's KV steps are dealt to (the launch's `gridDim.z`; the kernel's
+    /// `split_kv_end`): a short query (S_q at most `short_q_rows`) at D = 128 in a module that
+    /// splits gets enough of them that its working CTAs (its packs, or one per head) reach
+    /// about `split_kv_ctas`, at most `split_kv_max` and one per KV step; any other launch 1.
+    /// A function of the problem and the module only, never of the GPU, so the summation
+    /// order, and with it every output bit, is the same on every GPU
+    /// ([`crate::emulation::Algorithm`] takes `kv_split` times this many chains).
+    pub fn kv_ctas(&self, entry: Entry, q: LaunchShape) -> u32 {
+        let short = q.sq >= 1 && q.sq <= self.short_q_rows as usize;
+        if entry.d != 128 || !short || self.split_kv_ctas == 0 || self.split_kv_max == 0 {
+            return 1;
+        }
+        let working = q.short_packs(self).unwrap_or(q.b * q.h).max(1);
+        let steps =
+            q.sk.div_ceil((self.block_n * self.kv_split.max(1)) as usize);
+        let cap = (self.split_kv_max as usize).min(steps).max(1);
+        (self.split_kv_ctas as usize / working).clamp(1, cap) as u32
     }
 
     /// These constants on a device that allows a block `optin` bytes of shared memory: a short
@@ -125,16 +154,27 @@ impl KernelConstants {
     }
 }
 
-/// What a launch's shared memory depends on: the problem's batch, heads and query rows.
+/// What a launch's geometry depends on: the problem's batch, heads, query rows and keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchShape {
     pub b: usize,
     pub h: usize,
     pub hkv: usize,
     pub sq: usize,
+    pub sk: usize,
 }
 
 impl LaunchShape {
+    pub fn of(shape: &crate::shapes::Shape) -> Self {
+        LaunchShape {
+            b: shape.b,
+            h: shape.h,
+            hkv: shape.hkv,
+            sq: shape.s,
+            sk: shape.sk,
+        }
+    }
+
     /// Where the problem is a short GQA/MQA query (S_q at most the module's short rows,
     /// H_kv < H), the CTAs that work on it, counted by the kernel's own rule
     /// (cuda/sdpa_fp8_stage_c_mma.cu `pack_of`): the CTA at head y runs a pack of n heads when
@@ -634,7 +674,13 @@ ptxas info    : Used 96 registers, used 1 barriers
             d: 64,
             causal: true,
         };
-        let q = |b, h, hkv, sq| LaunchShape { b, h, hkv, sq };
+        let q = |b, h, hkv, sq| LaunchShape {
+            b,
+            h,
+            hkv,
+            sq,
+            sk: 8192,
+        };
         const SMS: u32 = 132;
         // The CTAs that work: packs of 4 heads with S_q <= 8, of 2 up to 16.
         assert_eq!(q(16, 32, 8, 1).short_packs(&c), Some(128));
@@ -720,6 +766,78 @@ ptxas info    : Used 96 registers, used 1 barriers
     }
 
     #[test]
+    fn short_queries_at_d128_split_their_keys_across_enough_ctas_to_fill_about_128() {
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 64;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
+                   .const .align 4 .u32 SDPA_KV_SPLIT = 2;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 40960;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 81920;\n\
+                   .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n\
+                   .const .align 4 .u32 SDPA_SHORT_Q_ROWS = 16;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128_SHORT = 147456;\n\
+                   .const .align 4 .u32 SDPA_PACK_HEADS_8 = 4;\n\
+                   .const .align 4 .u32 SDPA_PACK_HEADS_16 = 2;\n";
+        let split = format!(
+            "{ptx}.const .align 4 .u32 SDPA_SPLIT_KV_CTAS = 128;\n\
+             .const .align 4 .u32 SDPA_SPLIT_KV_MAX = 64;\n"
+        );
+        let c = KernelConstants::from_ptx(&split, "SDPA_USE_CP_ASYNC").unwrap();
+        assert_eq!((c.split_kv_ctas, c.split_kv_max), (128, 64));
+        let (d128, d64) = (
+            Entry {
+                d: 128,
+                causal: false,
+            },
+            Entry {
+                d: 64,
+                causal: true,
+            },
+        );
+        let q = |b, h, hkv, sq, sk| LaunchShape { b, h, hkv, sq, sk };
+        // (problem) -> CTAs per query tile: working CTAs (packs, or heads) times this ~ 128.
+        assert_eq!(
+            c.kv_ctas(d128, q(16, 32, 8, 1, 8192)),
+            1,
+            "llama-decode: 128 packs"
+        );
+        assert_eq!(c.kv_ctas(d128, q(1, 32, 8, 1, 32768)), 16, "8 packs");
+        assert_eq!(c.kv_ctas(d128, q(1, 32, 32, 1, 32768)), 4, "MHA: 32 heads");
+        assert_eq!(c.kv_ctas(d128, q(1, 8, 1, 1, 131072)), 64, "two packs");
+        assert_eq!(
+            c.kv_ctas(d128, q(1, 4, 1, 1, 131072)),
+            64,
+            "one pack: the most"
+        );
+        assert_eq!(c.kv_ctas(d128, q(1, 4, 1, 1, 1000)), 8, "one CTA per step");
+        assert_eq!(
+            c.kv_ctas(d128, q(2, 10, 2, 5, 200)),
+            2,
+            "cfg-pack: two 128-key steps"
+        );
+        assert_eq!(c.kv_ctas(d128, q(1, 8, 1, 1, 1)), 1, "one step: one CTA");
+        assert_eq!(c.kv_ctas(d128, q(1, 8, 8, 17, 32768)), 1, "S_q past 16");
+        assert_eq!(c.kv_ctas(d128, q(64, 32, 8, 1, 8192)), 1, "512 packs");
+        assert_eq!(
+            c.kv_ctas(d64, q(1, 32, 8, 1, 32768)),
+            1,
+            "D 64 never splits"
+        );
+        // The deep pipeline counts every CTA of a split: 8 packs x 16 fit 132 SMs.
+        assert_eq!(
+            c.launch_smem_bytes(d128, q(1, 32, 8, 1, 32768), 132),
+            147456
+        );
+        assert_eq!(
+            c.launch_smem_bytes(d128, q(1, 32, 8, 1, 32768), 100),
+            81920,
+            "128 CTAs on 100 SMs: the entry's two an SM"
+        );
+        // A module that publishes no split (NO_SPLIT_KV, older builds, Stage D) never splits.
+        let none = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
+        assert_eq!(none.kv_ctas(d128, q(1, 32, 8, 1, 32768)), 1);
+    }
+
+    #[test]
     fn a_module_that_publishes_v_swizzle_gets_a_swizzled_v_map_and_one_that_does_not_an_unswizzled_one()
      {
         let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 128;\n\
@@ -790,6 +908,8 @@ ptxas info    : Used 96 registers, used 1 barriers
                 smem_bytes_d128_short: 0,
                 pack_heads_8: 1,
                 pack_heads_16: 1,
+                split_kv_ctas: 0,
+                split_kv_max: 0,
                 switch: published,
                 v_swizzle: false,
             },

@@ -10,7 +10,7 @@ use cudarc::driver::{
 use half::f16;
 
 use super::LoadedVariant;
-use super::identity::LaunchShape;
+use super::identity::{KernelConstants, LaunchShape};
 use super::tensor_map::{self, MapLayout, Operand, TmaDesc};
 use crate::kernels::Abi;
 use crate::metrics::POISON;
@@ -37,6 +37,20 @@ pub struct DeviceProblem {
     /// The Q, K and V tensor maps of each layout a `tensor-maps` variant asked for, built at
     /// its first launch.
     maps: Vec<(MapLayout, [TmaDesc; 3])>,
+    /// The launch geometry of each module's constants (and SM count) that launched it.
+    geometries: Vec<((KernelConstants, u32), Geometry)>,
+    /// A split launch's workspace per output buffer (zeroed once; the kernel leaves its
+    /// counters zero), so launches on two streams never share one.
+    works: Vec<Option<CudaSlice<u8>>>,
+}
+
+/// What one module's launches of this problem need beyond its buffers.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    smem_bytes: u32,
+    kv_ctas: u32,
+    /// Bytes of the split's workspace (0: no split).
+    work_bytes: usize,
 }
 
 impl DeviceProblem {
@@ -65,6 +79,8 @@ impl DeviceProblem {
             entry: p.shape.entry(),
             softmax_scale: p.softmax_scale,
             maps: Vec::new(),
+            geometries: Vec::new(),
+            works: Vec::new(),
         })
     }
 
@@ -132,22 +148,17 @@ impl DeviceProblem {
         let function = variant
             .entry(self.entry)
             .expect("the entry of the problem was built");
-        let shape = LaunchShape {
-            b: self.b as usize,
-            h: self.h as usize,
-            hkv: self.hkv as usize,
-            sq: self.sq as usize,
-        };
-        let smem_bytes = consts.launch_smem_bytes(self.entry, shape, variant.sms);
+        let geometry = self.geometry(consts, variant.sms);
         let cfg = LaunchConfig {
             grid_dim: (
                 (self.sq as u32).div_ceil(consts.block_m),
                 (self.b * self.h) as u32,
-                1,
+                geometry.kv_ctas,
             ),
             block_dim: (consts.threads, 1, 1),
-            shared_mem_bytes: smem_bytes,
+            shared_mem_bytes: geometry.smem_bytes,
         };
+        let work = self.work(stream, slot, geometry.work_bytes)?;
         let maps = match variant.kernel.abi {
             Abi::Pointers => None,
             Abi::TensorMaps => Some(self.tensor_maps(stream, consts.map_layout()).map_err(
@@ -173,10 +184,72 @@ impl DeviceProblem {
             .arg(&self.sk)
             .arg(&self.causal)
             .arg(&self.softmax_scale);
+        if variant.kernel.abi == Abi::Pointers {
+            args.arg(&work);
+        }
         unsafe { args.launch(cfg) }.map(|_| ())
+    }
+
+    /// The launch geometry of a module with `consts` on a GPU of `sms` SMs, worked out at its
+    /// first launch of this problem (not in every timed launch).
+    fn geometry(&mut self, consts: &KernelConstants, sms: u32) -> Geometry {
+        let key = (*consts, sms);
+        if let Some((_, g)) = self.geometries.iter().find(|(k, _)| *k == key) {
+            return *g;
+        }
+        let shape = LaunchShape {
+            b: self.b as usize,
+            h: self.h as usize,
+            hkv: self.hkv as usize,
+            sq: self.sq as usize,
+            sk: self.sk as usize,
+        };
+        let kv_ctas = consts.kv_ctas(self.entry, shape);
+        let g = Geometry {
+            smem_bytes: consts.launch_smem_bytes(self.entry, shape, sms),
+            kv_ctas,
+            work_bytes: if kv_ctas > 1 {
+                split_work_bytes(shape, self.entry.d, consts.kv_split * kv_ctas)
+            } else {
+                0
+            },
+        };
+        self.geometries.push((key, g));
+        g
+    }
+
+    /// The device address of output `slot`'s split workspace of at least `bytes` (zeroed when
+    /// allocated), or 0 where the launch does not split.
+    fn work(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        slot: usize,
+        bytes: usize,
+    ) -> Result<u64, DriverError> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        if self.works.len() <= slot {
+            self.works.resize_with(slot + 1, || None);
+        }
+        let fits = self.works[slot].as_ref().is_some_and(|w| w.len() >= bytes);
+        if !fits {
+            self.works[slot] = Some(stream.alloc_zeros::<u8>(bytes)?);
+        }
+        let work = self.works[slot].as_ref().expect("allocated above");
+        let (ptr, _sync) = work.device_ptr(stream);
+        Ok(ptr)
     }
 
     pub fn download(&self, stream: &Arc<CudaStream>, slot: usize) -> Result<Vec<f16>, DriverError> {
         stream.clone_dtoh(&self.outs[slot])
     }
+}
+
+/// Bytes of a split launch's workspace (cuda/sdpa_fp8_stage_c_mma.cu `split_kv_end`): one u32
+/// arrival counter per query head, padded to 16 bytes, then per query row and slot (`slots`
+/// = the module's KV split times the CTAs) D + 4 floats.
+fn split_work_bytes(q: LaunchShape, d: usize, slots: u32) -> usize {
+    let heads = q.b * q.h;
+    heads.div_ceil(4) * 16 + heads * q.sq * slots as usize * (d + 4) * 4
 }

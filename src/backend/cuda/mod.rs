@@ -195,8 +195,13 @@ impl Backend for CudaBackend {
             .unwrap_or(Algorithm::STAGE_C)
     }
 
-    fn algorithm_of(&self, variant: usize) -> Algorithm {
-        self.algorithms[variant]
+    fn algorithm_of(&self, variant: usize, shape: &crate::shapes::Shape) -> Algorithm {
+        // A split launch's CTAs are more chains of the same algorithm (launch.rs,
+        // identity.rs `kv_ctas`): the CTA's split times the CTAs.
+        let alg = self.algorithms[variant];
+        let c = &self.gpu.variants[variant].identity.constants;
+        let ctas = c.kv_ctas(shape.entry(), identity::LaunchShape::of(shape)) as usize;
+        alg.with_split(alg.kv_split * ctas)
     }
 
     fn query_tile_of(&self, variant: usize) -> usize {

@@ -163,7 +163,7 @@ impl Gpu {
             let first = variants.len();
             for _ in specs {
                 let variant = built.next().expect("one build per spec")?;
-                variants.push(load_variant(&ctx, variant)?);
+                variants.push(load_variant(&ctx, variant, device.sm_count)?);
             }
             let constants: Vec<(&str, KernelConstants)> = variants[first..]
                 .iter()
@@ -194,9 +194,12 @@ impl Gpu {
     }
 }
 
+/// Loads a built variant's modules on a GPU of `sms` SMs (its launches' shared memory
+/// depends on them: identity.rs `launch_smem_bytes`).
 fn load_variant(
     ctx: &Arc<CudaContext>,
     built: BuiltVariant,
+    sms: u32,
 ) -> Result<LoadedVariant, BackendError> {
     let BuiltVariant {
         spec,
@@ -215,12 +218,7 @@ fn load_variant(
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .map_err(|err| refuse("querying the device's shared memory limit failed", err))?;
     identity.constants = identity.constants.within_device_smem(optin.max(0) as u32);
-    let sms = ctx
-        .attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )
-        .map_err(|err| refuse("querying the device's SM count failed", err))?
-        .max(1) as u32;
+    let sms = sms.max(1);
     let c = identity.constants;
     let mut functions = Vec::new();
     let mut modules = Vec::new();
