@@ -61,7 +61,7 @@
 // each row warp holding two (its fragment rows g and g + 8 are query row g of heads y0 + 2rw
 // and y0 + 2rw + 1); else R heads, row warp rw holding head y0 + rw. Each K/V step is loaded
 // once for the pack, and the MMA rows S_q fills are real ones. Per row the arithmetic is
-// unchanged. Every entry but the plain D = 64 one (held to 128 registers) does it;
+// unchanged (but split KV's C counts the packs: below). Every entry but the plain D = 64 one (held to 128 registers) does it;
 // NO_HEAD_PACKING turns it off, NO_HEAD_PAIRS the packs of 2·R, for A/Bs.
 // A pack streams its K/V head with few CTAs (llama-decode: 128 CTAs, one an SM), so at D = 128
 // a short GQA/MQA query whose packs fit one CTA an SM runs a SHORT_Q_STAGES-deep pipeline: the
@@ -476,7 +476,9 @@ __device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
 //   ROW_WARPS heads, when S_q <= 16 (or the pair does not fit): row warp rw holds head y0 + rw.
 // Each K/V step is loaded once for the whole pack, and every MMA row that S_q fills is a real
 // one. Per row nothing changes (the same tiles, KV splits and order of operations, the row's own
-// head's scales), so neither does any output bit.
+// head's scales), so neither does any output bit, but for one consequence: the packs are the
+// working CTAs split KV counts, so at D = 128 packing can change a problem's C, and with it
+// its chains and bits (the emulation follows the C of each build: identity.rs `kv_ctas`).
 // The plain D = 64 entry, held to 128 registers, has no room for it (it spilled 12-24 bytes):
 // only the other three entries pack.
 template <int D, bool CAUSAL>

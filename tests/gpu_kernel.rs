@@ -122,7 +122,10 @@ fn query_heads_packed_into_one_cta_give_the_bits_of_one_cta_per_head() {
     // Short GQA/MQA queries (S_q <= 16) run the query heads of a K/V head in one CTA
     // (cuda/sdpa_fp8_stage_c_mma.cu `pack_of`): 4 heads, two a row warp, with S_q <= 8, else 2;
     // NO_HEAD_PACKING runs a CTA per head. Every output bit must be the same.
-    let packed = VariantSpec::new(true, &[]);
+    // Split KV counts the packs as its working CTAs, so packing may change a problem's split
+    // (docs/DESIGN.md "Kernel ABI"): both builds leave it off, and the packing alone is compared.
+    let no_split = [("NO_SPLIT_KV".to_string(), String::new())];
+    let packed = VariantSpec::new(true, &[]).with_candidate_defines(&no_split);
     let unpacked = packed.with_candidate_defines(&[("NO_HEAD_PACKING".into(), String::new())]);
     assert_two_builds_give_the_same_bits_on_short_queries(
         packed,
@@ -154,8 +157,11 @@ fn keys_split_across_ctas_give_the_emulations_bits_and_pass_every_gate() {
     // which merges every chain (cuda/sdpa_fp8_stage_c_mma.cu `split_kv_end`); the emulation
     // sums them as kv_split x CTAs chains. (shape, chains): two MQA packs of S_k 5000 at one
     // CTA per 128-key step (40 x 2), causal GQA with packs of 4, MHA at S_q 16 (a CTA per head), a
-    // partial last step, cfg-pack's odd groups.
+    // partial last step, cfg-pack's odd groups; and two where each CTA runs 16 steps, strided
+    // C apart through its own stage ring (long-decode: 16 CTAs a pack; MQA at S_k 131072: 64).
     let cases = [
+        ("long-decode", 32),
+        ("1x8x1x128:sk=131072:hkv=1", 128),
         ("1x8x1x128:sk=5000:hkv=1", 80),
         ("2x8x3x128:sk=3000:hkv=2:causal", 48),
         ("1x4x16x128:sk=2000:hkv=4", 32),

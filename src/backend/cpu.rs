@@ -1,7 +1,9 @@
 //! The `cpu` backend: the emulation of the chosen kernel's algorithm as a backend (Stage C's by
 //! default), so the whole pipeline runs and is tested without a GPU. Its one variant,
 //! `cpu-emu`, models the numerics both kernel variants share (they differ only in how tiles
-//! reach shared memory, or how deep the pipeline is).
+//! reach shared memory, or how deep the pipeline is), with the manifest's KV split: a GPU
+//! launch that also splits a short query's keys across CTAs (Stage C's split KV) sums that
+//! problem in more chains, which only the `cuda` backend's `algorithm_of` follows.
 
 use std::time::Instant;
 

@@ -8,7 +8,7 @@ use super::{
 use crate::backend::{Backend, BackendError};
 use crate::cli::StressArgs;
 use crate::console::Widths;
-use crate::emulation::Defect;
+use crate::emulation::{Algorithm, Defect};
 use crate::error::{AppError, Outcome};
 use crate::gates::Gates;
 use crate::problem::{HostDefect, Problem};
@@ -109,13 +109,27 @@ fn stress_problem(
 ) -> Result<Vec<StressRecord>, BackendError> {
     let p = Problem::new(shape, seed);
     let rows = RowSet::choose(check.rows, shape, seed, &runner::query_tiles(backend));
-    let split = backend.algorithm_of(0, shape);
-    let y = Yardsticks::with_backend(backend, &check, &p, split, rows)?;
+    // One yardstick per algorithm: builds that split a short query's keys across other CTAs
+    // (other defines) sum it in other chains.
+    let mut yardsticks: Vec<(Algorithm, Yardsticks)> = Vec::new();
+    for v in 0..backend.variants().len() {
+        let alg = backend.algorithm_of(v, shape);
+        if !yardsticks.iter().any(|(a, _)| *a == alg) {
+            let y = Yardsticks::with_backend(backend, &check, &p, alg, rows.clone())?;
+            yardsticks.push((alg, y));
+        }
+    }
     backend.load(&p)?;
     let mut results = Vec::new();
     for v in 0..backend.variants().len() {
+        let alg = backend.algorithm_of(v, shape);
+        let y = &yardsticks
+            .iter()
+            .find(|(a, _)| *a == alg)
+            .expect("built above")
+            .1;
         for &mode in &args.modes {
-            let r = repeat::stress_variant(backend, v, &p, &y, gates, args.repeats as usize, mode)?;
+            let r = repeat::stress_variant(backend, v, &p, y, gates, args.repeats as usize, mode)?;
             emit(r.clone());
             results.push(r);
         }

@@ -54,11 +54,17 @@ struct Geometry {
 }
 
 impl DeviceProblem {
-    /// Device bytes a problem needs: three code tensors, three scale vectors, the f16 output.
+    /// Device bytes a problem needs: three code tensors, three scale vectors, the f16 output,
+    /// and for a short query the bound of two split workspaces (one per output buffer).
     pub fn bytes_needed(p: &Problem) -> u64 {
         let n = p.output_len() as u64;
         let nkv = p.shape.kv_elements().unwrap_or(usize::MAX) as u64;
-        n + 2 * nkv + 2 * n + 4 * (p.shape.heads() + 2 * p.shape.kv_heads()) as u64
+        let split = if p.shape.s <= SPLIT_MAX_ROWS {
+            2 * SPLIT_WORK_BOUND + 2 * 4 * p.shape.heads() as u64
+        } else {
+            0
+        };
+        n + 2 * nkv + 2 * n + 4 * (p.shape.heads() + 2 * p.shape.kv_heads()) as u64 + split
     }
 
     pub fn upload(stream: &Arc<CudaStream>, p: &Problem) -> Result<Self, DriverError> {
@@ -245,6 +251,14 @@ impl DeviceProblem {
         stream.clone_dtoh(&self.outs[slot])
     }
 }
+
+/// The query rows at or below which a launch may split (Stage C's `SDPA_SHORT_Q_ROWS`), and the
+/// most bytes of parked states a split workspace holds: a split aims for about 128 working
+/// CTAs (`SDPA_SPLIT_KV_CTAS`), so packs × C <= 128, each pack at most 32 query rows
+/// (BLOCK_M) of 2C slots of D + 4 floats at D = 128: 128 × 32 × 2 × 132 × 4 bytes (4.3 MB).
+/// For the memory check before a problem loads; the workspace itself is sized exactly.
+const SPLIT_MAX_ROWS: usize = 16;
+const SPLIT_WORK_BOUND: u64 = 128 * 32 * 2 * 132 * 4;
 
 /// Bytes of a split launch's workspace (cuda/sdpa_fp8_stage_c_mma.cu `split_kv_end`): one u32
 /// arrival counter per query head, padded to 16 bytes, then per query row and slot (`slots`
