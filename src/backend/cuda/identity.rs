@@ -648,19 +648,21 @@ ptxas info    : Used 96 registers, used 1 barriers
         );
     }
 
-    #[test]
-    fn short_gqa_queries_at_d128_whose_packs_fit_the_sms_launch_with_the_short_shared_memory() {
-        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n\
+    /// A Stage C cp1 module's launch constants (2 x 2 warp grid), and those of its short queries.
+    const STAGE_C_PTX: &str = ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n\
                    .const .align 4 .u32 SDPA_BLOCK_N = 64;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
                    .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 40960;\n\
                    .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 81920;\n\
                    .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
-        let short = format!(
-            "{ptx}.const .align 4 .u32 SDPA_SHORT_Q_ROWS = 16;\n\
+    const SHORT_Q_PTX: &str = ".const .align 4 .u32 SDPA_SHORT_Q_ROWS = 16;\n\
              .const .align 4 .u32 SDPA_SMEM_BYTES_D128_SHORT = 147456;\n\
              .const .align 4 .u32 SDPA_PACK_HEADS_8 = 4;\n\
-             .const .align 4 .u32 SDPA_PACK_HEADS_16 = 2;\n"
-        );
+             .const .align 4 .u32 SDPA_PACK_HEADS_16 = 2;\n";
+
+    #[test]
+    fn short_gqa_queries_at_d128_whose_packs_fit_the_sms_launch_with_the_short_shared_memory() {
+        let ptx = STAGE_C_PTX;
+        let short = format!("{ptx}{SHORT_Q_PTX}");
         let c = KernelConstants::from_ptx(&short, "SDPA_USE_CP_ASYNC").unwrap();
         let d128 = Entry {
             d: 128,
@@ -767,16 +769,7 @@ ptxas info    : Used 96 registers, used 1 barriers
 
     #[test]
     fn short_queries_at_d128_split_their_keys_across_enough_ctas_to_fill_about_128() {
-        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n\
-                   .const .align 4 .u32 SDPA_BLOCK_N = 64;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
-                   .const .align 4 .u32 SDPA_KV_SPLIT = 2;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 40960;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 81920;\n\
-                   .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n\
-                   .const .align 4 .u32 SDPA_SHORT_Q_ROWS = 16;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128_SHORT = 147456;\n\
-                   .const .align 4 .u32 SDPA_PACK_HEADS_8 = 4;\n\
-                   .const .align 4 .u32 SDPA_PACK_HEADS_16 = 2;\n";
+        let ptx = format!("{STAGE_C_PTX}.const .align 4 .u32 SDPA_KV_SPLIT = 2;\n{SHORT_Q_PTX}");
         let split = format!(
             "{ptx}.const .align 4 .u32 SDPA_SPLIT_KV_CTAS = 128;\n\
              .const .align 4 .u32 SDPA_SPLIT_KV_MAX = 64;\n"
@@ -794,34 +787,24 @@ ptxas info    : Used 96 registers, used 1 barriers
             },
         );
         let q = |b, h, hkv, sq, sk| LaunchShape { b, h, hkv, sq, sk };
-        // (problem) -> CTAs per query tile: working CTAs (packs, or heads) times this ~ 128.
-        assert_eq!(
-            c.kv_ctas(d128, q(16, 32, 8, 1, 8192)),
-            1,
-            "llama-decode: 128 packs"
-        );
-        assert_eq!(c.kv_ctas(d128, q(1, 32, 8, 1, 32768)), 16, "8 packs");
-        assert_eq!(c.kv_ctas(d128, q(1, 32, 32, 1, 32768)), 4, "MHA: 32 heads");
-        assert_eq!(c.kv_ctas(d128, q(1, 8, 1, 1, 131072)), 64, "two packs");
-        assert_eq!(
-            c.kv_ctas(d128, q(1, 4, 1, 1, 131072)),
-            64,
-            "one pack: the most"
-        );
-        assert_eq!(c.kv_ctas(d128, q(1, 4, 1, 1, 1000)), 8, "one CTA per step");
-        assert_eq!(
-            c.kv_ctas(d128, q(2, 10, 2, 5, 200)),
-            2,
-            "cfg-pack: two 128-key steps"
-        );
-        assert_eq!(c.kv_ctas(d128, q(1, 8, 1, 1, 1)), 1, "one step: one CTA");
-        assert_eq!(c.kv_ctas(d128, q(1, 8, 8, 17, 32768)), 1, "S_q past 16");
-        assert_eq!(c.kv_ctas(d128, q(64, 32, 8, 1, 8192)), 1, "512 packs");
-        assert_eq!(
-            c.kv_ctas(d64, q(1, 32, 8, 1, 32768)),
-            1,
-            "D 64 never splits"
-        );
+        // (entry, problem, CTAs per query tile, why): working CTAs (packs, or heads) times the
+        // CTAs ~ 128.
+        let cases = [
+            (d128, q(16, 32, 8, 1, 8192), 1, "llama-decode: 128 packs"),
+            (d128, q(1, 32, 8, 1, 32768), 16, "8 packs"),
+            (d128, q(1, 32, 32, 1, 32768), 4, "MHA: 32 heads"),
+            (d128, q(1, 8, 1, 1, 131072), 64, "two packs"),
+            (d128, q(1, 4, 1, 1, 131072), 64, "one pack: the most"),
+            (d128, q(1, 4, 1, 1, 1000), 8, "one CTA per step"),
+            (d128, q(2, 10, 2, 5, 200), 2, "cfg-pack: two 128-key steps"),
+            (d128, q(1, 8, 1, 1, 1), 1, "one step: one CTA"),
+            (d128, q(1, 8, 8, 17, 32768), 1, "S_q past 16"),
+            (d128, q(64, 32, 8, 1, 8192), 1, "512 packs"),
+            (d64, q(1, 32, 8, 1, 32768), 1, "D 64 never splits"),
+        ];
+        for (entry, shape, ctas, why) in cases {
+            assert_eq!(c.kv_ctas(entry, shape), ctas, "{why}");
+        }
         // The deep pipeline counts every CTA of a split: 8 packs x 16 fit 132 SMs.
         assert_eq!(
             c.launch_smem_bytes(d128, q(1, 32, 8, 1, 32768), 132),
@@ -833,7 +816,7 @@ ptxas info    : Used 96 registers, used 1 barriers
             "128 CTAs on 100 SMs: the entry's two an SM"
         );
         // A module that publishes no split (NO_SPLIT_KV, older builds, Stage D) never splits.
-        let none = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
+        let none = KernelConstants::from_ptx(&ptx, "SDPA_USE_CP_ASYNC").unwrap();
         assert_eq!(none.kv_ctas(d128, q(1, 32, 8, 1, 32768)), 1);
     }
 
