@@ -616,9 +616,8 @@ __device__ __forceinline__ void split_kv_end(const float (&o)[D / 8][4], const f
     __syncthreads();
     if (!last) return;
     // The merge, in three passes over the pack's rows r = (head y0 + r / S_q, row r % S_q),
-    // with every slot's loads in flight together (shared memory is free: the loop ended on a
-    // barrier): (1) a warp per row finds M = max m_s and parks each slot's weight
-    // exp2(m_s - M) and l_s; (2) a thread per row chains l; (3) a thread per 4 dims chains O.
+    // each with its loads in flight together (shared memory is free: the loop ended on a
+    // barrier).
     extern __shared__ __align__(128) u8 smem[];
     const int rows = pack * Sq; // <= 32: 4 heads of 8 rows or 2 of 16
     float* weight = reinterpret_cast<float*>(smem); // [rows][slots]
@@ -632,50 +631,79 @@ __device__ __forceinline__ void split_kv_end(const float (&o)[D / 8][4], const f
     auto row_state = [&](int r) {
         return work + ((size_t)(y0 + r / Sq) * Sq + r % Sq) * slots * STRIDE;
     };
+    // (1) Every (row, slot)'s m and l into shared memory, all loads in flight together.
+    for (int i = tid_x(); i < rows * slots; i += THREADS) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2*>(row_state(i / slots) + i % slots * STRIDE + D));
+        weight[i] = ml.x; // m, until (2) turns it into the slot's weight
+        l_slot[i] = ml.y;
+    }
+    __syncthreads();
+    // (2) A warp per row: M = max m_s, each slot's weight exp2(m_s - M) in place, then l in
+    // slot order.
     for (int r = tid_x() >> 5; r < rows; r += NUM_WARPS) {
-        const float* src = row_state(r);
+        float* a = weight + r * slots;
         float m_all = M_NONE; // a slot that saw no key has m = M_NONE: weight 0
-        for (int s2 = lane; s2 < slots; s2 += 32) m_all = fmaxf(m_all, __ldcg(src + s2 * STRIDE + D));
+        for (int s2 = lane; s2 < slots; s2 += 32) m_all = fmaxf(m_all, a[s2]);
 #pragma unroll
         for (int w = 16; w > 0; w >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, w));
-        for (int s2 = lane; s2 < slots; s2 += 32) {
-            weight[r * slots + s2] = exp2f(__ldcg(src + s2 * STRIDE + D) - m_all);
-            l_slot[r * slots + s2] = __ldcg(src + s2 * STRIDE + D + 1);
+        for (int s2 = lane; s2 < slots; s2 += 32) a[s2] = exp2f(a[s2] - m_all);
+        __syncwarp();
+        if (lane == 0) {
+            const float* ls = l_slot + r * slots;
+            float l = __fmul_rn(ls[0], a[0]);
+            for (int s2 = 1; s2 < merged; ++s2) l = __fmaf_rn(ls[s2], a[s2], l);
+            l_row[r] = l;
         }
     }
     __syncthreads();
-    for (int r = tid_x(); r < rows; r += THREADS) {
-        const float* a = weight + r * slots;
-        const float* ls = l_slot + r * slots;
-        float l = __fmul_rn(ls[0], a[0]);
-        for (int s2 = 1; s2 < merged; ++s2) l = __fmaf_rn(ls[s2], a[s2], l);
-        l_row[r] = l;
-    }
-    __syncthreads();
-    constexpr int QUADS = D / 4; // four dims per thread: one 8-byte store
-    for (int e = tid_x(); e < rows * QUADS; e += THREADS) {
-        const int r = e / QUADS, x = e % QUADS * 4;
-        const float* src = row_state(r) + x;
-        const float* a = weight + r * slots;
-        const float4 o0 = __ldcg(reinterpret_cast<const float4*>(src));
-        float o4[4] = {__fmul_rn(o0.x, a[0]), __fmul_rn(o0.y, a[0]), __fmul_rn(o0.z, a[0]), __fmul_rn(o0.w, a[0])};
+    // (3) O, four dims of two rows' elements a thread at a time (e0 and e0 + THREADS), so that
+    // both chains' loads are in flight together.
+    constexpr int QUADS = D / 4; // four dims: one 8-byte store
+    const int elems = rows * QUADS;
+    for (int e0 = tid_x(); e0 < elems; e0 += 2 * THREADS) {
+        const bool two = e0 + THREADS < elems;
+        const int es[2] = {e0, two ? e0 + THREADS : e0}; // one element: computed twice, stored once
+        const float* src[2];
+        const float* a[2];
+        float o4[2][4];
+#pragma unroll
+        for (int k2 = 0; k2 < 2; ++k2) {
+            const int r = es[k2] / QUADS;
+            src[k2] = row_state(r) + es[k2] % QUADS * 4;
+            a[k2] = weight + r * slots;
+            const float4 o0 = __ldcg(reinterpret_cast<const float4*>(src[k2]));
+            o4[k2][0] = __fmul_rn(o0.x, a[k2][0]);
+            o4[k2][1] = __fmul_rn(o0.y, a[k2][0]);
+            o4[k2][2] = __fmul_rn(o0.z, a[k2][0]);
+            o4[k2][3] = __fmul_rn(o0.w, a[k2][0]);
+        }
 #pragma unroll 8
         for (int s2 = 1; s2 < merged; ++s2) {
-            const float4 os = __ldcg(reinterpret_cast<const float4*>(src + s2 * STRIDE));
-            o4[0] = __fmaf_rn(os.x, a[s2], o4[0]);
-            o4[1] = __fmaf_rn(os.y, a[s2], o4[1]);
-            o4[2] = __fmaf_rn(os.z, a[s2], o4[2]);
-            o4[3] = __fmaf_rn(os.w, a[s2], o4[3]);
+            float4 os[2];
+#pragma unroll
+            for (int k2 = 0; k2 < 2; ++k2) os[k2] = __ldcg(reinterpret_cast<const float4*>(src[k2] + s2 * STRIDE));
+#pragma unroll
+            for (int k2 = 0; k2 < 2; ++k2) {
+                o4[k2][0] = __fmaf_rn(os[k2].x, a[k2][s2], o4[k2][0]);
+                o4[k2][1] = __fmaf_rn(os[k2].y, a[k2][s2], o4[k2][1]);
+                o4[k2][2] = __fmaf_rn(os[k2].z, a[k2][s2], o4[k2][2]);
+                o4[k2][3] = __fmaf_rn(os[k2].w, a[k2][s2], o4[k2][3]);
+            }
         }
-        // A row that saw no key has l = 0 and is written as zeros, as the one-CTA end does.
-        const float l = l_row[r];
-        const float scale = l == 0.0f ? 0.0f : v_sc / l;
-        const __half d0 = __float2half_rn(__fmul_rn(o4[0], scale));
-        const __half d1 = __float2half_rn(__fmul_rn(o4[1], scale));
-        const __half d2 = __float2half_rn(__fmul_rn(o4[2], scale));
-        const __half d3 = __float2half_rn(__fmul_rn(o4[3], scale));
-        *reinterpret_cast<uint2*>(out + ((size_t)(y0 + r / Sq) * Sq + r % Sq) * D + x) =
-            make_uint2(pack_half2(d0, d1), pack_half2(d2, d3));
+#pragma unroll
+        for (int k2 = 0; k2 < 2; ++k2) {
+            if (k2 == 1 && !two) break;
+            const int r = es[k2] / QUADS, x = es[k2] % QUADS * 4;
+            // A row that saw no key has l = 0 and is written as zeros, as the one-CTA end does.
+            const float l = l_row[r];
+            const float scale = l == 0.0f ? 0.0f : v_sc / l;
+            const __half d0 = __float2half_rn(__fmul_rn(o4[k2][0], scale));
+            const __half d1 = __float2half_rn(__fmul_rn(o4[k2][1], scale));
+            const __half d2 = __float2half_rn(__fmul_rn(o4[k2][2], scale));
+            const __half d3 = __float2half_rn(__fmul_rn(o4[k2][3], scale));
+            *reinterpret_cast<uint2*>(out + ((size_t)(y0 + r / Sq) * Sq + r % Sq) * D + x) =
+                make_uint2(pack_half2(d0, d1), pack_half2(d2, d3));
+        }
     }
 }
 
