@@ -39,6 +39,38 @@ pub struct Yardsticks {
     pub input_range: quantizer::InputRange,
 }
 
+/// A problem's yardsticks, one per algorithm its variants sum in (variants of a base kernel,
+/// or builds that split a short query's keys across other CTAs, sum in other chains), each
+/// computed when a variant first needs it.
+#[derive(Default)]
+pub struct YardsticksByAlgorithm(Vec<(Algorithm, Yardsticks)>);
+
+impl YardsticksByAlgorithm {
+    /// The yardsticks of `alg` on `p` and `rows`, computed now if no variant needed them yet
+    /// (and whether they were).
+    pub fn get(
+        &mut self,
+        backend: &mut dyn Backend,
+        check: &Check,
+        p: &Problem,
+        alg: Algorithm,
+        rows: &RowSet,
+    ) -> Result<(&Yardsticks, bool), BackendError> {
+        let new = !self.0.iter().any(|(a, _)| *a == alg);
+        if new {
+            let y = Yardsticks::with_backend(backend, check, p, alg, rows.clone())?;
+            self.0.push((alg, y));
+        }
+        let y = &self
+            .0
+            .iter()
+            .find(|(a, _)| *a == alg)
+            .expect("added above")
+            .1;
+        Ok((y, new))
+    }
+}
+
 impl Yardsticks {
     /// With the references and the emulation computed on the host; `alg`: the kernel's
     /// ([`Backend::algorithm`]), so the emulation sums as it does and the model bounds it.
@@ -468,8 +500,7 @@ fn run_problem(
     mark("inputs");
     let rows = RowSet::choose(work.check.rows, shape, seed, &tiles);
     emit(Event::Rows(shape.clone(), seed, rows.clone()));
-    // One yardstick per KV split: variants of a base kernel may sum in another order.
-    let mut yardsticks: Vec<(Algorithm, Yardsticks)> = Vec::new();
+    let mut yardsticks = YardsticksByAlgorithm::default();
     backend.load(&p)?;
     mark("loaded");
     let variants = backend.variants().to_vec();
@@ -478,17 +509,11 @@ fn run_problem(
         // Launch first: a fault ends the run before the O(S²) host work.
         let output = backend.launch_poisoned(i)?;
         mark("launched");
-        let split = backend.algorithm_of(i, shape);
-        if !yardsticks.iter().any(|(s, _)| *s == split) {
-            let y = Yardsticks::with_backend(backend, &work.check, &p, split, rows.clone())?;
-            yardsticks.push((split, y));
+        let alg = backend.algorithm_of(i, shape);
+        let (y, new) = yardsticks.get(backend, &work.check, &p, alg, &rows)?;
+        if new {
             mark("yardsticks");
         }
-        let y = &yardsticks
-            .iter()
-            .find(|(s, _)| *s == split)
-            .expect("added above")
-            .1;
         let mut record = judge_output(backend.name(), variant, &p, y, &output, gates);
         record.gpu = backend.gpu();
         mark("judged");

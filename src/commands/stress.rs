@@ -8,14 +8,14 @@ use super::{
 use crate::backend::{Backend, BackendError};
 use crate::cli::StressArgs;
 use crate::console::Widths;
-use crate::emulation::{Algorithm, Defect};
+use crate::emulation::Defect;
 use crate::error::{AppError, Outcome};
 use crate::gates::Gates;
 use crate::problem::{HostDefect, Problem};
 use crate::repeat;
 use crate::report::{self, RunDir};
 use crate::rows::RowSet;
-use crate::runner::{self, Yardsticks};
+use crate::runner::{self, YardsticksByAlgorithm};
 use crate::schema::{SCHEMA_VERSION, StressFile, StressRecord};
 use crate::shapes::Shape;
 use crate::usage::ConfigError;
@@ -109,25 +109,17 @@ fn stress_problem(
 ) -> Result<Vec<StressRecord>, BackendError> {
     let p = Problem::new(shape, seed);
     let rows = RowSet::choose(check.rows, shape, seed, &runner::query_tiles(backend));
-    // One yardstick per algorithm: builds that split a short query's keys across other CTAs
-    // (other defines) sum it in other chains.
-    let mut yardsticks: Vec<(Algorithm, Yardsticks)> = Vec::new();
+    // The yardsticks before the load (the host's work first, as before); each variant's own.
+    let mut yardsticks = YardsticksByAlgorithm::default();
     for v in 0..backend.variants().len() {
         let alg = backend.algorithm_of(v, shape);
-        if !yardsticks.iter().any(|(a, _)| *a == alg) {
-            let y = Yardsticks::with_backend(backend, &check, &p, alg, rows.clone())?;
-            yardsticks.push((alg, y));
-        }
+        yardsticks.get(backend, &check, &p, alg, &rows)?;
     }
     backend.load(&p)?;
     let mut results = Vec::new();
     for v in 0..backend.variants().len() {
         let alg = backend.algorithm_of(v, shape);
-        let y = &yardsticks
-            .iter()
-            .find(|(a, _)| *a == alg)
-            .expect("built above")
-            .1;
+        let (y, _) = yardsticks.get(backend, &check, &p, alg, &rows)?;
         for &mode in &args.modes {
             let r = repeat::stress_variant(backend, v, &p, y, gates, args.repeats as usize, mode)?;
             emit(r.clone());
