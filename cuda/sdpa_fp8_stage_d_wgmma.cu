@@ -14,7 +14,8 @@
 //
 // Warp roles (THREADS = 384, three warpgroups):
 //   WG 0, producer (setmaxnreg.dec to 56): thread 0 issues the TMA loads (Q once; per KV tile
-//     its K tile and its V tile); all 128 threads then transpose each V tile into Vᵀ (below),
+//     its K tile and its V tile); all 128 threads then transpose each V tile into Vᵀ (below;
+//     ldmatrix.trans, prmt, stmatrix: transpose_v_ldsm),
 //     fence the async proxy and arrive on the tile's vt_full barrier.
 //   WG 1, 2, consumers (setmaxnreg.inc to 224): per KV tile, S = Q Kᵀ (D/32 wgmma m64n128k32,
 //     both operands from shared memory), mask, online softmax in f32 (base 2), P rounded to e4m3
@@ -51,7 +52,12 @@
 //                   which the host builds V's tensor map. 1 is 15-20% faster at D 128 (15%
 //                   causal) and 4% at D 64 on an H100 (docs/PERF.md, change 12); the default
 //                   is 1 (0 is kept as the reference layout for A/Bs).
-//   TRANSPOSE_LANE_ORDER=0|1  (with V_SWIZZLE) 1: each lane takes the V transpose's four loads
+//   TRANSPOSE_LDSM=0|1  how the producer transposes V (transpose_v_ldsm): 1, the default,
+//                   ldmatrix.trans / prmt / stmatrix, 6 instructions a lane per 16 bytes; 0 the
+//                   32-bit words of transpose_v, 14. The same Vt bytes, so the same output bits;
+//                   1 is 17-20% faster at D 128, 10% at D 64 and causal on an H100 (docs/PERF.md
+//                   change 18). 1 needs V_SWIZZLE=1.
+//   TRANSPOSE_LANE_ORDER=0|1  (with TRANSPOSE_LDSM=0) 1: each lane takes the V transpose's four loads
 //                   and four stores in a lane-dependent order, which makes both conflict-free
 //                   (transpose_v); 0, the default: every lane in the same order, 2-way. 1 is
 //                   3-6% slower on an H100 (docs/PERF.md, change 13): the transpose is not bound
@@ -296,6 +302,56 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
     }
 }
 
+// The same Vt by ldmatrix / stmatrix (TRANSPOSE_LDSM=1, the default; FlashAttention-3's FP8 V
+// transpose): a warp moves a 32-key block kb by 16 dims (16 dims from line dl of each key row)
+// per step, 512 bytes in three shared-memory instructions a lane. `ldmatrix.x4.trans` over four
+// 8 x 16-byte matrices, the keys 32kb + 8m .. + 7 of matrix m (lane l addresses key 32kb + l of
+// the block: matrix l / 8, row l % 8), hands lane (c = lane / 4, t = lane % 4) per matrix the
+// 2-byte pair of dims 2c, 2c + 1 of keys 8m + 2t and 8m + 2t + 1, as bytes (key 2t: dim 2c,
+// 2c + 1; key 2t + 1: dim 2c, 2c + 1). Two `prmt` per matrix pair (m = 2h, 2h + 1) pick dim
+// 2c + e of keys {2t, 2t + 1, 8 + 2t, 9 + 2t} + 16h: logical keys 16h + 4t .. + 3, one word of
+// Vt row 16 dl + 2c + e. `stmatrix.x4` writes the four words (h, e) as four 8 x 16-byte matrices
+// whose row c is Vt row 16 dl + 2c + e, 16-byte chunk 2kb + h (lane l addresses row l % 8 of
+// matrix l / 8). Loads are conflict-free (the 8 key rows of a matrix fall on 8 different
+// chunks under K's swizzle); stores are 2-way (rows 2 dims apart share a swizzle phase with
+// the row 8 dims on). 6 instructions a lane per 16 bytes where the words take 14. The bytes
+// land where transpose_v puts them (checked by simulating both for D 64 and 128).
+#ifndef TRANSPOSE_LDSM
+#define TRANSPOSE_LDSM 1
+#endif
+#if TRANSPOSE_LDSM && !V_SWIZZLE
+#error "TRANSPOSE_LDSM=1 reads V swizzled like K: build it with V_SWIZZLE=1"
+#endif
+template <int D>
+__device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) {
+    constexpr int SWZ_MASK = D == 128 ? 7 : 3; // as v_word
+    constexpr int STEPS = (BLOCK_N / 32) * (D / 16) / 4; // per warp: 8 at D 128, 4 at D 64
+    const int lane = ptid & 31, warp = ptid >> 5;
+    const int mrow = lane & 7, mat = lane >> 3;   // the matrix row this lane addresses
+    const int h = mat >> 1, e = mat & 1;          // its store matrix: (half, dim parity)
+    const unsigned v_base = smem_addr(v), vt_base = smem_addr(vt);
+#pragma unroll
+    for (int it = 0; it < STEPS; ++it) {
+        const int u = warp + 4 * it;
+        const int kb = u & 3, dl = u >> 2;
+        const int key = 32 * kb + lane;
+        const int swz = ((key * D) >> 7) & SWZ_MASK;
+        const unsigned src = v_base + key * D + ((((dl ^ swz)) & (D / 16 - 1)) << 4);
+        unsigned r0, r1, r2, r3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                     : "r"(src)
+                     : "memory");
+        const unsigned w0 = prmt(r0, r1, 0x6420), w1 = prmt(r0, r1, 0x7531);
+        const unsigned w2 = prmt(r2, r3, 0x6420), w3 = prmt(r2, r3, 0x7531);
+        const int d = 16 * dl + 2 * mrow + e;
+        const unsigned dst = vt_base + d * BLOCK_N + (((2 * kb + h) ^ (d & 7)) << 4);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                     ::"r"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                     : "memory");
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc* tm_q,
                                          const TmaDesc* tm_k, const TmaDesc* tm_v, int m_block,
@@ -324,7 +380,11 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         const int s = j % KV_STAGES;
         if (j >= KV_STAGES) mbar_wait(&bars.empty[s], ((j / KV_STAGES) - 1) & 1);
         mbar_wait(&bars.v_full[s], (j / KV_STAGES) & 1);
-#ifndef DIAG_NO_TRANSPOSE
+#if defined(DIAG_NO_TRANSPOSE)
+#elif TRANSPOSE_LDSM
+        transpose_v_ldsm<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES,
+                            ptid);
+#else
         transpose_v<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES, ptid);
 #endif
 #ifndef MUTANT_NO_PROXY_FENCE
@@ -351,6 +411,91 @@ __device__ __forceinline__ void turn_pass(int c, bool pv) {
     if (PP == 1 || (PP == 2 && !pv)) asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
 }
 
+// Scale and mask one tile's S (f32, as the wgmma left it), run the online softmax (m, l and
+// alpha = exp2(m_old - m_new) per row of the thread's two) and round P to e4m3 A fragments.
+// MASK: the tile holds a key past S_k or above the diagonal for some row of the CTA (a
+// compile-time choice: a run-time one is if-converted by ptxas into a select and a compare
+// per element on every tile, 19% of the loop's instructions at D 128).
+template <int D, bool CAUSAL, bool MASK>
+__device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, int row0, int Sk,
+                                             int diag, float qk_scale, float (&m)[2],
+                                             float (&l)[2], float (&alpha)[2],
+                                             unsigned (&pa)[Tiles<D>::PV_STEPS][4]) {
+    // Thread (g, t) holds, per 8-key group n, keys 8n + 2t + {0, 1} of rows row0 (sc[4n],
+    // sc[4n+1]) and row0 + 8 (sc[4n+2], sc[4n+3]).
+    const int key0 = j * BLOCK_N;
+#pragma unroll
+    for (int i = 0; i < S_REGS; ++i) {
+        float x = sc[i] * qk_scale;
+        if (MASK) {
+            const int key = key0 + 8 * (i >> 2) + 2 * t + (i & 1);
+            const int row = row0 + ((i >> 1) & 1) * 8;
+            if (key >= Sk || (CAUSAL && key > row + diag)) x = NEG_INF;
+        }
+        sc[i] = x;
+    }
+    // Online softmax, per row r of the two.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = m[r];
+#pragma unroll
+        for (int n = 0; n < BLOCK_N / 8; ++n)
+            mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float base = mx == NEG_INF ? 0.f : mx; // a row with no key yet: P = 0
+#ifdef MUTANT_SKIP_RESCALE
+        alpha[r] = 1.f;
+#else
+        alpha[r] = exp2_approx(m[r] - base);
+#endif
+        m[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < BLOCK_N / 8; ++n) {
+            sc[4 * n + 2 * r] = exp2_approx(sc[4 * n + 2 * r] - base);
+            sc[4 * n + 2 * r + 1] = exp2_approx(sc[4 * n + 2 * r + 1] - base);
+            sum += sc[4 * n + 2 * r] + sc[4 * n + 2 * r + 1];
+        }
+        l[r] = l[r] * alpha[r] + sum;
+    }
+    // P -> e4m3 A fragments: block kb (keys 32kb ..), a0/a2 row g, a1/a3 row g + 8.
+#pragma unroll
+    for (int kb = 0; kb < Tiles<D>::PV_STEPS; ++kb) {
+        const float* p = sc + 16 * kb;
+        pa[kb][0] = to_e4m3x4(p[0], p[1], p[4], p[5]);
+        pa[kb][1] = to_e4m3x4(p[2], p[3], p[6], p[7]);
+        pa[kb][2] = to_e4m3x4(p[8], p[9], p[12], p[13]);
+        pa[kb][3] = to_e4m3x4(p[10], p[11], p[14], p[15]);
+    }
+}
+
+// S = Q Kᵀ of stage s into sc (issued and committed, not waited for).
+template <int D>
+__device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], unsigned q_base, unsigned k_base) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tiles<D>::QK_STEPS; ++kk)
+        wgmma_ss_n128(sc, wgmma_desc<D>(q_base + 32 * kk), wgmma_desc<D>(k_base + 32 * kk), kk > 0);
+    wgmma_commit();
+}
+
+// Ô = P̂ Vᵀ of stage s into ot (issued and committed, not waited for).
+template <int D>
+__device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::O_REGS],
+                                         const unsigned (&pa)[Tiles<D>::PV_STEPS][4],
+                                         unsigned vt_base) {
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < Tiles<D>::PV_STEPS; ++kb) {
+        if constexpr (D == 64)
+            wgmma_rs_n64(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
+        else
+            wgmma_rs_n128(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
+    }
+    wgmma_commit();
+}
+
 template <int D, bool CAUSAL>
 __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_block, int bh,
                                          int b, int h, int H, int kv_bh, int Sq, int Sk,
@@ -372,90 +517,37 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     if (n_tiles > 0 && c == 1) turn_pass<PP>(c, false);
     const unsigned q_base = smem_addr(smem + c * 64 * D);
     const int cta_row0 = m_block * BLOCK_M;
-    for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % KV_STAGES;
+    auto k_ready = [&](int j) {
         const unsigned parity = (j / KV_STAGES) & 1;
 #ifdef MUTANT_WRONG_PARITY
-        mbar_wait(&bars.k_full[s], parity ^ 1u);
+        mbar_wait(&bars.k_full[j % KV_STAGES], parity ^ 1u);
 #else
-        mbar_wait(&bars.k_full[s], parity);
+        mbar_wait(&bars.k_full[j % KV_STAGES], parity);
 #endif
-        float sc[S_REGS];
-        const unsigned k_base = smem_addr(smem + T::OFF_K + s * T::K_BYTES);
+        return smem_addr(smem + T::OFF_K + (j % KV_STAGES) * T::K_BYTES);
+    };
+    auto vt_ready = [&](int j) {
+        mbar_wait(&bars.vt_full[j % KV_STAGES], (j / KV_STAGES) & 1);
+        return smem_addr(smem + T::OFF_VT + (j % KV_STAGES) * T::VT_BYTES);
+    };
+    // One KV tile; `masked` is a constant at both calls below, so each loop gets its own body.
+    auto tile = [&](int j, bool masked) {
+        float sc[S_REGS], alpha[2];
+        const unsigned k_base = k_ready(j);
         turn_wait<PP>(c, false);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < T::QK_STEPS; ++kk)
-            wgmma_ss_n128(sc, wgmma_desc<D>(q_base + 32 * kk), wgmma_desc<D>(k_base + 32 * kk),
-                          kk > 0);
-        wgmma_commit();
+        issue_qk<D>(sc, q_base, k_base);
         if (PP != 2 || c == 0 || j + 1 < n_tiles) turn_pass<PP>(c, false);
         wgmma_wait<0>();
         wgmma_hold(sc);
-
-        // Scale and mask. Thread (g, t) holds, per 8-key group n, keys 8n + 2t + {0, 1} of
-        // rows row0 (sc[4n], sc[4n+1]) and row0 + 8 (sc[4n+2], sc[4n+3]).
-        const int key0 = j * BLOCK_N;
-        const bool mask = key0 + BLOCK_N > Sk || (CAUSAL && key0 + BLOCK_N - 1 > cta_row0 + diag);
-#pragma unroll
-        for (int i = 0; i < S_REGS; ++i) {
-            float x = sc[i] * qk_scale;
-            if (mask) {
-                const int key = key0 + 8 * (i >> 2) + 2 * t + (i & 1);
-                const int row = row0 + ((i >> 1) & 1) * 8;
-                if (key >= Sk || (CAUSAL && key > row + diag)) x = NEG_INF;
-            }
-            sc[i] = x;
-        }
-        // Online softmax, per row r of the two.
-        float alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = m[r];
-#pragma unroll
-            for (int n = 0; n < BLOCK_N / 8; ++n)
-                mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float base = mx == NEG_INF ? 0.f : mx; // a row with no key yet: P = 0
-#ifdef MUTANT_SKIP_RESCALE
-            alpha[r] = 1.f;
-#else
-            alpha[r] = exp2_approx(m[r] - base);
-#endif
-            m[r] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int n = 0; n < BLOCK_N / 8; ++n) {
-                sc[4 * n + 2 * r] = exp2_approx(sc[4 * n + 2 * r] - base);
-                sc[4 * n + 2 * r + 1] = exp2_approx(sc[4 * n + 2 * r + 1] - base);
-                sum += sc[4 * n + 2 * r] + sc[4 * n + 2 * r + 1];
-            }
-            l[r] = l[r] * alpha[r] + sum;
-        }
-        // P -> e4m3 A fragments: block kb (keys 32kb ..), a0/a2 row g, a1/a3 row g + 8.
         unsigned pa[T::PV_STEPS][4];
-#pragma unroll
-        for (int kb = 0; kb < T::PV_STEPS; ++kb) {
-            const float* p = sc + 16 * kb;
-            pa[kb][0] = to_e4m3x4(p[0], p[1], p[4], p[5]);
-            pa[kb][1] = to_e4m3x4(p[2], p[3], p[6], p[7]);
-            pa[kb][2] = to_e4m3x4(p[8], p[9], p[12], p[13]);
-            pa[kb][3] = to_e4m3x4(p[10], p[11], p[14], p[15]);
-        }
-        mbar_wait(&bars.vt_full[s], parity);
+        if (masked)
+            softmax_tile<D, CAUSAL, true>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha, pa);
+        else
+            softmax_tile<D, CAUSAL, false>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha, pa);
+        const unsigned vt_base = vt_ready(j);
         float ot[T::O_REGS];
-        const unsigned vt_base = smem_addr(smem + T::OFF_VT + s * T::VT_BYTES);
         turn_wait<PP>(c, true);
-        wgmma_fence();
-#pragma unroll
-        for (int kb = 0; kb < T::PV_STEPS; ++kb) {
-            if constexpr (D == 64)
-                wgmma_rs_n64(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
-            else
-                wgmma_rs_n128(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
-        }
-        wgmma_commit();
+        issue_pv<D>(ot, pa, vt_base);
         if (c == 0 || j + 1 < n_tiles) turn_pass<PP>(c, true);
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
         wgmma_wait<1>();
@@ -463,11 +555,19 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
         wgmma_wait<0>();
 #endif
         wgmma_hold(ot);
-        mbar_arrive(&bars.empty[s]);
+        mbar_arrive(&bars.empty[j % KV_STAGES]);
         // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1).
 #pragma unroll
         for (int i = 0; i < T::O_REGS; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], ot[i]);
-    }
+    };
+    // The tiles below n_full need no mask: every key is below S_k and, causal, at or below the
+    // diagonal of the CTA's first row; the tiles from n_full on (the last, and causal the
+    // diagonal's) are masked per element.
+    int n_full = min(n_tiles, Sk / BLOCK_N);
+    if (CAUSAL) n_full = min(n_full, max(0, (cta_row0 + diag + 1) / BLOCK_N));
+    int j = 0;
+    for (; j < n_full; ++j) tile(j, false);
+    for (; j < n_tiles; ++j) tile(j, true);
 
     // Epilogue: l over the quad, O · v_scale / l (0 for a row that saw no key), f16 stores.
 #pragma unroll
