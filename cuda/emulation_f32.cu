@@ -15,6 +15,8 @@
 //                    (else O·alpha, then each step added into O)
 //   EMU_FP22         each step aligned and truncated to 13 fraction bits as Hopper's FP8
 //                    tensor cores keep a sum (src/emulation/general.rs `fp22_step`; else f32)
+//   EMU_FUSED_SCALE  the manifest's `score = "fused"`: s_j = acc_j (unscaled), the tile's
+//                    maximum scaled once, p_j = exp2(fma(acc_j, qk_scale, −base))
 //
 // What it computes, per checked query row: the KV tiles it sees a key of, dealt to `kv_split`
 // splits (split k takes tiles k, k + kv_split, ...), each split an online softmax in base 2:
@@ -73,6 +75,9 @@
 #ifndef EMU_PV_PER_TILE
 #define EMU_PV_PER_TILE 0
 #endif
+#ifndef EMU_FUSED_SCALE
+#define EMU_FUSED_SCALE 0
+#endif
 #ifndef EMU_FP22
 #define EMU_FP22 0
 #endif
@@ -108,6 +113,7 @@ extern "C" __constant__ int EMU_P_IS_E4M3 = EMU_P_E4M3;
 extern "C" __constant__ int EMU_L_FROM_F32_P = EMU_L_F32P;
 extern "C" __constant__ int EMU_PV_IS_PER_TILE = EMU_PV_PER_TILE;
 extern "C" __constant__ int EMU_ACC_IS_FP22 = EMU_FP22;
+extern "C" __constant__ int EMU_SCORE_IS_FUSED = EMU_FUSED_SCALE;
 extern "C" __constant__ int EMU_ROWS = ROWS;
 extern "C" __constant__ int EMU_THREADS = THREADS;
 extern "C" __constant__ int EMU_SMEM_BYTES = SMEM_BYTES;
@@ -316,16 +322,27 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
                     acc = __fadd_rn(acc, part);
 #endif
                 }
+#if EMU_FUSED_SCALE
+                const float score = j < valid ? acc : neg_inf;
+#else
                 const float score = j < valid ? __fmul_rn(acc, qk) : neg_inf;
+#endif
                 sp[j * ROWS + r] = score;
                 tile_max = fmaxf(tile_max, score);
             }
+#if EMU_FUSED_SCALE
+            tile_max = __fmul_rn(tile_max, qk);
+#endif
             // 2. Online softmax in base 2: the f32 P, its row sum per quad lane, P rounded.
             const float m_new = fmaxf(m, tile_max);
             const float base = m_new == neg_inf ? 0.0f : m_new;
             const float alpha = exp2_portable(__fsub_rn(m, base));
             for (int j = 0; j < KT; ++j) {
+#if EMU_FUSED_SCALE
+                sp[j * ROWS + r] = exp2_portable(__fmaf_rn(sp[j * ROWS + r], qk, -base));
+#else
                 sp[j * ROWS + r] = exp2_portable(__fsub_rn(sp[j * ROWS + r], base));
+#endif
             }
 #pragma unroll
             for (int lane = 0; lane < QUAD; ++lane) {

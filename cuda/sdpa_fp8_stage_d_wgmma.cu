@@ -18,7 +18,8 @@
 //     ldmatrix.trans, prmt, stmatrix: transpose_v_ldsm),
 //     fence the async proxy and arrive on the tile's vt_full barrier.
 //   WG 1, 2, consumers (setmaxnreg.inc to 224): per KV tile, S = Q Kᵀ (D/32 wgmma m64n128k32,
-//     both operands from shared memory), mask, online softmax in f32 (base 2), P rounded to e4m3
+//     both operands from shared memory), mask (only in the tiles that need it: change 19), online
+//     softmax in f32 (base 2, the scale fused into the exponent's fma), P rounded to e4m3
 //     (cvt.rn.satfinite) straight into wgmma A fragments, then Ô = P̂ Vᵀ (BLOCK_N/32 wgmma
 //     m64nDk32, A from registers) into a per-tile accumulator that is added to O in f32 (the
 //     tensor cores' FP8 accumulation keeps fewer than 24 bits: SageAttention2, arXiv 2411.10958,
@@ -411,8 +412,12 @@ __device__ __forceinline__ void turn_pass(int c, bool pv) {
     if (PP == 1 || (PP == 2 && !pv)) asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
 }
 
-// Scale and mask one tile's S (f32, as the wgmma left it), run the online softmax (m, l and
-// alpha = exp2(m_old - m_new) per row of the thread's two) and round P to e4m3 A fragments.
+// Mask one tile's S (f32, as the wgmma left it), run the online softmax (m, l and alpha =
+// exp2(m_old - m_new) per row of the thread's two) and round P to e4m3 A fragments. The scale
+// is fused into the exponent (the manifest's `score = "fused"`): the row maximum is taken over
+// the unscaled scores and scaled once, and p = exp2(fma(s, qk_scale, -m)), one FFMA an element
+// where a scaled score takes an FMUL and an FADD (5-7% faster, 12-13% causal: docs/PERF.md
+// change 20).
 // MASK: the tile holds a key past S_k or above the diagonal for some row of the CTA (a
 // compile-time choice: a run-time one is if-converted by ptxas into a select and a compare
 // per element on every tile, 19% of the loop's instructions at D 128).
@@ -426,7 +431,7 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
     const int key0 = j * BLOCK_N;
 #pragma unroll
     for (int i = 0; i < S_REGS; ++i) {
-        float x = sc[i] * qk_scale;
+        float x = sc[i]; // unscaled: the scale is fused into the exponent's fma below
         if (MASK) {
             const int key = key0 + 8 * (i >> 2) + 2 * t + (i & 1);
             const int row = row0 + ((i >> 1) & 1) * 8;
@@ -437,12 +442,13 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
     // Online softmax, per row r of the two.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float mx = m[r];
+        float mx = NEG_INF;
 #pragma unroll
         for (int n = 0; n < BLOCK_N / 8; ++n)
             mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        mx = fmaxf(m[r], mx * qk_scale); // the scale is positive: the scaled maximum
         const float base = mx == NEG_INF ? 0.f : mx; // a row with no key yet: P = 0
 #ifdef MUTANT_SKIP_RESCALE
         alpha[r] = 1.f;
@@ -453,8 +459,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < BLOCK_N / 8; ++n) {
-            sc[4 * n + 2 * r] = exp2_approx(sc[4 * n + 2 * r] - base);
-            sc[4 * n + 2 * r + 1] = exp2_approx(sc[4 * n + 2 * r + 1] - base);
+            sc[4 * n + 2 * r] = exp2_approx(fmaf(sc[4 * n + 2 * r], qk_scale, -base));
+            sc[4 * n + 2 * r + 1] = exp2_approx(fmaf(sc[4 * n + 2 * r + 1], qk_scale, -base));
             sum += sc[4 * n + 2 * r] + sc[4 * n + 2 * r + 1];
         }
         l[r] = l[r] * alpha[r] + sum;

@@ -143,6 +143,20 @@ pub struct Numerics {
     pub pv: PvAccumulation,
     /// What the tensor cores keep of a product's running sum between `mma_k`-deep steps.
     pub accumulator: Accumulator,
+    /// How the softmax scale meets the scores (default `scaled`).
+    #[serde(default)]
+    pub score: ScoreScale,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScoreScale {
+    /// s = acc · scale rounded to f32, the row maximum over s, p = exp2(s − m).
+    #[default]
+    Scaled,
+    /// The row maximum over the unscaled acc, m = max(m_old, max · scale), p = exp2(fma(acc,
+    /// scale, −m)): one rounding fewer a score and one instruction fewer an element.
+    Fused,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]

@@ -56,7 +56,7 @@ fn the_cpu_backend_emulates_the_chosen_kernels_algorithm_and_its_model_bounds_it
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
         stdout.contains(
-            "128-key tiles, k32 steps (FP22), P e4m3, l from f32 P, per-tile P·V, 1 split"
+            "128-key tiles, k32 steps (FP22), fused scale, P e4m3, l from f32 P, per-tile P·V, 1 split"
         ),
         "{stdout}"
     );

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::kernels::{Accumulator, KernelSpec, PPrecision, PvAccumulation, RowSum};
+use crate::kernels::{Accumulator, KernelSpec, PPrecision, PvAccumulation, RowSum, ScoreScale};
 
 /// Every choice of a kernel that its output's bits depend on, as far as the emulation models it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -19,6 +19,7 @@ pub struct Algorithm {
     pub row_sum: RowSum,
     pub pv: PvAccumulation,
     pub accumulator: Accumulator,
+    pub score: ScoreScale,
 }
 
 /// The largest tile the emulation's fixed buffers hold (cuda/kernels.toml allows up to 128).
@@ -35,6 +36,7 @@ impl Algorithm {
         row_sum: RowSum::RoundedP,
         pv: PvAccumulation::Running,
         accumulator: Accumulator::F32,
+        score: ScoreScale::Scaled,
     };
 
     /// The algorithm of a manifest kernel, with the KV split of its default build
@@ -49,6 +51,7 @@ impl Algorithm {
             row_sum: spec.numerics.row_sum,
             pv: spec.numerics.pv,
             accumulator: spec.numerics.accumulator,
+            score: spec.numerics.score,
         }
     }
 
@@ -74,16 +77,20 @@ impl Algorithm {
         }
     }
 
-    /// One line for reports, e.g. `128-key tiles, k32 steps (FP22), P e4m3, l from f32 P,
-    /// per-tile P·V, 1 split`.
+    /// One line for reports, e.g. `128-key tiles, k32 steps (FP22), fused scale, P e4m3, l from
+    /// f32 P, per-tile P·V, 1 split`.
     pub fn describe(&self) -> String {
         format!(
-            "{}-key tiles, k{} steps{}, P {}, l from {} P, {} P·V, {} split{}",
+            "{}-key tiles, k{} steps{}{}, P {}, l from {} P, {} P·V, {} split{}",
             self.block_n,
             self.mma_k,
             match self.accumulator {
                 Accumulator::F32 => "",
                 Accumulator::Fp22 => " (FP22)",
+            },
+            match self.score {
+                ScoreScale::Scaled => "",
+                ScoreScale::Fused => ", fused scale",
             },
             match self.p {
                 PPrecision::F16 => "f16",

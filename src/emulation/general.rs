@@ -1,13 +1,14 @@
 //! One KV tile of any [`Algorithm`] the manifest can describe (the emulation's general path):
 //! scores in `mma_k`-deep steps kept in f32 or, on FP8 tensor cores, aligned and truncated to
-//! FP22 ([`fp22_step`]), online softmax in base 2, P rounded to its precision, the
+//! FP22 ([`fp22_step`]), online softmax in base 2 (the scale applied to the scores, or fused
+//! into the exponent's fma), P rounded to its precision, the
 //! row sum over four lanes' partial sums as the kernels' quads keep them, and P·V either into
 //! O as it runs or into a tile accumulator added as fma(O, alpha, Ô). On Stage C's algorithm it
 //! gives the bits of the vectorized path (`general_path_is_stage_c_bit_for_bit`).
 
 use super::exp2::exp2;
 use super::{Algorithm, MAX_TILE, QUAD, Running, Tile};
-use crate::kernels::{Accumulator, PvAccumulation, RowSum};
+use crate::kernels::{Accumulator, PvAccumulation, RowSum, ScoreScale};
 
 /// One 32-deep step of Hopper's FP8 tensor cores (the manifest's `accumulator = "fp22"`): the
 /// accumulator and the step's products (exact for E4M3 operands) are aligned to the largest
@@ -33,6 +34,15 @@ pub(super) fn fp22_step(acc: f32, products: impl Iterator<Item = f64>) -> f32 {
     let exponent = ((largest.to_bits() >> 52) & 0x7ff) as i32 - 1023;
     let ulp = 2f64.powi(exponent - 13);
     fp22(terms.iter().map(|t| (t / ulp).trunc() * ulp).sum())
+}
+
+/// The base-2 exponent of a key's weight: its scaled score less the base, or (fused) the
+/// unscaled score times the scale less the base in one rounding, as the kernel's FFMA.
+fn exponent(score: ScoreScale, sc: f32, qk_scale: f32, base: f32) -> f32 {
+    match score {
+        ScoreScale::Scaled => sc - base,
+        ScoreScale::Fused => sc.mul_add(qk_scale, -base),
+    }
 }
 
 /// `x` truncated (toward zero) to 13 fraction bits, as an f32: what Hopper's FP8 tensor cores
@@ -82,15 +92,24 @@ impl<const D: usize> Running<D> {
                 }
             }
         }
+        // Scores: scaled (`score = "scaled"`), or left unscaled for the fused exponent. Keys
+        // past what the row sees score -inf either way (the scale is positive).
         let mut scores = [f32::NEG_INFINITY; MAX_TILE];
         for (sc, a) in scores.iter_mut().zip(acc).take(tile.valid) {
-            *sc = a * qk_scale;
+            *sc = match alg.score {
+                ScoreScale::Scaled => a * qk_scale,
+                ScoreScale::Fused => a,
+            };
         }
         // 2. Online softmax (base 2); a row with no finite maximum yet keeps P = 0.
-        let tile_max = scores[..n]
+        let row_max = scores[..n]
             .iter()
             .copied()
             .fold(f32::NEG_INFINITY, f32::max);
+        let tile_max = match alg.score {
+            ScoreScale::Scaled => row_max,
+            ScoreScale::Fused => row_max * qk_scale,
+        };
         let m_new = self.m.max(tile_max);
         let base = if m_new == f32::NEG_INFINITY {
             0.0
@@ -100,7 +119,7 @@ impl<const D: usize> Running<D> {
         let alpha = exp2(self.m - base);
         let mut p = [0f32; MAX_TILE];
         for (pj, &sc) in p.iter_mut().zip(&scores[..n]) {
-            *pj = exp2(sc - base);
+            *pj = exp2(exponent(alg.score, sc, qk_scale, base));
         }
         let mut rounded = p;
         for x in rounded[..n].iter_mut() {
@@ -178,6 +197,23 @@ mod tests {
                 crate::fp8::decode(crate::fp8::encode((h % 4096) as f32 / 1024.0 - 2.0))
             })
             .collect()
+    }
+
+    #[test]
+    fn a_fused_exponent_rounds_once_where_a_scaled_one_rounds_the_score_first() {
+        use super::exponent;
+        use crate::kernels::ScoreScale;
+        // a·c = 1 + 2^-22 + 2^-46: f32 keeps 1 + 2^-22, so the scaled score less that base is 0,
+        // while the fused exponent keeps the 2^-46 the product's rounding dropped.
+        let (a, c) = (1.0 + f32::EPSILON, 1.0 + f32::EPSILON);
+        let base = a * c;
+        assert_eq!(exponent(ScoreScale::Scaled, a * c, c, base), 0.0);
+        assert_eq!(exponent(ScoreScale::Fused, a, c, base), 2f32.powi(-46));
+        // A key the row does not see stays -inf either way (the scale is positive).
+        assert_eq!(
+            exponent(ScoreScale::Fused, f32::NEG_INFINITY, c, base),
+            f32::NEG_INFINITY
+        );
     }
 
     #[test]

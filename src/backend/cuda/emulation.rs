@@ -16,7 +16,7 @@ use half::f16;
 
 use super::{groups, nvrtc};
 use crate::emulation::Algorithm;
-use crate::kernels::{Accumulator, PPrecision, PvAccumulation, RowSum};
+use crate::kernels::{Accumulator, PPrecision, PvAccumulation, RowSum, ScoreScale};
 use crate::problem::Problem;
 use crate::rows::RowSet;
 
@@ -41,7 +41,7 @@ impl EmuBuild {
 
     /// The module's defines (cuda/emulation_f32.cu's header), and the constants it publishes
     /// for them, in the same order.
-    fn defines(&self) -> [(&'static str, &'static str, usize); 7] {
+    fn defines(&self) -> [(&'static str, &'static str, usize); 8] {
         let a = &self.alg;
         [
             ("EMU_D", "EMU_HEAD_DIM", self.d),
@@ -66,6 +66,11 @@ impl EmuBuild {
                 "EMU_FP22",
                 "EMU_ACC_IS_FP22",
                 usize::from(a.accumulator == Accumulator::Fp22),
+            ),
+            (
+                "EMU_FUSED_SCALE",
+                "EMU_SCORE_IS_FUSED",
+                usize::from(a.score == ScoreScale::Fused),
             ),
         ]
     }
@@ -299,7 +304,7 @@ mod tests {
         let stage_c = EmuBuild::new(64, Algorithm::STAGE_C.with_split(4));
         assert_eq!(stage_c, EmuBuild::new(64, Algorithm::STAGE_C));
         let values = |b: EmuBuild| b.defines().map(|(_, _, v)| v);
-        assert_eq!(values(stage_c), [64, 64, 16, 0, 0, 0, 0]);
+        assert_eq!(values(stage_c), [64, 64, 16, 0, 0, 0, 0, 0]);
         let fp8 = Algorithm {
             block_n: 128,
             mma_k: 32,
@@ -307,8 +312,12 @@ mod tests {
             row_sum: RowSum::F32P,
             pv: PvAccumulation::PerTile,
             accumulator: Accumulator::Fp22,
+            score: ScoreScale::Fused,
             ..Algorithm::STAGE_C
         };
-        assert_eq!(values(EmuBuild::new(128, fp8)), [128, 128, 32, 1, 1, 1, 1]);
+        assert_eq!(
+            values(EmuBuild::new(128, fp8)),
+            [128, 128, 32, 1, 1, 1, 1, 1]
+        );
     }
 }
