@@ -21,10 +21,12 @@
 // What it computes, per checked query row: the KV tiles it sees a key of, dealt to `kv_split`
 // splits (split k takes tiles k, k + kv_split, ...), each split an online softmax in base 2:
 //   scores   per step of MMA_K: f32 (part = Σ q_x·k_jx from 0 in x order; acc += part) or
-//            FP22 (acc = fp22_step(acc, the step's products)); s_j = acc_j · qk_scale, or -inf
-//            for keys the row does not see (past S_k, or above its causal diagonal)
-//   softmax  m' = max(m, max_j s_j), base = m' (0 while no key has a finite score),
-//            alpha = exp2(m − base), p_j = exp2(s_j − base), p̂_j = P's rounding of p_j,
+//            FP22 (acc = fp22_step(acc, the step's products)); s_j = acc_j · qk_scale (fused:
+//            s_j = acc_j), or -inf for keys the row does not see (past S_k, or above its
+//            causal diagonal)
+//   softmax  m' = max(m, max_j s_j) (fused: max(m, (max_j s_j) · qk_scale)), base = m' (0
+//            while no key has a finite score), alpha = exp2(m − base), p_j = exp2(s_j − base)
+//            (fused: exp2(fma(s_j, qk_scale, −base)), -inf staying -inf), p̂_j = P's rounding,
 //            l_q = fma(l_q, alpha, Σ of lane q's p (or p̂) in block order), q < 4 (a quad)
 //   P·V      per MMA_K-key step, into O or Ô as above, f32 or FP22
 // A tile the row sees no key of is skipped: it would leave the state's bits as they are (the
@@ -339,7 +341,9 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
             const float alpha = exp2_portable(__fsub_rn(m, base));
             for (int j = 0; j < KT; ++j) {
 #if EMU_FUSED_SCALE
-                sp[j * ROWS + r] = exp2_portable(__fmaf_rn(sp[j * ROWS + r], qk, -base));
+                // A key the row does not see weighs 0 whatever the scale, as in the kernel.
+                const float s = sp[j * ROWS + r];
+                sp[j * ROWS + r] = exp2_portable(s == neg_inf ? neg_inf : __fmaf_rn(s, qk, -base));
 #else
                 sp[j * ROWS + r] = exp2_portable(__fsub_rn(sp[j * ROWS + r], base));
 #endif

@@ -53,11 +53,11 @@
 //                   which the host builds V's tensor map. 1 is 15-20% faster at D 128 (15%
 //                   causal) and 4% at D 64 on an H100 (docs/PERF.md, change 12); the default
 //                   is 1 (0 is kept as the reference layout for A/Bs).
-//   TRANSPOSE_LDSM=0|1  how the producer transposes V (transpose_v_ldsm): 1, the default,
-//                   ldmatrix.trans / prmt / stmatrix, 6 instructions a lane per 16 bytes; 0 the
-//                   32-bit words of transpose_v, 14. The same Vt bytes, so the same output bits;
-//                   1 is 17-20% faster at D 128, 10% at D 64 and causal on an H100 (docs/PERF.md
-//                   change 18). 1 needs V_SWIZZLE=1.
+//   TRANSPOSE_LDSM=0|1  how the producer transposes V (transpose_v_ldsm): 1, the default (it
+//                   follows V_SWIZZLE), ldmatrix.trans / prmt / stmatrix, 6 instructions a lane
+//                   per 16 bytes; 0 the 32-bit words of transpose_v, 14. The same Vt bytes, so
+//                   the same output bits; 1 is 17-20% faster at D 128, 10% at D 64 and causal on
+//                   an H100 (docs/PERF.md change 18). 1 needs V_SWIZZLE=1.
 //   TRANSPOSE_LANE_ORDER=0|1  (with TRANSPOSE_LDSM=0) 1: each lane takes the V transpose's four loads
 //                   and four stores in a lane-dependent order, which makes both conflict-free
 //                   (transpose_v); 0, the default: every lane in the same order, 2-way. 1 is
@@ -318,7 +318,7 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
 // the row 8 dims on). 6 instructions a lane per 16 bytes where the words take 14. The bytes
 // land where transpose_v puts them (checked by simulating both for D 64 and 128).
 #ifndef TRANSPOSE_LDSM
-#define TRANSPOSE_LDSM 1
+#define TRANSPOSE_LDSM V_SWIZZLE // V_SWIZZLE=0 falls back to the word transpose
 #endif
 #if TRANSPOSE_LDSM && !V_SWIZZLE
 #error "TRANSPOSE_LDSM=1 reads V swizzled like K: build it with V_SWIZZLE=1"
@@ -459,8 +459,14 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < BLOCK_N / 8; ++n) {
-            sc[4 * n + 2 * r] = exp2_approx(fmaf(sc[4 * n + 2 * r], qk_scale, -base));
-            sc[4 * n + 2 * r + 1] = exp2_approx(fmaf(sc[4 * n + 2 * r + 1], qk_scale, -base));
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = sc[4 * n + 2 * r + e];
+                float arg = fmaf(x, qk_scale, -base);
+                // A key the row does not see weighs 0 whatever the scale (-inf · 0 is NaN).
+                if (MASK && x == NEG_INF) arg = NEG_INF;
+                x = exp2_approx(arg);
+            }
             sum += sc[4 * n + 2 * r] + sc[4 * n + 2 * r + 1];
         }
         l[r] = l[r] * alpha[r] + sum;

@@ -69,7 +69,9 @@ impl Algorithm {
         self.with_split(1) == Self::STAGE_C.with_split(1)
     }
 
-    /// `x` rounded to the precision of P (a value in [0, 1] or NaN).
+    /// `x` rounded to the precision of P (a value in [0, 1] or NaN; with a fused scale the
+    /// row maximum's own weight is 2 to the rounding residual of m, which may pass 1 by a few
+    /// f32 ulps).
     pub fn round_p(&self, x: f32) -> f32 {
         match self.p {
             PPrecision::F16 => half::f16::from_f32(x).to_f32(),

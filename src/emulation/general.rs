@@ -37,10 +37,12 @@ pub(super) fn fp22_step(acc: f32, products: impl Iterator<Item = f64>) -> f32 {
 }
 
 /// The base-2 exponent of a key's weight: its scaled score less the base, or (fused) the
-/// unscaled score times the scale less the base in one rounding, as the kernel's FFMA.
+/// unscaled score times the scale less the base in one rounding, as the kernel's FFMA. A key
+/// the row does not see (score -inf) weighs 0 whatever the scale, as in the kernel.
 fn exponent(score: ScoreScale, sc: f32, qk_scale: f32, base: f32) -> f32 {
     match score {
         ScoreScale::Scaled => sc - base,
+        ScoreScale::Fused if sc == f32::NEG_INFINITY => sc,
         ScoreScale::Fused => sc.mul_add(qk_scale, -base),
     }
 }
@@ -209,11 +211,62 @@ mod tests {
         let base = a * c;
         assert_eq!(exponent(ScoreScale::Scaled, a * c, c, base), 0.0);
         assert_eq!(exponent(ScoreScale::Fused, a, c, base), 2f32.powi(-46));
-        // A key the row does not see stays -inf either way (the scale is positive).
-        assert_eq!(
-            exponent(ScoreScale::Fused, f32::NEG_INFINITY, c, base),
-            f32::NEG_INFINITY
-        );
+        // A key the row does not see stays -inf, whatever the scale (-inf · 0 would be NaN).
+        for scale in [c, 0.0] {
+            assert_eq!(
+                exponent(ScoreScale::Fused, f32::NEG_INFINITY, scale, base),
+                f32::NEG_INFINITY
+            );
+        }
+    }
+
+    #[test]
+    fn a_fused_step_weighs_each_key_by_the_fused_exponent_not_the_scaled_one() {
+        use super::super::exp2::exp2;
+        use super::exponent;
+        use crate::kernels::{RowSum, ScoreScale};
+        const D: usize = 64;
+        // Keys 0 and 2 score a0 (the maximum) and a1 exactly (q picks row 0 of K), key 1 scores
+        // -1000 (weight 0), and a scale for which the two forms weigh key 2 differently, found
+        // by search.
+        let weight = |form, a1: f32, c: f32, base: f32| exp2(exponent(form, a1, c, base));
+        let (a0, a1, c) = (1..400)
+            .flat_map(|k| (1..64).map(move |a1| (k, a1)))
+            .map(|(k, a1)| (64.0f32, a1 as f32, 1.0 + k as f32 * f32::EPSILON))
+            .find(|&(a0, a1, c)| {
+                let base = a0 * c;
+                weight(ScoreScale::Fused, a1, c, base)
+                    != weight(ScoreScale::Scaled, a1 * c, c, base)
+            })
+            .expect("a scale where one rounding fewer changes a weight");
+        let mut q = [0f32; D];
+        q[0] = 1.0;
+        let mut k = vec![0f32; D * KV_TILE];
+        k[0] = a0;
+        k[1] = -1000.0;
+        k[2] = a1;
+        let v = values(KV_TILE * D, 7);
+        let tile = Tile {
+            k: &k,
+            v: &v,
+            valid: 3,
+        };
+        let alg = |score| Algorithm {
+            row_sum: RowSum::F32P,
+            score,
+            ..Algorithm::STAGE_C
+        };
+        let (mut fused, mut scaled) = (Running::<D>::new(), Running::<D>::new());
+        fused.step_general(&q, &tile, c, &alg(ScoreScale::Fused));
+        scaled.step_general(&q, &tile, c, &alg(ScoreScale::Scaled));
+        // Both take the maximum as a0 · c rounded once; the weights then part.
+        let base = a0 * c;
+        assert_eq!(fused.m.to_bits(), base.to_bits());
+        assert_eq!(scaled.m.to_bits(), base.to_bits());
+        // Lane 1 of the quad sums keys 2 and 3 (key 3 is past the valid ones): 0 + p2 + 0.
+        let expect = weight(ScoreScale::Fused, a1, c, base);
+        assert_eq!(fused.l_quad[1].to_bits(), expect.to_bits());
+        assert_ne!(fused.l_quad[1].to_bits(), scaled.l_quad[1].to_bits());
     }
 
     #[test]

@@ -23,8 +23,9 @@
 //! Two roles: the `cpu` backend, and the same-precision yardstick of the relative gate.
 //!
 //! Other kernels (cuda/kernels.toml) are emulated by [`Algorithm`]: their tile, k-step, P's
-//! precision, which P the row sum adds and how a tile's P·V reaches O (`general.rs`; Stage D:
-//! 128-key tiles, k32, P in e4m3, l from the f32 P, Ô per tile added as fma(O, alpha, Ô)). For
+//! precision, which P the row sum adds, how a tile's P·V reaches O and how the scale meets the
+//! scores (`general.rs`; Stage D: 128-key tiles, k32, P in e4m3, l from the f32 P, Ô per tile
+//! added as fma(O, alpha, Ô), the scale fused into the exponent's fma). For
 //! a kernel whose products run on FP8 tensor cores (the manifest's `accumulator = "fp22"`), each
 //! 32-deep step is aligned and truncated as those tensor cores do (`general::fp22_step`): on the
 //! H100, 52-100% of Stage D's output elements are the emulation's bits, and its slope on them is
