@@ -573,6 +573,12 @@ mod tests {
             (d.numerics.p_precision, d.numerics.row_sum, d.numerics.pv),
             (PPrecision::E4m3, RowSum::F32P, PvAccumulation::PerTile)
         );
+        // Stage D fuses the scale into its exponent (change 20); Stage C, which does not
+        // list `score`, keeps the default.
+        assert_eq!(
+            (d.numerics.score, c.numerics.score),
+            (ScoreScale::Fused, ScoreScale::Scaled)
+        );
         assert!(d.resources.is_some() && c.resources.is_none());
         let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
         for k in &m.kernels {
@@ -746,6 +752,7 @@ mod tests {
             ("runner = \"checked\"\n", "runner = \"probe\"\n", "probe"),
             ("mma_k = 16", "mma_k = 24", "mma_k"),
             ("row_sum = \"rounded-p\"", "row_sum = \"p\"", "f32-p"),
+            ("score = \"fused\"", "score = \"fma\"", "scaled"),
             ("kv_split = 2", "kv_split = 0", "kv_split"),
             (
                 "shapes = \"mission,partial300\"",
