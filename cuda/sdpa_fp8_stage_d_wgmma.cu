@@ -482,7 +482,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
     }
 }
 
-// S = Q Kᵀ of stage s into sc (issued and committed, not waited for).
+// S = Q Kᵀ, Q at q_base and the K tile at k_base, into sc (issued and committed, not waited
+// for).
 template <int D>
 __device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], unsigned q_base, unsigned k_base) {
     wgmma_fence();
@@ -492,7 +493,8 @@ __device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], unsigned q_base, u
     wgmma_commit();
 }
 
-// Ô = P̂ Vᵀ of stage s into ot (issued and committed, not waited for).
+// Ô = P̂ Vᵀ, P̂ from the A fragments pa and Vt at vt_base, into ot (issued and committed, not
+// waited for).
 template <int D>
 __device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::O_REGS],
                                          const unsigned (&pa)[Tiles<D>::PV_STEPS][4],

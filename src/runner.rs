@@ -56,18 +56,15 @@ impl YardsticksByAlgorithm {
         alg: Algorithm,
         rows: &RowSet,
     ) -> Result<(&Yardsticks, bool), BackendError> {
-        let new = !self.0.iter().any(|(a, _)| *a == alg);
-        if new {
-            let y = Yardsticks::with_backend(backend, check, p, alg, rows.clone())?;
-            self.0.push((alg, y));
-        }
-        let y = &self
-            .0
-            .iter()
-            .find(|(a, _)| *a == alg)
-            .expect("added above")
-            .1;
-        Ok((y, new))
+        let (i, new) = match self.0.iter().position(|(a, _)| *a == alg) {
+            Some(i) => (i, false),
+            None => {
+                let y = Yardsticks::with_backend(backend, check, p, alg, rows.clone())?;
+                self.0.push((alg, y));
+                (self.0.len() - 1, true)
+            }
+        };
+        Ok((&self.0[i].1, new))
     }
 }
 

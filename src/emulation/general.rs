@@ -95,7 +95,7 @@ impl<const D: usize> Running<D> {
             }
         }
         // Scores: scaled (`score = "scaled"`), or left unscaled for the fused exponent. Keys
-        // past what the row sees score -inf either way (the scale is positive).
+        // past what the row sees score -inf either way, and weigh 0 (`exponent`).
         let mut scores = [f32::NEG_INFINITY; MAX_TILE];
         for (sc, a) in scores.iter_mut().zip(acc).take(tile.valid) {
             *sc = match alg.score {

@@ -59,13 +59,10 @@ pub fn entries(results: &std::path::Path) -> Vec<PathBuf> {
 /// The run directories under `results` (not the files beside them, such as the COMPARE.md a
 /// gate run writes there: read_dir's order is the file system's, so the first entry may be one).
 pub fn run_dirs(results: &std::path::Path) -> Vec<PathBuf> {
-    match std::fs::read_dir(results) {
-        Ok(entries) => entries
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.is_dir())
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    entries(results)
+        .into_iter()
+        .filter(|p| p.is_dir())
+        .collect()
 }
 
 pub fn read_json(path: &std::path::Path) -> serde_json::Value {
