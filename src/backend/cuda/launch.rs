@@ -33,6 +33,9 @@ pub struct DeviceProblem {
     sk: i32,
     causal: i32,
     entry: crate::shapes::Entry,
+    /// The problem as the launch geometry reads it (the i32 fields above are the kernel's
+    /// arguments).
+    shape: LaunchShape,
     softmax_scale: f32,
     /// The Q, K and V tensor maps of each layout a `tensor-maps` variant asked for, built at
     /// its first launch.
@@ -83,6 +86,7 @@ impl DeviceProblem {
             sk: p.shape.sk as i32,
             causal: i32::from(p.shape.causal),
             entry: p.shape.entry(),
+            shape: LaunchShape::of(&p.shape),
             softmax_scale: p.softmax_scale,
             maps: Vec::new(),
             geometries: Vec::new(),
@@ -100,9 +104,9 @@ impl DeviceProblem {
         if let Some((_, maps)) = self.maps.iter().find(|(l, _)| *l == layout) {
             return Ok(*maps);
         }
-        let d = self.entry.d;
-        let (sq, sk) = (self.sq as usize, self.sk as usize);
-        let (heads, kv_heads) = ((self.b * self.h) as usize, (self.b * self.hkv) as usize);
+        let (d, q) = (self.entry.d, self.shape);
+        let (sq, sk) = (q.sq, q.sk);
+        let (heads, kv_heads) = (q.b * q.h, q.b * q.hkv);
         let addr = |s: &CudaSlice<u8>| {
             let (ptr, _sync) = s.device_ptr(stream);
             ptr
@@ -157,8 +161,8 @@ impl DeviceProblem {
         let geometry = self.geometry(consts, variant.sms);
         let cfg = LaunchConfig {
             grid_dim: (
-                (self.sq as u32).div_ceil(consts.block_m),
-                (self.b * self.h) as u32,
+                (self.shape.sq as u32).div_ceil(consts.block_m),
+                (self.shape.b * self.shape.h) as u32,
                 geometry.kv_ctas,
             ),
             block_dim: (consts.threads, 1, 1),
@@ -203,13 +207,7 @@ impl DeviceProblem {
         if let Some((_, g)) = self.geometries.iter().find(|(k, _)| *k == key) {
             return *g;
         }
-        let shape = LaunchShape {
-            b: self.b as usize,
-            h: self.h as usize,
-            hkv: self.hkv as usize,
-            sq: self.sq as usize,
-            sk: self.sk as usize,
-        };
+        let shape = self.shape;
         let kv_ctas = consts.kv_ctas(self.entry, shape);
         let g = Geometry {
             smem_bytes: consts.launch_smem_bytes(self.entry, shape, sms),
