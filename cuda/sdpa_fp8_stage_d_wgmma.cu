@@ -9,10 +9,12 @@
 // reads K/V head h / (H / H_kv)), any S_q, S_k >= 1. A row that sees no key is written as zeros.
 //
 // Tiles (all in the traits struct `Tiles<D>` below):
-//   BLOCK_M = 128 query rows per CTA: consumer warpgroup c (0, 1) owns rows [64c, 64c + 64).
+//   BLOCK_M = 64 x CONSUMERS = 128 query rows per CTA: consumer warpgroup c (0, 1) owns rows
+//     [64c, 64c + 64).
 //   BLOCK_N = 128 keys per KV tile. KV_STAGES (2 or 3) tiles in flight.
 //
-// Warp roles (THREADS = 384, three warpgroups):
+// Warp roles (THREADS = 128 x (1 + CONSUMERS) = 384, three warpgroups; the register figures are
+// CONSUMERS=2's):
 //   WG 0, producer (setmaxnreg.dec to 56): thread 0 issues the TMA loads (Q once; per KV tile
 //     its K tile and its V tile); all 128 threads then transpose each V tile into Vᵀ (below;
 //     ldmatrix.trans, prmt, stmatrix: transpose_v_ldsm),
@@ -23,7 +25,11 @@
 //     (cvt.rn.satfinite) straight into wgmma A fragments, then Ô = P̂ Vᵀ (BLOCK_N/32 wgmma
 //     m64nDk32, A from registers) into a per-tile accumulator that is added to O in f32 (the
 //     tensor cores' FP8 accumulation keeps fewer than 24 bits: SageAttention2, arXiv 2411.10958,
-//     "FP22 accumulator"); then they release the stage (empty barrier).
+//     "FP22 accumulator"); then they release the stage (empty barrier). The two consumers take
+//     turns from the softmax to P·V's issue (PINGPONG=3, turn_wait): one's softmax runs while
+//     the other's GEMMs hold the tensor cores, and the two softmaxes never share the pipes
+//     (docs/PERF.md change 21: without turns the two ran in step, their softmaxes at once, and a
+//     D 128 tile took 2,900 cycles where it takes 2,460 with them).
 //   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
 //   writes f16(O · v_scale / l), zero where l = 0.
 //
@@ -41,7 +47,8 @@
 //            become its A fragment without any shuffle (the K dimension of P Vᵀ may be permuted
 //            freely, as long as P and Vᵀ agree).
 //   mbarriers (static): q_full; per stage k_full, v_full (TMA, count 1 + tx), vt_full (128
-//   producer threads), empty (256 consumer threads).
+//   producer threads), empty (128 x CONSUMERS consumer threads). Named barriers 1 ..
+//   CONSUMERS: the consumers' turns.
 //
 // Causal: the CTA's KV tiles end at its last row's last visible key (tiles wholly above the
 // diagonal are never loaded); the tiles the diagonal crosses, and the tile holding S_k, are
@@ -64,19 +71,25 @@
 //                   3-6% slower on an H100 (docs/PERF.md, change 13): the transpose is not bound
 //                   by its bank conflicts but by the producer's instructions, and 1 adds eight
 //                   selects a unit. Kept as a switch so that the next attempt starts from it.
-//   PINGPONG=0|1|2  unset (the default): 2 for the D = 128 causal entry, 0 for the others
-//                   (`pingpong`; docs/PERF.md change 16).
-//                   0: no turns. 1: the consumers take turns to issue each GEMM (turn_wait), published as
-//                   SDPA_PINGPONG: with V_SWIZZLE, 4-11% slower non-causal, causal within
-//                   noise (change 12; measured with the probe's nvcc builds: the runner's
-//                   NVRTC builds show no such cost, change 16). 2: turns around Q·Kᵀ only,
-//                   P·V issued freely: with the runner's builds 3-5% faster at D 128 causal
-//                   (st2), 11-17% slower at D 64 causal (docs/PERF.md change 16).
+//   PINGPONG=0|1|2|3  the consumers' turns (turn_wait), published as SDPA_PINGPONG. 3, the
+//                   default: a turn runs from the softmax to P·V's issue; over 0 (and 2 at D 128
+//                   causal) with the same producer, +3-10% st2 and +5-13% st3 on an H100
+//                   (docs/PERF.md change 21). 0: no turns. 1: a turn at each GEMM's issue,
+//                   slower than 0 (changes 12 and 21). 2: a turn at Q·Kᵀ's issue, the default of
+//                   changes 16-20 for the D = 128 causal entry.
+//   CONSUMERS=2|3   consumer warpgroups (BLOCK_M = 64 x CONSUMERS). 3 (160 registers each,
+//                   the producer 32) spills at D 128 and needs block_m 192 in
+//                   cuda/kernels.toml, which the runner checks against SDPA_BLOCK_M: the probe
+//                   (scripts/stage_d/probe.sh) builds it. At D 64 without turns, 12% fewer
+//                   cycles a query row than 2 consumers (docs/PERF.md change 21).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
 //                   clock cycles after the barriers' init, before the CTA's first barrier, a
 //                   planted slowdown for the PR gate's SLOWER verdict (as Stage C's).
+//   DIAG_TIMELINE=X  diagnostic, never in normal builds: thread 0 of each warpgroup of CTA
+//                   (X, 0) stamps clock64() at each step of its first TL_TILES tiles into
+//                   sdpa_timeline, which scripts/stage_d/probe.cu `timeline` reads and prints.
 //   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
 //                   costs, for scripts/stage_d/variants.sh only.
 //
@@ -101,22 +114,14 @@
 #ifndef V_SWIZZLE
 #define V_SWIZZLE 1
 #endif
-// PINGPONG unset: per entry, 2 for the D = 128 causal entry and 0 for the others (change 16:
-// 3-5% faster at D 128 causal, 11-17% slower at D 64 causal; non-causal the same at st2 and up
-// to 3% slower at st3).
-#ifdef PINGPONG
-#if PINGPONG < 0 || PINGPONG > 2
-#error "PINGPONG must be 0, 1 or 2"
+// PINGPONG: the consumers' turns (turn_wait below); 3, the default, on every entry (docs/PERF.md
+// change 21).
+#ifndef PINGPONG
+#define PINGPONG 3
 #endif
+#if PINGPONG < 0 || PINGPONG > 3
+#error "PINGPONG must be 0, 1, 2 or 3"
 #endif
-template <int D, bool CAUSAL>
-__device__ __forceinline__ constexpr int pingpong() {
-#ifdef PINGPONG
-    return PINGPONG;
-#else
-    return CAUSAL && D == 128 ? 2 : 0;
-#endif
-}
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
 #endif
@@ -124,12 +129,15 @@ __device__ __forceinline__ constexpr int pingpong() {
 #define SDPA_DELAY_CYCLES 0
 #endif
 
-constexpr int BLOCK_M = 128;
+#ifndef CONSUMERS
+#define CONSUMERS 2
+#endif
+static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+constexpr int BLOCK_M = 64 * CONSUMERS;
 constexpr int BLOCK_N = 128;
-constexpr int CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
-constexpr int PRODUCER_REGS = 56;
-constexpr int CONSUMER_REGS = 224;
+constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 56 : 32;
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 224 : 160;
 static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 stages");
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 
@@ -156,22 +164,27 @@ __constant__ int SDPA_THREADS = THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
-// What the PTX proves of the turn-taking switch: the module's entries' mode (-1: a module whose
-// entries differ under the per-entry default, e.g. every entry at once, as the probe builds).
-#if defined(PINGPONG)
-__constant__ int SDPA_PINGPONG = PINGPONG;
-#elif SDPA_CAUSAL == 1 && SDPA_D == 128
-__constant__ int SDPA_PINGPONG = 2;
-#elif SDPA_CAUSAL == 0 || SDPA_D == 64
-__constant__ int SDPA_PINGPONG = 0;
-#else
-__constant__ int SDPA_PINGPONG = -1;
-#endif
+__constant__ int SDPA_PINGPONG = PINGPONG; // what the PTX proves of the turn-taking switch
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
 
 typedef unsigned char u8;
 #define NEG_INF __int_as_float(0xff800000)
+
+#ifdef DIAG_TIMELINE
+constexpr int TL_TILES = 64, TL_EVENTS = 8;
+__device__ long long sdpa_timeline[1 + CONSUMERS][TL_TILES][TL_EVENTS];
+#define TL_STAMP(wg, j, e)                                                                      \
+    do {                                                                                       \
+        if (blockIdx.x == DIAG_TIMELINE && blockIdx.y == 0 && (threadIdx.x & 127) == 0 &&      \
+            (j) < TL_TILES)                                                                    \
+            sdpa_timeline[wg][j][e] = clock64();                                               \
+    } while (0)
+#else
+#define TL_STAMP(wg, j, e) \
+    do {               \
+    } while (0)
+#endif
 
 struct Barriers {
     unsigned long long q_full;
@@ -366,21 +379,21 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
             issue_kv<D>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
     }
-    // Tiles run LOOKAHEAD ahead of the transpose: tile j + LOOKAHEAD is issued once its stage
-    // is free (the consumers finished tile j - 1), then tile j is transposed into Vt of its
-    // stage, whose last reader, tile j - KV_STAGES, is done (waited for explicitly: near the
-    // end no issue waits for it).
+    // Tiles run LOOKAHEAD ahead of the transpose. Tile j is transposed into Vt of its stage as
+    // soon as its V has landed (the stage's last Vt reader, tile j - KV_STAGES, was waited for
+    // when tile j was issued; the wait below is the transpose's own guard and costs nothing);
+    // only then is tile j + LOOKAHEAD issued, once its stage is free (the consumers finished
+    // tile j - 1). Transposing first keeps the transpose of tile j off the end of tile j - 1: a
+    // producer that first waited for tile j - 1 (both consumers) tied each consumer's P·V to
+    // the slower one's previous tile (docs/PERF.md change 21: 1-6% faster).
     constexpr int LOOKAHEAD = KV_STAGES - 1;
     for (int j = 0; j < n_tiles; ++j) {
-        const int next = j + LOOKAHEAD;
-        if (next < n_tiles) {
-            if (next >= KV_STAGES)
-                mbar_wait(&bars.empty[next % KV_STAGES], ((next / KV_STAGES) - 1) & 1);
-            if (ptid == 0) issue_kv<D>(smem, bars, tm_k, tm_v, next, kv_bh, Sk);
-        }
         const int s = j % KV_STAGES;
+        TL_STAMP(0, j, 0);
         if (j >= KV_STAGES) mbar_wait(&bars.empty[s], ((j / KV_STAGES) - 1) & 1);
+        TL_STAMP(0, j, 1);
         mbar_wait(&bars.v_full[s], (j / KV_STAGES) & 1);
+        TL_STAMP(0, j, 2);
 #if defined(DIAG_NO_TRANSPOSE)
 #elif TRANSPOSE_LDSM
         transpose_v_ldsm<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES,
@@ -392,24 +405,57 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         fence_proxy_async_smem();
 #endif
         mbar_arrive(&bars.vt_full[s]);
+        TL_STAMP(0, j, 3);
+        const int next = j + LOOKAHEAD;
+        if (next < n_tiles) {
+            if (next >= KV_STAGES)
+                mbar_wait(&bars.empty[next % KV_STAGES], ((next / KV_STAGES) - 1) & 1);
+            if (ptid == 0) issue_kv<D>(smem, bars, tm_k, tm_v, next, kv_bh, Sk);
+        }
+        TL_STAMP(0, j, 4);
     }
 }
 
 // ---- consumers ----------------------------------------------------------------------------
 
-// Ping-pong (PINGPONG=1): the two consumer warpgroups take turns to issue their GEMMs, so that
-// one's softmax runs while the other's GEMMs hold the tensor cores. Warpgroup c waits on named
-// barrier 1 + c (its turn) and, once its GEMMs are issued, arrives on the other's; consumer 1
-// opens the first turn and skips its last arrival, so every barrier ends balanced.
-// PINGPONG=2 takes turns around Q·Kᵀ alone (`pv` false): consumer 1 then skips its last Q·Kᵀ
-// arrival instead.
+// Turns (PINGPONG): the consumer warpgroups take turns at some steps of a tile, so that one's
+// softmax runs while another's GEMMs hold the tensor cores. Warpgroup c waits on named barrier
+// 1 + c (its turn) before its turn's first step and, once its last step is issued, arrives on
+// the barrier of the next warpgroup, (c + 1) % CONSUMERS. The last warpgroup opens the first
+// turn and skips its last arrival, so every barrier ends balanced. One turn at a time: a named
+// barrier counts arrivals without knowing whose, so a round robin that let two warpgroups in at
+// once could see one warpgroup's two arrivals complete a barrier nobody waits on yet, and hang.
+// PINGPONG=1: a turn at each GEMM's issue; 2: at Q·Kᵀ's issue alone; 3: from the softmax to P·V's
+// issue, so that two softmaxes never share the MUFU and ALU pipes. A turn ends at a GEMM's issue
+// because ptxas keeps the `wgmma` and the barrier in order, while it moves plain arithmetic
+// across a barrier (with the arrival right after the softmax, the D 64 entry's SASS had its
+// 66 MUFU.EX2 below the arrival).
+enum TurnStep { TURN_QK, TURN_SOFTMAX, TURN_PV };
 template <int PP>
-__device__ __forceinline__ void turn_wait(int c, bool pv) {
-    if (PP == 1 || (PP == 2 && !pv)) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
+__device__ __forceinline__ constexpr bool turn_waits_at(TurnStep step) {
+    return PP == 1 ? step != TURN_SOFTMAX : PP == 2 ? step == TURN_QK : PP == 3 && step == TURN_SOFTMAX;
 }
 template <int PP>
-__device__ __forceinline__ void turn_pass(int c, bool pv) {
-    if (PP == 1 || (PP == 2 && !pv)) asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory");
+__device__ __forceinline__ constexpr bool turn_passes_at(TurnStep step) {
+    return PP == 1 ? step != TURN_SOFTMAX : PP == 2 ? step == TURN_QK : PP == 3 && step == TURN_PV;
+}
+template <int PP>
+__device__ __forceinline__ constexpr TurnStep last_turn() {
+    return PP == 2 ? TURN_QK : TURN_PV;
+}
+template <int PP>
+__device__ __forceinline__ void turn_open(int c) {
+    if (PP != 0 && c >= CONSUMERS - 1)
+        asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % CONSUMERS) : "memory");
+}
+template <int PP>
+__device__ __forceinline__ void turn_wait(int c, TurnStep step) {
+    if (turn_waits_at<PP>(step)) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
+}
+template <int PP>
+__device__ __forceinline__ void turn_pass(int c, TurnStep step, bool last_tile) {
+    if (turn_passes_at<PP>(step) && !(c >= CONSUMERS - 1 && last_tile && step == last_turn<PP>()))
+        asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % CONSUMERS) : "memory");
 }
 
 // Mask one tile's S (f32, as the wgmma left it), run the online softmax (m, l and alpha =
@@ -516,7 +562,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
                                          int n_tiles, float qk_scale, float v_scale,
                                          __half* __restrict__ out) {
     using T = Tiles<D>;
-    constexpr int PP = pingpong<D, CAUSAL>(); // the turn-taking of this entry
+    constexpr int PP = PINGPONG; // the turn-taking
     const int ctid = threadIdx.x - 128 * (c + 1);
     const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
     const int row0 = m_block * BLOCK_M + 64 * c + 16 * warp + g; // and row0 + 8
@@ -528,7 +574,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
-    if (n_tiles > 0 && c == 1) turn_pass<PP>(c, false);
+    if (n_tiles > 0) turn_open<PP>(c);
     const unsigned q_base = smem_addr(smem + c * 64 * D);
     const int cta_row0 = m_block * BLOCK_M;
     auto k_ready = [&](int j) {
@@ -547,32 +593,42 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     // One KV tile; `masked` is a constant at both calls below, so each loop gets its own body.
     auto tile = [&](int j, bool masked) {
         float sc[S_REGS], alpha[2];
+        TL_STAMP(1 + c, j, 0);
         const unsigned k_base = k_ready(j);
-        turn_wait<PP>(c, false);
+        TL_STAMP(1 + c, j, 1);
+        const bool last = j + 1 == n_tiles;
+        turn_wait<PP>(c, TURN_QK);
         issue_qk<D>(sc, q_base, k_base);
-        if (PP != 2 || c == 0 || j + 1 < n_tiles) turn_pass<PP>(c, false);
+        turn_pass<PP>(c, TURN_QK, last);
         wgmma_wait<0>();
         wgmma_hold(sc);
+        TL_STAMP(1 + c, j, 2);
         unsigned pa[T::PV_STEPS][4];
+        turn_wait<PP>(c, TURN_SOFTMAX);
         if (masked)
             softmax_tile<D, CAUSAL, true>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha, pa);
         else
             softmax_tile<D, CAUSAL, false>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha, pa);
+        turn_pass<PP>(c, TURN_SOFTMAX, last);
+        TL_STAMP(1 + c, j, 3);
         const unsigned vt_base = vt_ready(j);
+        TL_STAMP(1 + c, j, 4);
         float ot[T::O_REGS];
-        turn_wait<PP>(c, true);
+        turn_wait<PP>(c, TURN_PV);
         issue_pv<D>(ot, pa, vt_base);
-        if (c == 0 || j + 1 < n_tiles) turn_pass<PP>(c, true);
+        turn_pass<PP>(c, TURN_PV, last);
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
         wgmma_wait<1>();
 #else
         wgmma_wait<0>();
 #endif
         wgmma_hold(ot);
+        TL_STAMP(1 + c, j, 5);
         mbar_arrive(&bars.empty[j % KV_STAGES]);
         // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1).
 #pragma unroll
         for (int i = 0; i < T::O_REGS; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], ot[i]);
+        TL_STAMP(1 + c, j, 6);
     };
     // The tiles below n_full need no mask: every key is below S_k and, causal, at or below the
     // diagonal of the CTA's first row; the tiles from n_full on (the last, and causal the

@@ -580,6 +580,11 @@ mod tests {
             (ScoreScale::Fused, ScoreScale::Scaled)
         );
         assert!(d.resources.is_some() && c.resources.is_none());
+        // Each way ptxas says it repaired a wgmma pipeline: an accumulator read early shows as
+        // C7514/C7517 without turns after P·V's issue and as C7518 with them (change 21).
+        for code in ["C7514", "C7517", "C7518"] {
+            assert!(d.ptxas_must_not_say.iter().any(|c| c == code), "{code}");
+        }
         let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
         for k in &m.kernels {
             let text = std::fs::read_to_string(cuda.join(&k.source)).unwrap();

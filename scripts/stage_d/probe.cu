@@ -1,7 +1,8 @@
 // scripts/stage_d/probe.cu — the Stage-D kernel (cuda/sdpa_fp8_stage_d_wgmma.cu) on its own, before
 // the runner: builds the tensor maps as the runner will, runs each problem, checks sampled rows
 // against a host f64 reference (rel. RMSE < 5%, no non-finite element, rows that see no key
-// exactly 0) and, with `perf`, times it. Driven by scripts/stage_d/probe.sh on the device.
+// exactly 0) and, with `perf`, times it; with `timeline` (a build with -DDIAG_TIMELINE=X) it
+// prints where CTA (X, 0) spends each tile. Driven by scripts/stage_d/probe.sh on the device.
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -50,6 +51,64 @@ static void quantize(std::mt19937& rng, int heads, size_t per_head, std::vector<
     }
 }
 
+#ifdef DIAG_TIMELINE
+// One CTA's clock64 stamps (the kernel's TL_STAMP): per tile, the producer's waits (empty,
+// v_full), its transpose and its next issue; each consumer's waits (k_full, vt_full), Q·Kᵀ,
+// softmax, P·V and O update, in cycles. Prints the first tiles and the mean over the middle ones.
+template <class F>
+static void print_timeline(F launch, const Prob& p) {
+    static long long tl[1 + CONSUMERS][TL_TILES][TL_EVENTS];
+    if (DIAG_TIMELINE >= (p.Sq + BLOCK_M - 1) / BLOCK_M) {
+        printf("timeline: CTA (%d, 0) does not exist at S_q %d (BLOCK_M %d)\n", DIAG_TIMELINE, p.Sq, BLOCK_M);
+        return;
+    }
+    for (int w = 0; w < 3; ++w) launch();
+    launch();
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpyFromSymbol(tl, sdpa_timeline, sizeof tl));
+    int n = std::min(TL_TILES, (p.Sk + BLOCK_N - 1) / BLOCK_N);
+    if (p.causal) {
+        const int mb = (p.Sq + BLOCK_M - 1) / BLOCK_M - 1 - DIAG_TIMELINE; // heaviest first
+        n = std::min(n, (std::min(p.Sk, (mb + 1) * BLOCK_M + p.Sk - p.Sq) + BLOCK_N - 1) / BLOCK_N);
+    }
+    long long t0 = tl[0][0][0];
+    for (int w = 1; w <= CONSUMERS; ++w) t0 = std::min(t0, tl[w][0][0]);
+    printf("timeline d=%d causal=%d, CTA (%d, 0), %d tiles, cycles from its first stamp\n", p.D, p.causal, DIAG_TIMELINE, n);
+    printf("  tile | P: start, after: empty v_full transpose issue | C: start, after: k qk softmax vt pv update\n");
+    for (int j = 0; j < std::min(n, 8); ++j) {
+        printf("  %3d | P %6lld %6lld %6lld %6lld %6lld", j, tl[0][j][0] - t0, tl[0][j][1] - t0, tl[0][j][2] - t0, tl[0][j][3] - t0, tl[0][j][4] - t0);
+        for (int w = 1; w <= CONSUMERS; ++w) {
+            printf(" | C%d", w - 1);
+            for (int e = 0; e < 7; ++e) printf(" %6lld", tl[w][j][e] - t0);
+        }
+        printf("\n");
+    }
+    // mean step durations over tiles [lo, hi)
+    const int lo = std::min(4, n), hi = std::max(lo, n - 2);
+    if (hi <= lo) return;
+    const char* pn[] = {"wait empty", "wait v_full", "transpose+arrive", "wait empty+issue next"};
+    const char* cn[] = {"wait k_full", "Q.K^T issue+wait", "softmax", "wait vt_full", "P.V issue+wait", "O update", "to next tile"};
+    double per_tile = double(tl[1][hi][0] - tl[1][lo][0]) / (hi - lo);
+    printf("  mean over tiles %d..%d: %.0f cycles a tile (consumer 0)\n", lo, hi - 1, per_tile);
+    for (int e = 0; e < 4; ++e) {
+        double sum = 0;
+        for (int j = lo; j < hi; ++j) sum += tl[0][j][e + 1] - tl[0][j][e];
+        printf("    producer %-22s %7.0f\n", pn[e], sum / (hi - lo));
+    }
+    for (int w = 1; w <= CONSUMERS; ++w) {
+        for (int e = 0; e < 7; ++e) {
+            double sum = 0;
+            for (int j = lo; j < hi; ++j) sum += (e < 6 ? tl[w][j][e + 1] : tl[w][j + 1][0]) - tl[w][j][e];
+            printf("    consumer %d %-20s %7.0f\n", w - 1, cn[e], sum / (hi - lo));
+        }
+        if (w == 1) continue;
+        double lag = 0;
+        for (int j = lo; j < hi; ++j) lag += tl[w][j][2] - tl[1][j][2];
+        printf("    consumer %d Q.K^T done after consumer 0's by %.0f\n", w - 1, lag / (hi - lo));
+    }
+}
+#endif
+
 int main(int argc, char** argv) {
     std::vector<Prob> probs = {
         {1, 2, 2, 128, 128, 64, 0}, {1, 2, 2, 128, 128, 128, 0}, {1, 2, 1, 77, 300, 64, 0},
@@ -59,6 +118,16 @@ int main(int argc, char** argv) {
     };
     bool perf = argc > 1 && std::string(argv[1]) == "perf";
     bool quick = argc > 1 && std::string(argv[1]) == "quick";
+    // timeline (a build with -DDIAG_TIMELINE=X): where one CTA's warpgroups spend each tile.
+    bool timeline = argc > 1 && std::string(argv[1]) == "timeline";
+#ifndef DIAG_TIMELINE
+    if (timeline) {
+        printf("timeline needs a build with STAGE_D_DEFINES=-DDIAG_TIMELINE=X (X: a query tile index)\n");
+        return 2;
+    }
+#endif
+    if (timeline) probs = {{1, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 4096, 4096, 64, 0},
+                           {1, 16, 16, 4096, 4096, 128, 1}};
     if (perf) probs = {
         {1, 16, 16, 4096, 4096, 64, 0}, {4, 16, 16, 4096, 4096, 64, 0}, {1, 16, 16, 4096, 4096, 128, 0},
         {4, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 16384, 16384, 128, 0}, {4, 16, 16, 8192, 8192, 128, 0},
@@ -137,6 +206,9 @@ int main(int argc, char** argv) {
         bool ok = bad == 0 && rel_rmse < 0.05;
         if (!ok) fails++;
         double us = 0, tflops = 0;
+#ifdef DIAG_TIMELINE
+        if (timeline) print_timeline(launch, p);
+#endif
         if (perf) {
             cudaEvent_t a, z; cudaEventCreate(&a); cudaEventCreate(&z);
             for (int w = 0; w < 3; ++w) launch();

@@ -422,6 +422,15 @@ mod tests {
         );
         assert_eq!(forbidden_message(log, &codes(&["C7517"])), None);
         assert_eq!(forbidden_message(log, &[]), None);
+        // ptxas 13's words for an accumulator read early behind a conditional barrier.
+        let divergent = "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async \
+                         instructions are serialized due to program dependence on \
+                         compiler-inserted WG.DP in divergent path in the function 'k'\n";
+        assert!(forbidden_message(divergent, &codes(&["C7514", "C7517", "C7518"])).is_some());
+        assert_eq!(
+            forbidden_message(divergent, &codes(&["C7514", "C7517"])),
+            None
+        );
     }
 
     #[test]
