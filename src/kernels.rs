@@ -117,6 +117,10 @@ pub struct Tiles {
     /// Query rows per CTA; absent when a define chooses it (the module publishes SDPA_BLOCK_M).
     #[serde(default)]
     pub block_m: Option<u32>,
+    /// The D = 128 entry's query rows per CTA where they differ from `block_m` (the module
+    /// publishes SDPA_BLOCK_M_D128): a kernel whose tiles follow the head dim.
+    #[serde(default)]
+    pub block_m_d128: Option<u32>,
     /// Keys per KV tile (SDPA_BLOCK_N).
     pub block_n: u32,
     /// Chains a row's KV tiles are dealt to in the default build (the cpu backend's; a GPU run
@@ -423,7 +427,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 15] = [
+        let checks: [(bool, &'static str, String); 16] = [
             (
                 !self.name.is_empty()
                     && self
@@ -496,6 +500,13 @@ impl KernelSpec {
                 self.tiles.block_m.is_none_or(|m| m >= 16 && m % 16 == 0),
                 "tiles.block_m",
                 "a multiple of 16 (one MMA tile)".into(),
+            ),
+            (
+                self.tiles
+                    .block_m_d128
+                    .is_none_or(|m| m >= 16 && m % 16 == 0 && self.tiles.block_m.is_some()),
+                "tiles.block_m_d128",
+                "a multiple of 16 (one MMA tile), beside a block_m".into(),
             ),
             (
                 !self.ptx_must_hold.is_empty()

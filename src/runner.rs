@@ -406,11 +406,11 @@ pub struct Check {
     pub emulation: Engine,
 }
 
-/// The query-tile sizes the backend's variants launch with (the sampled rule checks the
-/// edges of each).
+/// The query-tile sizes the backend's variants launch with, any entry (the sampled rule checks
+/// the edges of each).
 pub fn query_tiles(backend: &dyn Backend) -> Vec<usize> {
     (0..backend.variants().len())
-        .map(|i| backend.query_tile_of(i))
+        .flat_map(|i| backend.query_tiles_of(i))
         .collect()
 }
 

@@ -145,10 +145,10 @@ pub trait Backend: Send {
         self.algorithm()
     }
 
-    /// Query rows one CTA (or work item) of `variant` owns: the sampled check covers the
-    /// edges of these tiles (src/rows.rs).
-    fn query_tile_of(&self, _variant: usize) -> usize {
-        crate::emulation::ROW_CHUNK
+    /// Query rows one CTA (or work item) of `variant` owns, one figure per tile size its
+    /// entries launch with: the sampled check covers the edges of these tiles (src/rows.rs).
+    fn query_tiles_of(&self, _variant: usize) -> Vec<usize> {
+        vec![crate::emulation::ROW_CHUNK]
     }
 
     /// Whether this backend has a device that can compute the yardsticks (the f64 references,

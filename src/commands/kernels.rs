@@ -52,10 +52,11 @@ pub fn list(args: &KernelsArgs) -> Result<Outcome, AppError> {
         );
         crate::outln!(
             "  tiles       {} query rows per CTA, {} keys per KV tile; P in {} before P·V; Q, K, V {}",
-            k.tiles
-                .block_m
-                .map_or("SDPA_BLOCK_M (a define chooses it)".to_string(), |m| m
-                    .to_string()),
+            match (k.tiles.block_m, k.tiles.block_m_d128) {
+                (None, _) => "SDPA_BLOCK_M (a define chooses it)".to_string(),
+                (Some(m), Some(m128)) if m128 != m => format!("{m} (D 128: {m128})"),
+                (Some(m), _) => m.to_string(),
+            },
             k.tiles.block_n,
             match k.numerics.p_precision {
                 PPrecision::F16 => "f16",

@@ -12,11 +12,19 @@ use crate::verdict::{Check, Verdict};
 /// The launch geometry and switches a kernel build publishes as `__constant__ int SDPA_*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelConstants {
+    /// Query rows per CTA (`SDPA_BLOCK_M`; at D = 128 `block_m_d128` where published).
     pub block_m: u32,
     pub block_n: u32,
     /// KV splits per query-row block: the summation order the emulation must follow.
     pub kv_split: u32,
     pub threads: u32,
+    /// The D = 128 entry's query rows per CTA and threads, where they differ from `block_m`
+    /// and `threads` (`SDPA_BLOCK_M_D128`, `SDPA_THREADS_D128`; absent, 0: the same), as a
+    /// kernel whose tiles follow the head dim publishes them ([`KernelConstants::block_m_of`]).
+    #[serde(default)]
+    pub block_m_d128: u32,
+    #[serde(default)]
+    pub threads_d128: u32,
     /// Dynamic shared memory of the D = 64 entry.
     pub smem_bytes: u32,
     /// Dynamic shared memory of the D = 128 entry.
@@ -66,6 +74,8 @@ impl KernelConstants {
             // A kernel that publishes no split runs one chain of KV tiles per row.
             kv_split: ptx_constant_opt(ptx, "SDPA_KV_SPLIT")?.unwrap_or(1),
             threads: get("SDPA_THREADS")?,
+            block_m_d128: ptx_constant_opt(ptx, "SDPA_BLOCK_M_D128")?.unwrap_or(0),
+            threads_d128: ptx_constant_opt(ptx, "SDPA_THREADS_D128")?.unwrap_or(0),
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
             short_q_rows: ptx_constant_opt(ptx, "SDPA_SHORT_Q_ROWS")?.unwrap_or(0),
@@ -134,6 +144,31 @@ impl KernelConstants {
             },
             ..self
         }
+    }
+
+    /// Query rows one CTA of `entry` owns: the launch grid's x and the sampled check's tiles.
+    pub fn block_m_of(&self, entry: Entry) -> u32 {
+        match self.block_m_d128 {
+            m if entry.d == 128 && m != 0 => m,
+            _ => self.block_m,
+        }
+    }
+
+    /// Threads of one CTA of `entry`.
+    pub fn threads_of(&self, entry: Entry) -> u32 {
+        match self.threads_d128 {
+            t if entry.d == 128 && t != 0 => t,
+            _ => self.threads,
+        }
+    }
+
+    /// The query-row tiles of the module's entries (one, or two where D = 128 differs).
+    pub fn query_tiles(&self) -> Vec<usize> {
+        let mut tiles = vec![self.block_m as usize];
+        if self.block_m_d128 != 0 && self.block_m_d128 != self.block_m {
+            tiles.push(self.block_m_d128 as usize);
+        }
+        tiles
     }
 
     /// The most dynamic shared memory any launch of `entry` asks for (the function's limit).
@@ -619,6 +654,17 @@ ptxas info    : Used 96 registers, used 1 barriers
                    .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 98304;\n\
                    .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n";
         let c = KernelConstants::from_ptx(ptx, "SDPA_USE_CP_ASYNC").unwrap();
+        // A module that publishes no D = 128 geometry launches both entries with its own.
+        let (d64, d128) = (
+            Entry::BASE,
+            Entry {
+                d: 128,
+                ..Entry::BASE
+            },
+        );
+        assert_eq!((c.block_m_of(d64), c.block_m_of(d128)), (64, 64));
+        assert_eq!((c.threads_of(d64), c.threads_of(d128)), (128, 128));
+        assert_eq!(c.query_tiles(), vec![64]);
         assert_eq!(
             (
                 c.block_n,
@@ -646,6 +692,25 @@ ptxas info    : Used 96 registers, used 1 barriers
             err.contains("SDPA_KV_STAGES"),
             "the switch's constant is required: {err}"
         );
+    }
+
+    #[test]
+    fn a_module_that_publishes_a_d128_geometry_launches_each_head_dim_with_its_own() {
+        // Three consumer warpgroups at D 64 (192 rows, 512 threads), two at D 128.
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_M_D128 = 128;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 512;\n\
+                   .const .align 4 .u32 SDPA_THREADS_D128 = 384;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 99328;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 115712;\n\
+                   .const .align 4 .u32 SDPA_KV_STAGES = 2;\n";
+        let c = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap();
+        for causal in [false, true] {
+            let (d64, d128) = (Entry { d: 64, causal }, Entry { d: 128, causal });
+            assert_eq!((c.block_m_of(d64), c.threads_of(d64)), (192, 512));
+            assert_eq!((c.block_m_of(d128), c.threads_of(d128)), (128, 384));
+        }
+        assert_eq!(c.query_tiles(), vec![192, 128]);
     }
 
     /// A Stage C cp1 module's launch constants (2 x 2 warp grid), and those of its short queries.
@@ -885,6 +950,8 @@ ptxas info    : Used 96 registers, used 1 barriers
                 block_n: 64,
                 kv_split: 2,
                 threads: 128,
+                block_m_d128: 0,
+                threads_d128: 0,
                 smem_bytes: 61440,
                 smem_bytes_d128: 61440,
                 short_q_rows: 0,

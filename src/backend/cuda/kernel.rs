@@ -229,27 +229,8 @@ pub fn build_variant(
     let switch = &src.spec.variants;
     let constants =
         KernelConstants::from_ptx(&compiled.ptx, &switch.proof_constant).map_err(refuse)?;
-    let tiles = &src.spec.tiles;
-    if constants.block_n != tiles.block_n || tiles.block_m.is_some_and(|m| m != constants.block_m) {
-        return Err(refuse(format!(
-            "the kernel publishes SDPA_BLOCK_M={} and SDPA_BLOCK_N={}, but cuda/kernels.toml \
-             describes `{}` with block_m {} and block_n {}, which the emulation and the launch \
-             follow; keep the manifest in step with the kernel",
-            constants.block_m,
-            constants.block_n,
-            src.spec.name,
-            tiles
-                .block_m
-                .map_or_else(|| "(any)".to_string(), |m| m.to_string()),
-            tiles.block_n
-        )));
-    }
-    if constants.block_m < 16 {
-        return Err(refuse(format!(
-            "the kernel publishes SDPA_BLOCK_M={}; the runner needs query tiles of at least 16 \
-             rows (one MMA tile), which its sampled check and memory estimate assume",
-            constants.block_m
-        )));
+    if let Some(why) = tiles_mismatch(&constants, &src.spec) {
+        return Err(refuse(why));
     }
     for (e, module) in
         std::iter::once((Entry::BASE, &compiled)).chain(others.iter().map(|(e, c)| (*e, c)))
@@ -324,6 +305,45 @@ pub fn build_variant(
         compiled,
         others,
         identity,
+    })
+}
+
+/// Why a module's published tiles are not the ones its manifest entry describes (which the
+/// emulation, the sampled check and the launch follow), or are too small for the runner: the
+/// keys per KV tile, and the query rows per CTA of each head dim.
+fn tiles_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
+    let tiles = &spec.tiles;
+    let d128 = Entry {
+        d: 128,
+        ..Entry::BASE
+    };
+    let want_d128 = tiles.block_m_d128.or(tiles.block_m);
+    let block_m_differs = tiles
+        .block_m
+        .is_some_and(|m| m != c.block_m_of(Entry::BASE))
+        || want_d128.is_some_and(|m| m != c.block_m_of(d128));
+    if c.block_n != tiles.block_n || block_m_differs {
+        let any = |m: Option<u32>| m.map_or_else(|| "(any)".to_string(), |m| m.to_string());
+        return Some(format!(
+            "the kernel publishes SDPA_BLOCK_M={} (D 128: {}) and SDPA_BLOCK_N={}, but \
+             cuda/kernels.toml describes `{}` with block_m {} (D 128: {}) and block_n {}, which \
+             the emulation and the launch follow; keep the manifest in step with the kernel",
+            c.block_m_of(Entry::BASE),
+            c.block_m_of(d128),
+            c.block_n,
+            spec.name,
+            any(tiles.block_m),
+            any(want_d128),
+            tiles.block_n
+        ));
+    }
+    let smallest = c.block_m_of(Entry::BASE).min(c.block_m_of(d128));
+    (smallest < 16).then(|| {
+        format!(
+            "the kernel publishes query tiles of {smallest} rows (SDPA_BLOCK_M, \
+             SDPA_BLOCK_M_D128); the runner needs at least 16 (one MMA tile), which its sampled \
+             check and memory estimate assume"
+        )
     })
 }
 
@@ -431,6 +451,39 @@ mod tests {
             forbidden_message(divergent, &codes(&["C7514", "C7517"])),
             None
         );
+    }
+
+    #[test]
+    fn a_module_whose_query_tiles_differ_from_the_manifest_per_head_dim_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/kernels.toml");
+        let manifest = crate::kernels::Manifest::load(&path).unwrap();
+        let mut spec = manifest.get("stage-d").unwrap().clone();
+        let ptx = |m64: u32, m128: u32| {
+            format!(
+                ".const .align 4 .u32 SDPA_BLOCK_M = {m64};\n\
+                 .const .align 4 .u32 SDPA_BLOCK_M_D128 = {m128};\n\
+                 .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 384;\n\
+                 .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n\
+                 .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
+                 .const .align 4 .u32 SDPA_KV_STAGES = 2;\n"
+            )
+        };
+        let c = |m64, m128| KernelConstants::from_ptx(&ptx(m64, m128), "SDPA_KV_STAGES").unwrap();
+        // The project's entry: block_m 128 for both head dims.
+        assert_eq!(tiles_mismatch(&c(128, 128), &spec), None);
+        let why = tiles_mismatch(&c(192, 128), &spec).expect("D 64's 192 rows are not described");
+        assert!(why.contains("SDPA_BLOCK_M=192 (D 128: 128)"), "{why}");
+        assert!(tiles_mismatch(&c(128, 192), &spec).is_some(), "nor D 128's");
+        // A manifest that says block_m 192 and block_m_d128 128 describes that kernel.
+        spec.tiles.block_m = Some(192);
+        spec.tiles.block_m_d128 = Some(128);
+        assert_eq!(tiles_mismatch(&c(192, 128), &spec), None);
+        assert!(tiles_mismatch(&c(128, 128), &spec).is_some());
+        // Tiles under one MMA tile are refused whatever the manifest says.
+        spec.tiles.block_m = None;
+        spec.tiles.block_m_d128 = None;
+        let why = tiles_mismatch(&c(128, 8), &spec).expect("8 rows");
+        assert!(why.contains("query tiles of 8 rows"), "{why}");
     }
 
     #[test]

@@ -161,11 +161,11 @@ impl DeviceProblem {
         let geometry = self.geometry(consts, variant.sms);
         let cfg = LaunchConfig {
             grid_dim: (
-                (self.shape.sq as u32).div_ceil(consts.block_m),
+                (self.shape.sq as u32).div_ceil(consts.block_m_of(self.entry)),
                 (self.shape.b * self.shape.h) as u32,
                 geometry.kv_ctas,
             ),
-            block_dim: (consts.threads, 1, 1),
+            block_dim: (consts.threads_of(self.entry), 1, 1),
             shared_mem_bytes: geometry.smem_bytes,
         };
         let work = self.work(stream, slot, geometry.work_bytes)?;

@@ -204,8 +204,8 @@ impl Backend for CudaBackend {
         alg.with_split(alg.kv_split * ctas)
     }
 
-    fn query_tile_of(&self, variant: usize) -> usize {
-        self.gpu.variants[variant].identity.constants.block_m as usize
+    fn query_tiles_of(&self, variant: usize) -> Vec<usize> {
+        self.gpu.variants[variant].identity.constants.query_tiles()
     }
 
     fn has_device(&self) -> bool {

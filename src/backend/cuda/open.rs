@@ -249,9 +249,9 @@ fn load_variant(
                 static_smem_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
                 dynamic_smem_bytes: smem_bytes,
                 local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-                threads_per_block: c.threads,
+                threads_per_block: c.threads_of(e),
                 max_blocks_per_sm: function.occupancy_max_active_blocks_per_multiprocessor(
-                    c.threads,
+                    c.threads_of(e),
                     smem_bytes as usize,
                     None,
                 )?,
