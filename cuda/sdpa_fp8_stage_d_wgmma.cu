@@ -83,7 +83,9 @@
 //                   (scripts/stage_d/probe.sh) builds it. At D 64 without turns, 12% fewer
 //                   cycles a query row than 2 consumers (docs/PERF.md change 21). For D 64
 //                   alone it needs traits per head dim here, SDPA_BLOCK_M_D128 and
-//                   SDPA_THREADS_D128 published, and block_m_d128 in the manifest.
+//                   SDPA_THREADS_D128 published by every module (the D 64 ones too: a
+//                   variant's modules must publish the same constants), and block_m_d128 in
+//                   the manifest.
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N

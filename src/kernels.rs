@@ -129,6 +129,12 @@ pub struct Tiles {
     pub kv_split: usize,
 }
 
+/// A query tile the runner takes: whole MMA tiles, within src/rows.rs's memory bound.
+fn query_tile(m: u32) -> bool {
+    let m = m as usize;
+    (crate::rows::MIN_QUERY_TILE..=crate::rows::MAX_QUERY_TILE).contains(&m) && m.is_multiple_of(16)
+}
+
 fn one() -> usize {
     1
 }
@@ -497,16 +503,16 @@ impl KernelSpec {
                 "16 or 32, dividing tiles.block_n".into(),
             ),
             (
-                self.tiles.block_m.is_none_or(|m| m >= 16 && m % 16 == 0),
+                self.tiles.block_m.is_none_or(query_tile),
                 "tiles.block_m",
-                "a multiple of 16 (one MMA tile)".into(),
+                "a multiple of 16 (one MMA tile) up to 256".into(),
             ),
             (
                 self.tiles
                     .block_m_d128
-                    .is_none_or(|m| m >= 16 && m % 16 == 0 && self.tiles.block_m.is_some()),
+                    .is_none_or(|m| query_tile(m) && self.tiles.block_m.is_some()),
                 "tiles.block_m_d128",
-                "a multiple of 16 (one MMA tile), beside a block_m".into(),
+                "a multiple of 16 (one MMA tile) up to 256, beside a block_m".into(),
             ),
             (
                 !self.ptx_must_hold.is_empty()
@@ -759,6 +765,13 @@ mod tests {
                 "variants",
             ),
             ("block_n = 64", "block_n = 65", "block_n"),
+            ("block_m = 128", "block_m = 512", "tiles.block_m"),
+            ("block_m = 128", "block_m_d128 = 128", "tiles.block_m_d128"),
+            (
+                "block_m = 128",
+                "block_m = 192\nblock_m_d128 = 24",
+                "tiles.block_m_d128",
+            ),
             ("p_precision = \"f16\"", "p_precision = \"bf16\"", "bf16"),
             (
                 "runner = \"checked\"",

@@ -41,8 +41,14 @@ pub const AUTO_FULL_MAX_SCORES: u128 = 1 << 28;
 /// Rows drawn at random per head under the sampled rule.
 pub const RANDOM_ROWS: usize = 64;
 
+/// The largest query tile (rows per CTA) the runner accepts from a kernel (and the smallest,
+/// [`MIN_QUERY_TILE`]): the host-memory bound below holds for tiles in between
+/// (src/backend/cuda/kernel.rs refuses a module that publishes others).
+pub const MAX_QUERY_TILE: usize = 256;
+pub const MIN_QUERY_TILE: usize = 16;
+
 /// At most how many rows per head `rule` checks of `shape` (for the host-memory check, before
-/// the variants' tile sizes are known: any tile of 16 rows or more).
+/// the variants' tile sizes are known: any tiles of 16 to 256 rows).
 pub fn max_rows_per_head(rule: CheckRows, shape: &Shape) -> usize {
     if samples(rule, shape) {
         let diagonal = if shape.causal {
@@ -50,7 +56,9 @@ pub fn max_rows_per_head(rule: CheckRows, shape: &Shape) -> usize {
         } else {
             0
         };
-        shape.s.min(shape.s / 8 + 2 * 128 + RANDOM_ROWS + diagonal)
+        shape
+            .s
+            .min(shape.s / 8 + 2 * MAX_QUERY_TILE + RANDOM_ROWS + diagonal)
     } else {
         shape.s
     }
@@ -336,6 +344,27 @@ mod tests {
             assert!(rows.contains(&r), "row {r}");
         }
         assert!(rows.len() <= max_rows_per_head(CheckRows::Sampled, &tall));
+    }
+
+    #[test]
+    fn tiles_that_follow_the_head_dim_stay_within_the_memory_bound() {
+        // Three consumers at D 64 (192 rows) beside two at D 128 (128): the first and last
+        // tile of each, and every edge of both, within the bound the memory check assumed.
+        for s in [300, 1000, 4096] {
+            let sh = shape(1, 1, s);
+            let rows = RowSet::sampled(&sh, 0, &[192, 128]).rows(0).into_owned();
+            assert!(
+                rows.len() <= max_rows_per_head(CheckRows::Sampled, &sh),
+                "S {s}"
+            );
+            // The widest tiles the runner accepts beside the narrowest (256 and 16 rows).
+            assert_eq!((MAX_QUERY_TILE, MIN_QUERY_TILE), (256, 16));
+            let extreme = RowSet::sampled(&sh, 0, &[256, 16]);
+            assert!(
+                extreme.rows(0).len() <= max_rows_per_head(CheckRows::Sampled, &sh),
+                "S {s}"
+            );
+        }
     }
 
     #[test]

@@ -800,6 +800,8 @@ mod tests {
         /// Its reference kernel faults (the runner's own kernel: exit 3).
         reference_faults: bool,
         gpu: Option<GpuSlot>,
+        /// The query tiles each variant says it launches (none: the CPU backend's).
+        tiles: Vec<Vec<usize>>,
     }
 
     impl FakeDevice {
@@ -811,6 +813,7 @@ mod tests {
                 emulation_requests: 0,
                 reference_faults: false,
                 gpu: None,
+                tiles: Vec::new(),
             }
         }
 
@@ -832,6 +835,12 @@ mod tests {
         }
         fn variants(&self) -> &[String] {
             self.cpu.variants()
+        }
+        fn query_tiles_of(&self, v: usize) -> Vec<usize> {
+            match self.tiles.get(v) {
+                Some(t) => t.clone(),
+                None => self.cpu.query_tiles_of(v),
+            }
         }
         fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
             self.cpu.load(p)
@@ -1308,5 +1317,15 @@ mod tests {
             a[0].input_checksum, a[1].input_checksum,
             "seeds 0 and 1 differ"
         );
+    }
+    #[test]
+    fn the_sampled_rule_gets_every_query_tile_of_every_variant() {
+        // A variant whose D 64 and D 128 entries launch 192- and 128-row tiles: the sampled
+        // check covers the edges of both (the fake has one variant, the CPU backend's).
+        let mut fake = FakeDevice::new(false);
+        assert_eq!(fake.variants().len(), 1);
+        assert_eq!(query_tiles(&fake), fake.cpu.query_tiles_of(0));
+        fake.tiles = vec![vec![192, 128]];
+        assert_eq!(query_tiles(&fake), vec![192, 128]);
     }
 }

@@ -3,7 +3,7 @@
 use super::Project;
 use crate::cli::KernelsArgs;
 use crate::error::{AppError, Outcome};
-use crate::kernels::{Abi, MANIFEST_FILE, Manifest, PPrecision, Runner};
+use crate::kernels::{Abi, MANIFEST_FILE, Manifest, PPrecision, Runner, Tiles};
 
 pub fn list(args: &KernelsArgs) -> Result<Outcome, AppError> {
     let project = Project::load(&args.project)?;
@@ -52,11 +52,7 @@ pub fn list(args: &KernelsArgs) -> Result<Outcome, AppError> {
         );
         crate::outln!(
             "  tiles       {} query rows per CTA, {} keys per KV tile; P in {} before P·V; Q, K, V {}",
-            match (k.tiles.block_m, k.tiles.block_m_d128) {
-                (None, _) => "SDPA_BLOCK_M (a define chooses it)".to_string(),
-                (Some(m), Some(m128)) if m128 != m => format!("{m} (D 128: {m128})"),
-                (Some(m), _) => m.to_string(),
-            },
+            query_rows(&k.tiles),
             k.tiles.block_n,
             match k.numerics.p_precision {
                 PPrecision::F16 => "f16",
@@ -77,4 +73,32 @@ pub fn list(args: &KernelsArgs) -> Result<Outcome, AppError> {
         }
     }
     Ok(Outcome::Pass)
+}
+
+/// A kernel's query rows per CTA as `kernels` prints them: D 128's beside where they differ.
+fn query_rows(tiles: &Tiles) -> String {
+    match (tiles.block_m, tiles.block_m_d128) {
+        (None, _) => "SDPA_BLOCK_M (a define chooses it)".to_string(),
+        (Some(m), Some(m128)) if m128 != m => format!("{m} (D 128: {m128})"),
+        (Some(m), _) => m.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_rows_name_d128_only_where_it_differs() {
+        let tiles = |block_m, block_m_d128| Tiles {
+            block_m,
+            block_m_d128,
+            block_n: 128,
+            kv_split: 1,
+        };
+        assert_eq!(query_rows(&tiles(Some(128), None)), "128");
+        assert_eq!(query_rows(&tiles(Some(128), Some(128))), "128");
+        assert_eq!(query_rows(&tiles(Some(192), Some(128))), "192 (D 128: 128)");
+        assert!(query_rows(&tiles(None, None)).starts_with("SDPA_BLOCK_M"));
+    }
 }

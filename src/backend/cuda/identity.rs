@@ -695,7 +695,7 @@ ptxas info    : Used 96 registers, used 1 barriers
     }
 
     #[test]
-    fn a_module_that_publishes_a_d128_geometry_launches_each_head_dim_with_its_own() {
+    fn a_module_that_publishes_a_d128_geometry_gives_each_head_dim_its_own_rows_and_threads() {
         // Three consumer warpgroups at D 64 (192 rows, 512 threads), two at D 128.
         let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n\
                    .const .align 4 .u32 SDPA_BLOCK_M_D128 = 128;\n\

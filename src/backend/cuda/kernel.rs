@@ -13,6 +13,7 @@ use super::variant::VariantSpec;
 use crate::backend::BackendError;
 use crate::kernels::KernelSpec;
 use crate::report::sha256_hex;
+use crate::rows::{MAX_QUERY_TILE, MIN_QUERY_TILE};
 use crate::schema::KernelRef;
 use crate::shapes::Entry;
 
@@ -337,14 +338,17 @@ fn tiles_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
             tiles.block_n
         ));
     }
-    let smallest = c.block_m_of(Entry::BASE).min(c.block_m_of(d128));
-    (smallest < 16).then(|| {
-        format!(
-            "the kernel publishes query tiles of {smallest} rows (SDPA_BLOCK_M, \
-             SDPA_BLOCK_M_D128); the runner needs at least 16 (one MMA tile), which its sampled \
-             check and memory estimate assume"
-        )
-    })
+    let range = MIN_QUERY_TILE..=MAX_QUERY_TILE;
+    [c.block_m_of(Entry::BASE), c.block_m_of(d128)]
+        .into_iter()
+        .find(|&m| !range.contains(&(m as usize)))
+        .map(|m| {
+            format!(
+                "the kernel publishes query tiles of {m} rows (SDPA_BLOCK_M, SDPA_BLOCK_M_D128); \
+                 the runner takes {MIN_QUERY_TILE} (one MMA tile) to {MAX_QUERY_TILE}, which its \
+                 sampled check and host-memory estimate assume (src/rows.rs)"
+            )
+        })
 }
 
 /// The first line of a compile log that holds one of `codes` (e.g. `(C7514)`).
@@ -454,10 +458,11 @@ mod tests {
     }
 
     #[test]
-    fn a_module_whose_query_tiles_differ_from_the_manifest_per_head_dim_is_refused() {
+    fn tiles_that_differ_from_the_manifest_for_either_head_dim_are_named() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/kernels.toml");
         let manifest = crate::kernels::Manifest::load(&path).unwrap();
         let mut spec = manifest.get("stage-d").unwrap().clone();
+        (spec.tiles.block_m, spec.tiles.block_m_d128) = (Some(128), None);
         let ptx = |m64: u32, m128: u32| {
             format!(
                 ".const .align 4 .u32 SDPA_BLOCK_M = {m64};\n\
@@ -479,11 +484,15 @@ mod tests {
         spec.tiles.block_m_d128 = Some(128);
         assert_eq!(tiles_mismatch(&c(192, 128), &spec), None);
         assert!(tiles_mismatch(&c(128, 128), &spec).is_some());
-        // Tiles under one MMA tile are refused whatever the manifest says.
+        // Tiles under one MMA tile, or wider than the memory estimate assumes, are refused
+        // whatever the manifest says.
         spec.tiles.block_m = None;
         spec.tiles.block_m_d128 = None;
         let why = tiles_mismatch(&c(128, 8), &spec).expect("8 rows");
         assert!(why.contains("query tiles of 8 rows"), "{why}");
+        let why = tiles_mismatch(&c(320, 128), &spec).expect("320 rows");
+        assert!(why.contains("query tiles of 320 rows"), "{why}");
+        assert_eq!(tiles_mismatch(&c(256, 16), &spec), None);
     }
 
     #[test]

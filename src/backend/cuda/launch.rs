@@ -159,13 +159,10 @@ impl DeviceProblem {
             .entry(self.entry)
             .expect("the entry of the problem was built");
         let geometry = self.geometry(consts, variant.sms);
+        let (grid_dim, block_dim) = launch_dims(consts, self.entry, self.shape, geometry.kv_ctas);
         let cfg = LaunchConfig {
-            grid_dim: (
-                (self.shape.sq as u32).div_ceil(consts.block_m_of(self.entry)),
-                (self.shape.b * self.shape.h) as u32,
-                geometry.kv_ctas,
-            ),
-            block_dim: (consts.threads_of(self.entry), 1, 1),
+            grid_dim,
+            block_dim,
             shared_mem_bytes: geometry.smem_bytes,
         };
         let work = self.work(stream, slot, geometry.work_bytes)?;
@@ -250,6 +247,22 @@ impl DeviceProblem {
     }
 }
 
+/// The grid and block of a launch of `entry` on `q`: a CTA per query tile of the entry's rows,
+/// head and KV split (`kv_ctas`), the entry's threads (a module may publish D 128's apart).
+fn launch_dims(
+    consts: &KernelConstants,
+    entry: crate::shapes::Entry,
+    q: LaunchShape,
+    kv_ctas: u32,
+) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let grid = (
+        (q.sq as u32).div_ceil(consts.block_m_of(entry)),
+        (q.b * q.h) as u32,
+        kv_ctas,
+    );
+    (grid, (consts.threads_of(entry), 1, 1))
+}
+
 /// The query rows at or below which a launch may split (Stage C's `SDPA_SHORT_Q_ROWS`), and the
 /// most bytes of parked states a split workspace holds: a split aims for about 128 working
 /// CTAs (`SDPA_SPLIT_KV_CTAS`), so packs × C <= 128, each pack at most 32 query rows
@@ -264,4 +277,40 @@ const SPLIT_WORK_BOUND: u64 = 128 * 32 * 2 * 132 * 4;
 fn split_work_bytes(q: LaunchShape, d: usize, slots: u32) -> usize {
     let heads = q.b * q.h;
     heads.div_ceil(4) * 16 + heads * q.sq * slots as usize * (d + 4) * 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shapes::Entry;
+
+    #[test]
+    fn each_head_dim_launches_its_own_query_tiles_and_threads() {
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_M_D128 = 128;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 512;\n\
+                   .const .align 4 .u32 SDPA_THREADS_D128 = 384;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
+                   .const .align 4 .u32 SDPA_KV_STAGES = 2;\n";
+        let c = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap();
+        let q = LaunchShape {
+            b: 2,
+            h: 16,
+            hkv: 4,
+            sq: 4096,
+            sk: 4096,
+        };
+        let d64 = Entry {
+            d: 64,
+            causal: true,
+        };
+        let d128 = Entry {
+            d: 128,
+            causal: true,
+        };
+        // 4096 rows: 22 tiles of 192 (the last partial), 32 of 128.
+        assert_eq!(launch_dims(&c, d64, q, 1), ((22, 32, 1), (512, 1, 1)));
+        assert_eq!(launch_dims(&c, d128, q, 3), ((32, 32, 3), (384, 1, 1)));
+    }
 }
