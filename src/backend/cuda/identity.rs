@@ -189,6 +189,22 @@ impl KernelConstants {
     }
 }
 
+/// A Stage-D-like module whose D 64 and D 128 entries launch their own query rows and threads
+/// (`SDPA_BLOCK_M`/`_D128`, `SDPA_THREADS`/`_D128`), for the tests of per-head-dim geometry.
+#[cfg(test)]
+pub(super) fn per_head_dim_constants(rows: (u32, u32), threads: (u32, u32)) -> KernelConstants {
+    let ptx = format!(
+        ".const .align 4 .u32 SDPA_BLOCK_M = {};\n.const .align 4 .u32 SDPA_BLOCK_M_D128 = {};\n\
+         .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = {};\n\
+         .const .align 4 .u32 SDPA_THREADS_D128 = {};\n\
+         .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 99328;\n\
+         .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 115712;\n\
+         .const .align 4 .u32 SDPA_KV_STAGES = 2;\n",
+        rows.0, rows.1, threads.0, threads.1
+    );
+    KernelConstants::from_ptx(&ptx, "SDPA_KV_STAGES").unwrap()
+}
+
 /// What a launch's geometry depends on: the problem's batch, heads, query rows and keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchShape {
@@ -697,14 +713,7 @@ ptxas info    : Used 96 registers, used 1 barriers
     #[test]
     fn a_module_that_publishes_a_d128_geometry_gives_each_head_dim_its_own_rows_and_threads() {
         // Three consumer warpgroups at D 64 (192 rows, 512 threads), two at D 128.
-        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n\
-                   .const .align 4 .u32 SDPA_BLOCK_M_D128 = 128;\n\
-                   .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 512;\n\
-                   .const .align 4 .u32 SDPA_THREADS_D128 = 384;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 99328;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 115712;\n\
-                   .const .align 4 .u32 SDPA_KV_STAGES = 2;\n";
-        let c = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap();
+        let c = per_head_dim_constants((192, 128), (512, 384));
         for causal in [false, true] {
             let (d64, d128) = (Entry { d: 64, causal }, Entry { d: 128, causal });
             assert_eq!((c.block_m_of(d64), c.threads_of(d64)), (192, 512));

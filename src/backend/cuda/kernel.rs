@@ -463,17 +463,7 @@ mod tests {
         let manifest = crate::kernels::Manifest::load(&path).unwrap();
         let mut spec = manifest.get("stage-d").unwrap().clone();
         (spec.tiles.block_m, spec.tiles.block_m_d128) = (Some(128), None);
-        let ptx = |m64: u32, m128: u32| {
-            format!(
-                ".const .align 4 .u32 SDPA_BLOCK_M = {m64};\n\
-                 .const .align 4 .u32 SDPA_BLOCK_M_D128 = {m128};\n\
-                 .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 384;\n\
-                 .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n\
-                 .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
-                 .const .align 4 .u32 SDPA_KV_STAGES = 2;\n"
-            )
-        };
-        let c = |m64, m128| KernelConstants::from_ptx(&ptx(m64, m128), "SDPA_KV_STAGES").unwrap();
+        let c = |m64, m128| super::super::identity::per_head_dim_constants((m64, m128), (384, 384));
         // The project's entry: block_m 128 for both head dims.
         assert_eq!(tiles_mismatch(&c(128, 128), &spec), None);
         let why = tiles_mismatch(&c(192, 128), &spec).expect("D 64's 192 rows are not described");

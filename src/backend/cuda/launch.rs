@@ -286,14 +286,7 @@ mod tests {
 
     #[test]
     fn each_head_dim_launches_its_own_query_tiles_and_threads() {
-        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n\
-                   .const .align 4 .u32 SDPA_BLOCK_M_D128 = 128;\n\
-                   .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 512;\n\
-                   .const .align 4 .u32 SDPA_THREADS_D128 = 384;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n\
-                   .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
-                   .const .align 4 .u32 SDPA_KV_STAGES = 2;\n";
-        let c = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap();
+        let c = super::super::identity::per_head_dim_constants((192, 128), (512, 384));
         let q = LaunchShape {
             b: 2,
             h: 16,
