@@ -124,8 +124,11 @@ impl KernelSource {
     }
 
     /// Reads the kernel at `location`: a file (as [`KernelSource::load`]) or a file of the
-    /// repository at `repo` as it is at a revision, with the headers of that revision only;
-    /// either is described by `spec` (a base kernel is the same kernel at another revision).
+    /// repository at `repo` as it is at a revision, with the headers of that revision only. A
+    /// file is described by `spec` (a base kernel is the same kernel at another revision); a
+    /// revision by the entry of `spec`'s name in that revision's own manifest, where it has
+    /// one, since a change may move the kernel and its description together (its tiles, say),
+    /// and else by `spec`.
     pub fn locate(
         location: &KernelLocation,
         repo: &Path,
@@ -139,6 +142,7 @@ impl KernelSource {
                     .clone()
                     .unwrap_or_else(|| format!("cuda/{}", spec.source));
                 let files = revision::read(repo, rev, &path).map_err(BackendError::Config)?;
+                let spec = spec_at_revision(repo, &files.commit, spec)?;
                 Ok(KernelSource {
                     origin: format!("git:{rev} ({}):{path}", &files.commit[..12]),
                     path: PathBuf::from(path),
@@ -146,9 +150,42 @@ impl KernelSource {
                     text: files.text,
                     include_dirs: Vec::new(),
                     headers: files.headers,
-                    spec: spec.clone(),
+                    spec,
                 })
             }
+        }
+    }
+}
+
+/// How the manifest at `commit` describes the kernel named as `spec` is: its own entry of that
+/// name, or `spec` where the commit has no manifest, no such entry or a manifest this runner
+/// cannot read (an older schema; a warning says so): a revision from before either is
+/// described as the kernel is today.
+fn spec_at_revision(
+    repo: &Path,
+    commit: &str,
+    spec: &KernelSpec,
+) -> Result<KernelSpec, BackendError> {
+    let path = format!("cuda/{}", crate::kernels::MANIFEST_FILE);
+    let Some(text) = revision::read_text(repo, commit, &path).map_err(BackendError::Config)? else {
+        return Ok(spec.clone());
+    };
+    let short = &commit[..12.min(commit.len())];
+    match crate::kernels::Manifest::parse(Path::new(&format!("{short}:{path}")), &text) {
+        Ok(manifest) => Ok(manifest
+            .get(&spec.name)
+            .cloned()
+            .unwrap_or_else(|| spec.clone())),
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: the base revision's manifest is not one this runner reads ({e}); \
+                     the base kernel is described as `{}` is today",
+                    spec.name
+                )
+            });
+            Ok(spec.clone())
         }
     }
 }
@@ -523,5 +560,74 @@ mod tests {
         for bad in ["git:", "git::x.cu", "git:HEAD:", ""] {
             assert!(KernelLocation::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    fn git(dir: &Path, args: &[&str]) {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}");
+    }
+
+    #[test]
+    fn a_base_revision_is_described_by_the_manifest_it_had() {
+        let project = crate::kernels::project_spec("stage-d");
+        assert_eq!(
+            project.tiles.block_m,
+            Some(192),
+            "the project's entry this test edits"
+        );
+        let manifest = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/kernels.toml"),
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        git(p, &["init", "-q"]);
+        git(p, &["config", "user.email", "t@t"]);
+        git(p, &["config", "user.name", "t"]);
+        std::fs::create_dir_all(p.join("cuda")).unwrap();
+        let commit = |manifest: Option<&str>, message: &str| {
+            std::fs::write(p.join("cuda/sdpa_fp8_stage_d_wgmma.cu"), message).unwrap();
+            match manifest {
+                Some(text) => std::fs::write(p.join("cuda/kernels.toml"), text).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(p.join("cuda/kernels.toml"));
+                }
+            }
+            git(p, &["add", "-A", "cuda"]);
+            git(p, &["commit", "-q", "-m", message]);
+        };
+        let at = |rev: &str| {
+            let location = KernelLocation::Git {
+                rev: rev.into(),
+                path: None,
+            };
+            KernelSource::locate(&location, p, &p.join("cuda"), &project)
+                .unwrap()
+                .spec
+        };
+        // A revision whose stage-d had two consumers at D 64 too: its tiles are its own.
+        let two = manifest.replacen("block_m = 192\nblock_m_d128 = 128", "block_m = 128", 1);
+        assert_ne!(two, manifest);
+        commit(Some(&two), "// two consumers");
+        let old = at("HEAD");
+        assert_eq!(
+            (old.tiles.block_m, old.tiles.block_m_d128),
+            (Some(128), None)
+        );
+        assert_eq!(old.name, "stage-d");
+        // No manifest, or one this runner cannot read (an older schema): today's entry.
+        commit(None, "// before the manifest");
+        assert_eq!(at("HEAD"), project);
+        let older = manifest.replace("mma_k = 32\n", "");
+        assert_ne!(older, manifest);
+        commit(Some(&older), "// an older schema");
+        assert_eq!(at("HEAD"), project);
+        // The revision before both still reads as it was.
+        assert_eq!(at("HEAD~2").tiles.block_m, Some(128));
     }
 }

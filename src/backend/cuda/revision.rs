@@ -91,6 +91,17 @@ pub fn read(repo: &Path, rev: &str, path: &str) -> Result<RevisionFiles, String>
     })
 }
 
+/// The text of `path` (relative to the repository root) at commit `commit`, or None where the
+/// commit has no such file.
+pub fn read_text(repo: &Path, commit: &str, path: &str) -> Result<Option<String>, String> {
+    let path = path.trim_start_matches("./");
+    let spec = format!("{commit}:./{path}");
+    if git(repo, &["cat-file", "-e", &spec]).is_err() {
+        return Ok(None);
+    }
+    git(repo, &["cat-file", "blob", &spec]).map(Some)
+}
+
 /// Runs `git -C repo ARGS` and returns its standard output.
 fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
     let out = Command::new("git")
