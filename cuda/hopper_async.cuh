@@ -87,6 +87,22 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
            ((unsigned long long)((8 * ROW_BYTES) >> 4) << 32) | (layout << 62);
 }
+// The same descriptor as its two 32-bit words, for a tile whose k steps and pipeline stages sit
+// at fixed byte offsets from one base: only the low word (start address >> 4) moves, and the
+// start address field (14 bits, shared memory below 256 KB) cannot carry into bit 16 (the
+// leading byte offset) for offsets inside shared memory, so `at` is one 32-bit add where
+// wgmma_desc of each address took a mask, a 64-bit shift and an or.
+struct WgmmaDesc {
+    unsigned lo, hi;
+    template <int ROW_BYTES>
+    __device__ __forceinline__ static WgmmaDesc of(unsigned addr) {
+        const unsigned long long d = wgmma_desc<ROW_BYTES>(addr);
+        return {(unsigned)d, (unsigned)(d >> 32)};
+    }
+    __device__ __forceinline__ unsigned long long at(unsigned byte_offset) const {
+        return ((unsigned long long)hi << 32) | (lo + (byte_offset >> 4));
+    }
+};
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }

@@ -1,6 +1,7 @@
 // sdpa_fp8_stage_d_wgmma.cu — Stage-D FP8 scaled-dot-product attention, Hopper-native (sm_90a):
 // wgmma with e4m3 operands for both GEMMs, TMA loads into a shared-memory ring with mbarriers,
-// a producer warpgroup and two consumer warpgroups with register reallocation.
+// a producer warpgroup and three (D 64) or two (D 128) consumer warpgroups with register
+// reallocation.
 //
 // Problem (the same as Stage C, cuda/sdpa_fp8_stage_c_mma.cu): O = softmax(softmax_scale · Q Kᵀ
 // + mask) V for Q [B, H, S_q, D] and K, V [B, H_kv, S_k, D] as E4M3 codes with one f32 scale per
@@ -8,28 +9,31 @@
 // causal bottom-right aligned (query i sees keys j <= i + S_k - S_q), GQA/MQA (query head h
 // reads K/V head h / (H / H_kv)), any S_q, S_k >= 1. A row that sees no key is written as zeros.
 //
-// Tiles (all in the traits struct `Tiles<D>` below):
-//   BLOCK_M = 64 x CONSUMERS = 128 query rows per CTA: consumer warpgroup c (0, 1) owns rows
-//     [64c, 64c + 64).
+// Tiles (all in the traits struct `Tiles<D>` below, one per head dim):
+//   BLOCK_M = 64 x CONSUMERS query rows per CTA, CONSUMERS = 3 at D 64 (192 rows) and 2 at D 128
+//     (128 rows): consumer warpgroup c owns rows [64c, 64c + 64).
 //   BLOCK_N = 128 keys per KV tile. KV_STAGES (2 or 3) tiles in flight.
 //
-// Warp roles (THREADS = 128 x (1 + CONSUMERS) = 384, three warpgroups; the register figures are
-// CONSUMERS=2's):
-//   WG 0, producer (setmaxnreg.dec to 56): thread 0 issues the TMA loads (Q once; per KV tile
+// Warp roles (THREADS = 128 x (1 + CONSUMERS): 512 at D 64, 384 at D 128; registers by setmaxnreg
+// within the launch's pool, producer / consumers: 32 / 160 at D 64, 56 / 224 at D 128):
+//   WG 0, producer (setmaxnreg.dec): thread 0 issues the TMA loads (Q once; per KV tile
 //     its K tile and its V tile); all 128 threads then transpose each V tile into Vᵀ (below;
 //     ldmatrix.trans, prmt, stmatrix: transpose_v_ldsm),
 //     fence the async proxy and arrive on the tile's vt_full barrier.
-//   WG 1, 2, consumers (setmaxnreg.inc to 224): per KV tile, S = Q Kᵀ (D/32 wgmma m64n128k32,
+//   WG 1 .. CONSUMERS, consumers (setmaxnreg.inc): per KV tile, S = Q Kᵀ (D/32 wgmma m64n128k32,
 //     both operands from shared memory), mask (only in the tiles that need it: change 19), online
 //     softmax in f32 (base 2, the scale fused into the exponent's fma), P rounded to e4m3
 //     (cvt.rn.satfinite) straight into wgmma A fragments, then Ô = P̂ Vᵀ (BLOCK_N/32 wgmma
 //     m64nDk32, A from registers) into a per-tile accumulator that is added to O in f32 (the
 //     tensor cores' FP8 accumulation keeps fewer than 24 bits: SageAttention2, arXiv 2411.10958,
-//     "FP22 accumulator"); then they release the stage (empty barrier). The two consumers take
-//     turns from the softmax to P·V's issue (PINGPONG=3, turn_wait): one's softmax runs while
-//     the other's GEMMs hold the tensor cores, and the two softmaxes never share the pipes
+//     "FP22 accumulator"); then they release the stage (empty barrier). At D 128 the two consumers
+//     take turns from the softmax to P·V's issue (PINGPONG_D128=3, turn_wait): one's softmax runs
+//     while the other's GEMMs hold the tensor cores, and the two softmaxes never share the pipes
 //     (docs/PERF.md change 21: without turns the two ran in step, their softmaxes at once, and a
-//     D 128 tile took 2,900 cycles where it takes 2,460 with them).
+//     D 128 tile took 2,900 cycles where it takes 2,460 with them). At D 64 the three consumers
+//     run without turns (docs/PERF.md change 22: 12-17% faster than two with turns at
+//     4x16x4096x64 on an H100, but up to 25% slower on problems of less than one wave of CTAs).
+//     A consumer whose rows all lie past S_q only releases each stage.
 //   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
 //   writes f16(O · v_scale / l), zero where l = 0.
 //
@@ -48,7 +52,7 @@
 //            freely, as long as P and Vᵀ agree).
 //   mbarriers (static): q_full; per stage k_full, v_full (TMA, count 1 + tx), vt_full (128
 //   producer threads), empty (128 x CONSUMERS consumer threads). Named barriers 1 ..
-//   CONSUMERS: the consumers' turns.
+//   CONSUMERS: the consumers' turns (where PINGPONG_D<D> is not 0).
 //
 // Causal: the CTA's KV tiles end at its last row's last visible key (tiles wholly above the
 // diagonal are never loaded); the tiles the diagonal crosses, and the tile holding S_k, are
@@ -71,21 +75,19 @@
 //                   3-6% slower on an H100 (docs/PERF.md, change 13): the transpose is not bound
 //                   by its bank conflicts but by the producer's instructions, and 1 adds eight
 //                   selects a unit. Kept as a switch so that the next attempt starts from it.
-//   PINGPONG=0|1|2|3  the consumers' turns (turn_wait), published as SDPA_PINGPONG. 3, the
-//                   default: a turn runs from the softmax to P·V's issue; over 0 (and 2 at D 128
-//                   causal) with the same producer, +3-10% st2 and +5-13% st3 on an H100
-//                   (docs/PERF.md change 21). 0: no turns. 1: a turn at each GEMM's issue,
-//                   slower than 0 (changes 12 and 21). 2: a turn at Q·Kᵀ's issue, the default of
-//                   changes 16-20 for the D = 128 causal entry.
-//   CONSUMERS=2|3   consumer warpgroups (BLOCK_M = 64 x CONSUMERS). 3 (160 registers each,
-//                   the producer 32) spills at D 128 and needs block_m 192 in
-//                   cuda/kernels.toml, which the runner checks against SDPA_BLOCK_M: the probe
-//                   (scripts/stage_d/probe.sh) builds it. At D 64 without turns, 12% fewer
-//                   cycles a query row than 2 consumers (docs/PERF.md change 21). For D 64
-//                   alone it needs traits per head dim here, SDPA_BLOCK_M_D128 and
-//                   SDPA_THREADS_D128 published by every module (the D 64 ones too: a
-//                   variant's modules must publish the same constants), and block_m_d128 in
-//                   the manifest.
+//   PINGPONG_D64, PINGPONG_D128 = 0|1|2|3  each head dim's consumer turns (turn_wait),
+//                   published as SDPA_PINGPONG_D64 and _D128. 3, the default with two consumers:
+//                   a turn runs from the softmax to P·V's issue; over 0 (and 2 at D 128 causal)
+//                   with the same producer, +3-10% st2 and +5-13% st3 on an H100 (docs/PERF.md
+//                   change 21). 0, the default with three: no turns (one turn at a time was no
+//                   faster than two consumers with turns: change 21). 1: a turn at each GEMM's
+//                   issue, slower than 0 (changes 12 and 21). 2: a turn at Q·Kᵀ's issue, the
+//                   default of changes 16-20 for the D = 128 causal entry.
+//   CONSUMERS_D64, CONSUMERS_D128 = 2|3  consumer warpgroups per head dim (BLOCK_M = 64 x
+//                   consumers; defaults 3 and 2). Three (160 registers each, the producer 32)
+//                   spill at D 128 (the live O, Ô and S are 192 registers). The geometry is
+//                   published (SDPA_BLOCK_M and SDPA_THREADS for D 64, SDPA_BLOCK_M_D128 and
+//                   SDPA_THREADS_D128) and checked against cuda/kernels.toml's tiles.
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
@@ -97,8 +99,8 @@
 //   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
 //                   costs, for scripts/stage_d/variants.sh only.
 //
-// Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads, SDPA_SMEM_BYTES_D<D> bytes of
-// dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
+// Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads (each head dim's), SDPA_SMEM_BYTES_D<D>
+// bytes of dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
 // (D, 64) and the Q swizzle, K [D, S_k, B·H_kv] with box (D, BLOCK_N) and the K swizzle, V the
 // same shape, swizzled like K if SDPA_V_SWIZZLE is 1. The host reads the SDPA_* constants below
 // from the module.
@@ -118,13 +120,24 @@
 #ifndef V_SWIZZLE
 #define V_SWIZZLE 1
 #endif
-// PINGPONG: the consumers' turns (turn_wait below); 3, the default, on every entry (docs/PERF.md
-// change 21).
-#ifndef PINGPONG
-#define PINGPONG 3
+// Consumer warpgroups per head dim (BLOCK_M = 64 x consumers): three at D 64, two at D 128,
+// where three would spill (the switches' notes above).
+#ifndef CONSUMERS_D64
+#define CONSUMERS_D64 3
 #endif
-#if PINGPONG < 0 || PINGPONG > 3
-#error "PINGPONG must be 0, 1, 2 or 3"
+#ifndef CONSUMERS_D128
+#define CONSUMERS_D128 2
+#endif
+// PINGPONG_D<D>: the consumers' turns (turn_wait below): 3 with two consumers (docs/PERF.md change
+// 21), none with three (change 22).
+#ifndef PINGPONG_D64
+#define PINGPONG_D64 (CONSUMERS_D64 == 2 ? 3 : 0)
+#endif
+#ifndef PINGPONG_D128
+#define PINGPONG_D128 (CONSUMERS_D128 == 2 ? 3 : 0)
+#endif
+#if PINGPONG_D64 < 0 || PINGPONG_D64 > 3 || PINGPONG_D128 < 0 || PINGPONG_D128 > 3
+#error "PINGPONG_D64 and PINGPONG_D128 must be 0, 1, 2 or 3"
 #endif
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
@@ -133,20 +146,24 @@
 #define SDPA_DELAY_CYCLES 0
 #endif
 
-#ifndef CONSUMERS
-#define CONSUMERS 2
-#endif
-static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
-constexpr int BLOCK_M = 64 * CONSUMERS;
 constexpr int BLOCK_N = 128;
-constexpr int THREADS = 128 * (CONSUMERS + 1);
-constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 56 : 32;
-constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 224 : 160;
 static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 stages");
-static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 
+// Everything a head dim's entries are built from: warp roles, registers, tiles, shared memory.
 template <int D>
 struct Tiles {
+    static constexpr int CONSUMERS = D == 64 ? CONSUMERS_D64 : CONSUMERS_D128;
+    static constexpr int PINGPONG = D == 64 ? PINGPONG_D64 : PINGPONG_D128;
+    static constexpr int BLOCK_M = 64 * CONSUMERS; // consumer warpgroup c owns rows [64c, 64c + 64)
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    // setmaxnreg moves registers within the CTA's pool, what the launch gave it: THREADS x the
+    // launch figure (65536 / THREADS, rounded down to 8; ptxas's "Used" line).
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 56 : 32;
+    static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 224 : 160;
+    static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+    static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= LAUNCH_REGS * THREADS,
+                  "register pool");
     static constexpr int Q_BYTES = BLOCK_M * D;
     static constexpr int K_BYTES = BLOCK_N * D;
     static constexpr int V_BYTES = BLOCK_N * D;
@@ -162,13 +179,18 @@ struct Tiles {
 };
 constexpr int S_REGS = BLOCK_N / 2; // f32 accumulators per thread of 64 x BLOCK_N
 
-__constant__ int SDPA_BLOCK_M = BLOCK_M;
+// Every module publishes both head dims' geometry (the host checks that a variant's modules
+// agree): SDPA_BLOCK_M and SDPA_THREADS are D 64's, the _D128 ones D 128's.
+__constant__ int SDPA_BLOCK_M = Tiles<64>::BLOCK_M;
+__constant__ int SDPA_BLOCK_M_D128 = Tiles<128>::BLOCK_M;
 __constant__ int SDPA_BLOCK_N = BLOCK_N;
-__constant__ int SDPA_THREADS = THREADS;
+__constant__ int SDPA_THREADS = Tiles<64>::THREADS;
+__constant__ int SDPA_THREADS_D128 = Tiles<128>::THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
-__constant__ int SDPA_PINGPONG = PINGPONG; // what the PTX proves of the turn-taking switch
+__constant__ int SDPA_PINGPONG_D64 = PINGPONG_D64; // what the PTX proves of the turn-taking switch
+__constant__ int SDPA_PINGPONG_D128 = PINGPONG_D128;
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
 
@@ -177,7 +199,7 @@ typedef unsigned char u8;
 
 #ifdef DIAG_TIMELINE
 constexpr int TL_TILES = 64, TL_EVENTS = 8;
-__device__ long long sdpa_timeline[1 + CONSUMERS][TL_TILES][TL_EVENTS];
+__device__ long long sdpa_timeline[4][TL_TILES][TL_EVENTS]; // the producer and up to 3 consumers
 #define TL_STAMP(wg, j, e)                                                                      \
     do {                                                                                       \
         if (blockIdx.x == DIAG_TIMELINE && blockIdx.y == 0 && (threadIdx.x & 127) == 0 &&      \
@@ -217,6 +239,7 @@ __device__ __forceinline__ unsigned to_e4m3x4(float x0, float x1, float x2, floa
 }
 
 // The KV tiles a CTA of query tile m_block runs: [0, n) (causal: up to its last row's last key).
+template <int BLOCK_M>
 __device__ __forceinline__ int kv_tiles(int m_block, int Sq, int Sk, bool causal) {
     int keys = Sk;
     if (causal) keys = min(Sk, (m_block + 1) * BLOCK_M + Sk - Sq);
@@ -378,8 +401,9 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
     const int ptid = threadIdx.x;
     if (ptid == 0) {
         mbar_arrive_expect_tx(&bars.q_full, T::Q_BYTES);
-        for (int c = 0; c < CONSUMERS; ++c)
-            tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, m_block * BLOCK_M + 64 * c, bh);
+        for (int c = 0; c < T::CONSUMERS; ++c)
+            tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, m_block * T::BLOCK_M + 64 * c,
+                        bh);
         for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
             issue_kv<D>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
     }
@@ -429,11 +453,11 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
 // turn and skips its last arrival, so every barrier ends balanced. One turn at a time: a named
 // barrier counts arrivals without knowing whose, so a round robin that let two warpgroups in at
 // once could see one warpgroup's two arrivals complete a barrier nobody waits on yet, and hang.
-// PINGPONG=1: a turn at each GEMM's issue; 2: at Q·Kᵀ's issue alone; 3: from the softmax to P·V's
-// issue, so that two softmaxes never share the MUFU and ALU pipes. A turn ends at a GEMM's issue
-// because ptxas keeps the `wgmma` and the barrier in order, while it moves plain arithmetic
-// across a barrier (with the arrival right after the softmax, the D 64 entry's SASS had its
-// 66 MUFU.EX2 below the arrival).
+// PINGPONG_D<D>=1: a turn at each GEMM's issue; 2: at Q·Kᵀ's issue alone; 3: from the softmax
+// to P·V's issue, so that two softmaxes never share the MUFU and ALU pipes. A turn ends at a
+// GEMM's issue because ptxas keeps the `wgmma` and the barrier in order, while it moves plain
+// arithmetic across a barrier (with the arrival right after the softmax, the D 64 entry's SASS
+// had its 66 MUFU.EX2 below the arrival).
 enum TurnStep { TURN_QK, TURN_SOFTMAX, TURN_PV };
 template <int PP>
 __device__ __forceinline__ constexpr bool turn_waits_at(TurnStep step) {
@@ -447,7 +471,7 @@ template <int PP>
 __device__ __forceinline__ constexpr TurnStep last_turn() {
     return PP == 2 ? TURN_QK : TURN_PV;
 }
-template <int PP>
+template <int PP, int CONSUMERS>
 __device__ __forceinline__ void turn_open(int c) {
     if (PP != 0 && c >= CONSUMERS - 1)
         asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % CONSUMERS) : "memory");
@@ -456,14 +480,15 @@ template <int PP>
 __device__ __forceinline__ void turn_wait(int c, TurnStep step) {
     if (turn_waits_at<PP>(step)) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
 }
-template <int PP>
+template <int PP, int CONSUMERS>
 __device__ __forceinline__ void turn_pass(int c, TurnStep step, bool last_tile) {
     if (turn_passes_at<PP>(step) && !(c >= CONSUMERS - 1 && last_tile && step == last_turn<PP>()))
         asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % CONSUMERS) : "memory");
 }
 
-// Mask one tile's S (f32, as the wgmma left it), run the online softmax (m, l and alpha =
-// exp2(m_old - m_new) per row of the thread's two) and round P to e4m3 A fragments. The scale
+// Mask one tile's S (f32, as the wgmma left it) and run the online softmax (m, l and alpha =
+// exp2(m_old - m_new) per row of the thread's two), leaving P in sc (p_fragments rounds it to
+// e4m3 A fragments). The scale
 // is fused into the exponent (the manifest's `score = "fused"`): the row maximum is taken over
 // the unscaled scores and scaled once, and p = exp2(fma(s, qk_scale, -m)), one FFMA an element
 // where a scaled score takes an FMUL and an FADD (5-7% faster, 12-13% causal: docs/PERF.md
@@ -474,8 +499,7 @@ __device__ __forceinline__ void turn_pass(int c, TurnStep step, bool last_tile) 
 template <int D, bool CAUSAL, bool MASK>
 __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, int row0, int Sk,
                                              int diag, float qk_scale, float (&m)[2],
-                                             float (&l)[2], float (&alpha)[2],
-                                             unsigned (&pa)[Tiles<D>::PV_STEPS][4]) {
+                                             float (&l)[2], float (&alpha)[2]) {
     // Thread (g, t) holds, per 8-key group n, keys 8n + 2t + {0, 1} of rows row0 (sc[4n],
     // sc[4n+1]) and row0 + 8 (sc[4n+2], sc[4n+3]).
     const int key0 = j * BLOCK_N;
@@ -521,7 +545,12 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
         }
         l[r] = l[r] * alpha[r] + sum;
     }
-    // P -> e4m3 A fragments: block kb (keys 32kb ..), a0/a2 row g, a1/a3 row g + 8.
+}
+
+// P (f32, in sc) -> e4m3 A fragments: block kb (keys 32kb ..), a0/a2 row g, a1/a3 row g + 8.
+template <int D>
+__device__ __forceinline__ void p_fragments(const float (&sc)[S_REGS],
+                                            unsigned (&pa)[Tiles<D>::PV_STEPS][4]) {
 #pragma unroll
     for (int kb = 0; kb < Tiles<D>::PV_STEPS; ++kb) {
         const float* p = sc + 16 * kb;
@@ -532,30 +561,30 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
     }
 }
 
-// S = Q Kᵀ, Q at q_base and the K tile at k_base, into sc (issued and committed, not waited
-// for).
+// S = Q Kᵀ, Q's descriptor q and the K tile's k (its stage's), into sc (issued and committed, not
+// waited for).
 template <int D>
-__device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], unsigned q_base, unsigned k_base) {
+__device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], WgmmaDesc q, WgmmaDesc k) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Tiles<D>::QK_STEPS; ++kk)
-        wgmma_ss_n128(sc, wgmma_desc<D>(q_base + 32 * kk), wgmma_desc<D>(k_base + 32 * kk), kk > 0);
+        wgmma_ss_n128(sc, q.at(32 * kk), k.at(32 * kk), kk > 0);
     wgmma_commit();
 }
 
-// Ô = P̂ Vᵀ, P̂ from the A fragments pa and Vt at vt_base, into ot (issued and committed, not
-// waited for).
+// Ô = P̂ Vᵀ, P̂ from the A fragments pa and the Vt tile's descriptor vt, into ot (issued and
+// committed, not waited for).
 template <int D>
 __device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::O_REGS],
                                          const unsigned (&pa)[Tiles<D>::PV_STEPS][4],
-                                         unsigned vt_base) {
+                                         WgmmaDesc vt) {
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < Tiles<D>::PV_STEPS; ++kb) {
         if constexpr (D == 64)
-            wgmma_rs_n64(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
+            wgmma_rs_n64(ot, pa[kb], vt.at(32 * kb), kb > 0);
         else
-            wgmma_rs_n128(ot, pa[kb], wgmma_desc<BLOCK_N>(vt_base + 32 * kb), kb > 0);
+            wgmma_rs_n128(ot, pa[kb], vt.at(32 * kb), kb > 0);
     }
     wgmma_commit();
 }
@@ -566,10 +595,10 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
                                          int n_tiles, float qk_scale, float v_scale,
                                          __half* __restrict__ out) {
     using T = Tiles<D>;
-    constexpr int PP = PINGPONG; // the turn-taking
+    constexpr int PP = T::PINGPONG, NC = T::CONSUMERS; // the turn-taking
     const int ctid = threadIdx.x - 128 * (c + 1);
     const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
-    const int row0 = m_block * BLOCK_M + 64 * c + 16 * warp + g; // and row0 + 8
+    const int row0 = m_block * T::BLOCK_M + 64 * c + 16 * warp + g; // and row0 + 8
     const int diag = Sk - Sq; // query i sees keys j <= i + diag
 
     float o[T::O_REGS];
@@ -578,9 +607,12 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
-    if (n_tiles > 0) turn_open<PP>(c);
-    const unsigned q_base = smem_addr(smem + c * 64 * D);
-    const int cta_row0 = m_block * BLOCK_M;
+    if (n_tiles > 0) turn_open<PP, NC>(c);
+    // Descriptors: Q's, and stage 0's K and Vt, which the stages offset (WgmmaDesc::at).
+    const WgmmaDesc q_desc = WgmmaDesc::of<D>(smem_addr(smem + c * 64 * D));
+    const WgmmaDesc k_desc0 = WgmmaDesc::of<D>(smem_addr(smem + T::OFF_K));
+    const WgmmaDesc vt_desc0 = WgmmaDesc::of<BLOCK_N>(smem_addr(smem + T::OFF_VT));
+    const int cta_row0 = m_block * T::BLOCK_M;
     auto k_ready = [&](int j) {
         const unsigned parity = (j / KV_STAGES) & 1;
 #ifdef MUTANT_WRONG_PARITY
@@ -588,39 +620,54 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
 #else
         mbar_wait(&bars.k_full[j % KV_STAGES], parity);
 #endif
-        return smem_addr(smem + T::OFF_K + (j % KV_STAGES) * T::K_BYTES);
+        return WgmmaDesc{k_desc0.lo + (((j % KV_STAGES) * T::K_BYTES) >> 4), k_desc0.hi};
     };
     auto vt_ready = [&](int j) {
         mbar_wait(&bars.vt_full[j % KV_STAGES], (j / KV_STAGES) & 1);
-        return smem_addr(smem + T::OFF_VT + (j % KV_STAGES) * T::VT_BYTES);
+        return WgmmaDesc{vt_desc0.lo + (((j % KV_STAGES) * T::VT_BYTES) >> 4), vt_desc0.hi};
     };
-    // One KV tile; `masked` is a constant at both calls below, so each loop gets its own body.
+    auto softmax = [&](float (&sc)[S_REGS], int j, bool masked, float (&alpha)[2]) {
+        if (masked)
+            softmax_tile<D, CAUSAL, true>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
+        else
+            softmax_tile<D, CAUSAL, false>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
+    };
+    // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1).
+    auto update_o = [&](const float (&ot)[T::O_REGS], const float (&alpha)[2]) {
+#pragma unroll
+        for (int i = 0; i < T::O_REGS; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], ot[i]);
+    };
+    // The tiles below n_full need no mask: every key is below S_k and, causal, at or below the
+    // diagonal of the CTA's first row; the tiles from n_full on (the last, and causal the
+    // diagonal's) are masked per element. `masked` is a constant at each call of a step, so each
+    // loop gets its own body.
+    int n_full = min(n_tiles, Sk / BLOCK_N);
+    if (CAUSAL) n_full = min(n_full, max(0, (cta_row0 + diag + 1) / BLOCK_N));
+    // One KV tile, in order: Q·Kᵀ, softmax, P·V, O.
     auto tile = [&](int j, bool masked) {
         float sc[S_REGS], alpha[2];
         TL_STAMP(1 + c, j, 0);
-        const unsigned k_base = k_ready(j);
+        const WgmmaDesc k_desc = k_ready(j);
         TL_STAMP(1 + c, j, 1);
         const bool last = j + 1 == n_tiles;
         turn_wait<PP>(c, TURN_QK);
-        issue_qk<D>(sc, q_base, k_base);
-        turn_pass<PP>(c, TURN_QK, last);
+        issue_qk<D>(sc, q_desc, k_desc);
+        turn_pass<PP, NC>(c, TURN_QK, last);
         wgmma_wait<0>();
         wgmma_hold(sc);
         TL_STAMP(1 + c, j, 2);
         unsigned pa[T::PV_STEPS][4];
         turn_wait<PP>(c, TURN_SOFTMAX);
-        if (masked)
-            softmax_tile<D, CAUSAL, true>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha, pa);
-        else
-            softmax_tile<D, CAUSAL, false>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha, pa);
-        turn_pass<PP>(c, TURN_SOFTMAX, last);
+        softmax(sc, j, masked, alpha);
+        p_fragments<D>(sc, pa);
+        turn_pass<PP, NC>(c, TURN_SOFTMAX, last);
         TL_STAMP(1 + c, j, 3);
-        const unsigned vt_base = vt_ready(j);
+        const WgmmaDesc vt_desc = vt_ready(j);
         TL_STAMP(1 + c, j, 4);
         float ot[T::O_REGS];
         turn_wait<PP>(c, TURN_PV);
-        issue_pv<D>(ot, pa, vt_base);
-        turn_pass<PP>(c, TURN_PV, last);
+        issue_pv<D>(ot, pa, vt_desc);
+        turn_pass<PP, NC>(c, TURN_PV, last);
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
         wgmma_wait<1>();
 #else
@@ -629,16 +676,20 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
         wgmma_hold(ot);
         TL_STAMP(1 + c, j, 5);
         mbar_arrive(&bars.empty[j % KV_STAGES]);
-        // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1).
-#pragma unroll
-        for (int i = 0; i < T::O_REGS; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], ot[i]);
+        update_o(ot, alpha);
         TL_STAMP(1 + c, j, 6);
     };
-    // The tiles below n_full need no mask: every key is below S_k and, causal, at or below the
-    // diagonal of the CTA's first row; the tiles from n_full on (the last, and causal the
-    // diagonal's) are masked per element.
-    int n_full = min(n_tiles, Sk / BLOCK_N);
-    if (CAUSAL) n_full = min(n_full, max(0, (cta_row0 + diag + 1) / BLOCK_N));
+    // A warpgroup whose rows all lie past S_q (in the last query tile of a short S_q) only keeps
+    // the ring going: it releases each stage once the tile's Vᵀ has landed (the `empty` barrier
+    // counts every consumer thread; the wait keeps its arrivals in the stage's phase order).
+    // Without turns only: with them it would have to take its turns as well.
+    if (PP == 0 && cta_row0 + 64 * c >= Sq) {
+        for (int j = 0; j < n_tiles; ++j) {
+            vt_ready(j);
+            mbar_arrive(&bars.empty[j % KV_STAGES]);
+        }
+        return;
+    }
     int j = 0;
     for (; j < n_full; ++j) tile(j, false);
     for (; j < n_tiles; ++j) tile(j, true);
@@ -678,7 +729,8 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
     const int m_block = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int kv_bh = b * Hkv + h / (H / Hkv);
-    const int n_tiles = kv_tiles(m_block, Sq, Sk, CAUSAL);
+    using T = Tiles<D>;
+    const int n_tiles = kv_tiles<T::BLOCK_M>(m_block, Sq, Sk, CAUSAL);
     const int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -690,7 +742,7 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
             mbar_init(&bars.k_full[s], 1);
             mbar_init(&bars.v_full[s], 1);
             mbar_init(&bars.vt_full[s], 128);
-            mbar_init(&bars.empty[s], 128 * CONSUMERS);
+            mbar_init(&bars.empty[s], 128 * T::CONSUMERS);
         }
         mbar_init_fence();
 #if SDPA_DELAY_CYCLES > 0
@@ -702,10 +754,10 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
     __syncthreads();
 
     if (wg == 0) {
-        regs_dealloc<PRODUCER_REGS>();
+        regs_dealloc<T::PRODUCER_REGS>();
         if (n_tiles > 0) producer<D>(smem, bars, tm_q, tm_k, tm_v, m_block, bh, kv_bh, n_tiles, Sk);
     } else {
-        regs_alloc<CONSUMER_REGS>();
+        regs_alloc<T::CONSUMER_REGS>();
         const float qk_scale = q_scale[bh] * k_scale[kv_bh] * (softmax_scale * 1.4426950408889634f);
         consumer<D, CAUSAL>(smem, bars, wg - 1, m_block, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
                             qk_scale, v_scale[kv_bh], out);
@@ -720,7 +772,7 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
         float softmax_scale
 #define SDPA_PASS &tm_q, &tm_k, &tm_v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale
 #define ENTRY(NAME, DIM, CAUSAL_)                                                              \
-    extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(SDPA_ARGS) {                 \
+    extern "C" __global__ void __launch_bounds__(Tiles<DIM>::THREADS, 1) NAME(SDPA_ARGS) {     \
         sdpa_body<DIM, CAUSAL_>(SDPA_PASS);                                                    \
     }
 

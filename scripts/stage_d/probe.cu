@@ -57,7 +57,9 @@ static void quantize(std::mt19937& rng, int heads, size_t per_head, std::vector<
 // softmax, P·V and O update, in cycles. Prints the first tiles and the mean over the middle ones.
 template <class F>
 static void print_timeline(F launch, const Prob& p) {
-    static long long tl[1 + CONSUMERS][TL_TILES][TL_EVENTS];
+    static long long tl[4][TL_TILES][TL_EVENTS];
+    const int BLOCK_M = p.D == 64 ? Tiles<64>::BLOCK_M : Tiles<128>::BLOCK_M;
+    const int CONSUMERS = p.D == 64 ? Tiles<64>::CONSUMERS : Tiles<128>::CONSUMERS;
     if (DIAG_TIMELINE >= (p.Sq + BLOCK_M - 1) / BLOCK_M) {
         printf("timeline: CTA (%d, 0) does not exist at S_q %d (BLOCK_M %d)\n", DIAG_TIMELINE, p.Sq, BLOCK_M);
         return;
@@ -159,6 +161,8 @@ int main(int argc, char** argv) {
         TmaDesc tv = make_map(dv, p.D, p.Sk, p.B * p.Hkv, BLOCK_N, V_SWIZZLE != 0);
         float sm = 1.f / std::sqrt((float)p.D);
         int smem = p.D == 64 ? Tiles<64>::SMEM_BYTES : Tiles<128>::SMEM_BYTES;
+        const int BLOCK_M = p.D == 64 ? Tiles<64>::BLOCK_M : Tiles<128>::BLOCK_M;
+        const int THREADS = p.D == 64 ? Tiles<64>::THREADS : Tiles<128>::THREADS;
         dim3 grid((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
         auto launch = [&]() {
 #define L(K) do { CK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); \
