@@ -33,7 +33,7 @@
 //     D 128 tile took 2,900 cycles where it takes 2,460 with them). At D 64 the three consumers
 //     run without turns (docs/PERF.md change 22: 12-17% faster than two with turns at
 //     4x16x4096x64 on an H100, but up to 25% slower on problems of less than one wave of CTAs).
-//     A consumer whose rows all lie past S_q only releases each stage.
+//     Without turns (D 64), a consumer whose rows all lie past S_q only releases each stage.
 //   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
 //   writes f16(O · v_scale / l), zero where l = 0.
 //
@@ -121,7 +121,11 @@
 #define V_SWIZZLE 1
 #endif
 // Consumer warpgroups per head dim (BLOCK_M = 64 x consumers): three at D 64, two at D 128,
-// where three would spill (the switches' notes above).
+// where three would spill (the switches' notes above). The single switches of stop 43 are gone:
+// refused, so that an A/B of one of them cannot time two identical kernels.
+#if defined(PINGPONG) || defined(CONSUMERS)
+#error "PINGPONG and CONSUMERS are per head dim now: PINGPONG_D64, PINGPONG_D128, CONSUMERS_D64, CONSUMERS_D128"
+#endif
 #ifndef CONSUMERS_D64
 #define CONSUMERS_D64 3
 #endif

@@ -74,7 +74,9 @@ static void print_timeline(F launch, const Prob& p) {
         n = std::min(n, (std::min(p.Sk, (mb + 1) * BLOCK_M + p.Sk - p.Sq) + BLOCK_N - 1) / BLOCK_N);
     }
     long long t0 = tl[0][0][0];
-    for (int w = 1; w <= CONSUMERS; ++w) t0 = std::min(t0, tl[w][0][0]);
+    // A consumer whose rows all lie past S_q stamps nothing (its stamps stay 0).
+    for (int w = 1; w <= CONSUMERS; ++w)
+        if (tl[w][0][0] != 0) t0 = std::min(t0, tl[w][0][0]);
     printf("timeline d=%d causal=%d, CTA (%d, 0), %d tiles, cycles from its first stamp\n", p.D, p.causal, DIAG_TIMELINE, n);
     printf("  tile | P: start, after: empty v_full transpose issue | C: start, after: k qk softmax vt pv update\n");
     for (int j = 0; j < std::min(n, 8); ++j) {

@@ -160,7 +160,8 @@ impl KernelSource {
 /// How the manifest at `commit` describes the kernel named as `spec` is: its own entry of that
 /// name, or `spec` where the commit has no manifest, no such entry or a manifest this runner
 /// cannot read (an older schema; a warning says so): a revision from before either is
-/// described as the kernel is today.
+/// described as the kernel is today. The A/B switch stays `spec`'s: the base's variants are the
+/// candidate's (`VariantSpec::of_base`), built and proven by today's define and constant.
 fn spec_at_revision(
     repo: &Path,
     commit: &str,
@@ -172,10 +173,13 @@ fn spec_at_revision(
     };
     let short = &commit[..12.min(commit.len())];
     match crate::kernels::Manifest::parse(Path::new(&format!("{short}:{path}")), &text) {
-        Ok(manifest) => Ok(manifest
-            .get(&spec.name)
-            .cloned()
-            .unwrap_or_else(|| spec.clone())),
+        Ok(manifest) => Ok(manifest.get(&spec.name).map_or_else(
+            || spec.clone(),
+            |then| KernelSpec {
+                variants: spec.variants.clone(),
+                ..then.clone()
+            },
+        )),
         Err(e) => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
@@ -589,6 +593,7 @@ mod tests {
         git(p, &["init", "-q"]);
         git(p, &["config", "user.email", "t@t"]);
         git(p, &["config", "user.name", "t"]);
+        git(p, &["config", "commit.gpgsign", "false"]);
         std::fs::create_dir_all(p.join("cuda")).unwrap();
         let commit = |manifest: Option<&str>, message: &str| {
             std::fs::write(p.join("cuda/sdpa_fp8_stage_d_wgmma.cu"), message).unwrap();
@@ -620,14 +625,26 @@ mod tests {
             (Some(128), None)
         );
         assert_eq!(old.name, "stage-d");
-        // No manifest, or one this runner cannot read (an older schema): today's entry.
+        // Its A/B switch stays today's: the base's variants are built from the candidate's.
+        let other_switch = two.replacen("define = \"KV_STAGES\"", "define = \"PIPELINE_DEPTH\"", 1);
+        assert_ne!(other_switch, two);
+        commit(Some(&other_switch), "// another switch");
+        let then = at("HEAD");
+        assert_eq!(then.variants, project.variants);
+        assert_eq!(then.tiles.block_m, Some(128));
+        // No manifest, one without the kernel, or one this runner cannot read (an older
+        // schema): today's entry.
         commit(None, "// before the manifest");
+        assert_eq!(at("HEAD"), project);
+        let renamed = manifest.replacen("name = \"stage-d\"", "name = \"stage-d-0\"", 1);
+        assert_ne!(renamed, manifest);
+        commit(Some(&renamed), "// before the kernel had its name");
         assert_eq!(at("HEAD"), project);
         let older = manifest.replace("mma_k = 32\n", "");
         assert_ne!(older, manifest);
         commit(Some(&older), "// an older schema");
         assert_eq!(at("HEAD"), project);
-        // The revision before both still reads as it was.
-        assert_eq!(at("HEAD~2").tiles.block_m, Some(128));
+        // The revisions before them still read as they were.
+        assert_eq!(at("HEAD~4").tiles.block_m, Some(128));
     }
 }
