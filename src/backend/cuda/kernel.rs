@@ -566,16 +566,6 @@ mod tests {
         }
     }
 
-    fn git(dir: &Path, args: &[&str]) {
-        let out = std::process::Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}");
-    }
-
     #[test]
     fn a_base_revision_is_described_by_the_manifest_it_had() {
         let project = crate::kernels::project_spec("stage-d");
@@ -588,12 +578,8 @@ mod tests {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/kernels.toml"),
         )
         .unwrap();
-        let dir = tempfile::tempdir().unwrap();
+        let dir = revision::tests::empty_repo();
         let p = dir.path();
-        git(p, &["init", "-q"]);
-        git(p, &["config", "user.email", "t@t"]);
-        git(p, &["config", "user.name", "t"]);
-        git(p, &["config", "commit.gpgsign", "false"]);
         std::fs::create_dir_all(p.join("cuda")).unwrap();
         let commit = |manifest: Option<&str>, message: &str| {
             std::fs::write(p.join("cuda/sdpa_fp8_stage_d_wgmma.cu"), message).unwrap();
@@ -603,8 +589,8 @@ mod tests {
                     let _ = std::fs::remove_file(p.join("cuda/kernels.toml"));
                 }
             }
-            git(p, &["add", "-A", "cuda"]);
-            git(p, &["commit", "-q", "-m", message]);
+            revision::tests::sh(p, &["add", "-A", "cuda"]);
+            revision::tests::sh(p, &["commit", "-q", "-m", message]);
         };
         let at = |rev: &str| {
             let location = KernelLocation::Git {

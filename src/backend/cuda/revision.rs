@@ -122,10 +122,11 @@ fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sh(dir: &Path, args: &[&str]) {
+    /// Runs `git -C dir ARGS` and asserts it succeeded.
+    pub(crate) fn sh(dir: &Path, args: &[&str]) {
         let ok = Command::new("git")
             .arg("-C")
             .arg(dir)
@@ -137,13 +138,21 @@ mod tests {
         assert!(ok, "git {args:?}");
     }
 
-    /// A repository with two commits of cuda/k.cu and its header.
-    fn repo() -> tempfile::TempDir {
+    /// An empty repository that commits without the user's git configuration.
+    pub(crate) fn empty_repo() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         sh(p, &["init", "-q"]);
         sh(p, &["config", "user.email", "t@t"]);
         sh(p, &["config", "user.name", "t"]);
+        sh(p, &["config", "commit.gpgsign", "false"]);
+        dir
+    }
+
+    /// A repository with two commits of cuda/k.cu and its header.
+    fn repo() -> tempfile::TempDir {
+        let dir = empty_repo();
+        let p = dir.path();
         std::fs::create_dir_all(p.join("cuda/sub")).unwrap();
         std::fs::write(p.join("cuda/k.cu"), "#include \"h.cuh\"\n// v1\n").unwrap();
         std::fs::write(p.join("cuda/h.cuh"), "// header v1\n").unwrap();
