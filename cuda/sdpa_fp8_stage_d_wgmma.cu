@@ -11,10 +11,15 @@
 //
 // Tiles (all in the traits struct `Tiles<D>` below, one per head dim):
 //   BLOCK_M = 64 x CONSUMERS query rows per CTA, CONSUMERS = 3 at D 64 (192 rows) and 2 at D 128
-//     (128 rows): consumer warpgroup c owns rows [64c, 64c + 64).
+//     (128 rows): consumer warpgroup c owns rows [64c, 64c + 64). An entry without turns (D 64)
+//     also runs fewer consumers, as many as the launch's warpgroups past the producer's
+//     (Tiles::NARROWS, published as SDPA_NARROW_ROWS_D64 = 64): the host launches one consumer
+//     (64 rows, 256 threads, two CTAs an SM) where those CTAs end sooner (docs/PERF.md change
+//     23). A row's steps, and so its bits, are the same in any CTA.
 //   BLOCK_N = 128 keys per KV tile. KV_STAGES (2 or 3) tiles in flight.
 //
-// Warp roles (THREADS = 128 x (1 + CONSUMERS): 512 at D 64, 384 at D 128; registers by setmaxnreg
+// Warp roles (THREADS = 128 x (1 + CONSUMERS): 512 at D 64 (fewer for a narrower tile, above),
+// 384 at D 128; registers by setmaxnreg
 // within the launch's pool, producer / consumers: 32 / 160 at D 64, 56 / 224 at D 128):
 //   WG 0, producer (setmaxnreg.dec): thread 0 issues the TMA loads (Q once; per KV tile
 //     its K tile and its V tile); all 128 threads then transpose each V tile into Vᵀ (below;
@@ -32,7 +37,8 @@
 //     (docs/PERF.md change 21: without turns the two ran in step, their softmaxes at once, and a
 //     D 128 tile took 2,900 cycles where it takes 2,460 with them). At D 64 the three consumers
 //     run without turns (docs/PERF.md change 22: 12-17% faster than two with turns at
-//     4x16x4096x64 on an H100, but up to 25% slower on problems of less than one wave of CTAs).
+//     4x16x4096x64 on an H100, but up to 25% slower on problems of less than one wave of CTAs,
+//     which change 23 launches with one consumer a CTA instead: BLOCK_M above).
 //     Without turns (D 64), a consumer whose rows all lie past S_q only releases each stage.
 //   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
 //   writes f16(O · v_scale / l), zero where l = 0.
@@ -51,7 +57,7 @@
 //            become its A fragment without any shuffle (the K dimension of P Vᵀ may be permuted
 //            freely, as long as P and Vᵀ agree).
 //   mbarriers (static): q_full; per stage k_full, v_full (TMA, count 1 + tx), vt_full (128
-//   producer threads), empty (128 x CONSUMERS consumer threads). Named barriers 1 ..
+//   producer threads), empty (128 x the CTA's consumers' threads). Named barriers 1 ..
 //   CONSUMERS: the consumers' turns (where PINGPONG_D<D> is not 0).
 //
 // Causal: the CTA's KV tiles end at its last row's last visible key (tiles wholly above the
@@ -99,7 +105,8 @@
 //   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
 //                   costs, for scripts/stage_d/variants.sh only.
 //
-// Launch: grid (ceil(S_q / BLOCK_M), B*H), THREADS threads (each head dim's), SDPA_SMEM_BYTES_D<D>
+// Launch: grid (ceil(S_q / rows), B*H) with THREADS threads and rows = BLOCK_M (each head dim's),
+// or at D 64 128 x (1 + c) threads and rows = 64c for c < CONSUMERS; SDPA_SMEM_BYTES_D<D>
 // bytes of dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
 // (D, 64) and the Q swizzle, K [D, S_k, B·H_kv] with box (D, BLOCK_N) and the K swizzle, V the
 // same shape, swizzled like K if SDPA_V_SWIZZLE is 1. The host reads the SDPA_* constants below
@@ -160,6 +167,11 @@ struct Tiles {
     static constexpr int PINGPONG = D == 64 ? PINGPONG_D64 : PINGPONG_D128;
     static constexpr int BLOCK_M = 64 * CONSUMERS; // consumer warpgroup c owns rows [64c, 64c + 64)
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    // Without turns a CTA may run fewer consumers than CONSUMERS: as many as its launch has
+    // warpgroups past the producer's (threads = 128 x (1 + consumers), rows 64 x consumers), so
+    // that a problem of too few CTAs to fill the GPU runs more, narrower ones (the host picks:
+    // src/backend/cuda/launch.rs `QueryTile`). Turns count their consumers at compile time.
+    static constexpr bool NARROWS = PINGPONG == 0;
     // setmaxnreg moves registers within the CTA's pool, what the launch gave it: THREADS x the
     // launch figure (65536 / THREADS, rounded down to 8; ptxas's "Used" line).
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
@@ -196,6 +208,10 @@ __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map
 __constant__ int SDPA_PINGPONG_D64 = PINGPONG_D64; // what the PTX proves of the turn-taking switch
 __constant__ int SDPA_PINGPONG_D128 = PINGPONG_D128;
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
+// Where not 0, the entry also runs query tiles of any multiple of this many rows below its own
+// (one consumer warpgroup of 128 threads each, plus the producer's): Tiles<D>::NARROWS.
+__constant__ int SDPA_NARROW_ROWS_D64 = Tiles<64>::NARROWS ? 64 : 0;
+__constant__ int SDPA_NARROW_ROWS_D128 = Tiles<128>::NARROWS ? 64 : 0;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
 
 typedef unsigned char u8;
@@ -242,11 +258,11 @@ __device__ __forceinline__ unsigned to_e4m3x4(float x0, float x1, float x2, floa
     return (unsigned)lo | ((unsigned)hi << 16);
 }
 
-// The KV tiles a CTA of query tile m_block runs: [0, n) (causal: up to its last row's last key).
-template <int BLOCK_M>
-__device__ __forceinline__ int kv_tiles(int m_block, int Sq, int Sk, bool causal) {
+// The KV tiles a CTA of query tile m_block (block_m rows) runs: [0, n) (causal: up to its last
+// row's last key).
+__device__ __forceinline__ int kv_tiles(int m_block, int block_m, int Sq, int Sk, bool causal) {
     int keys = Sk;
-    if (causal) keys = min(Sk, (m_block + 1) * BLOCK_M + Sk - Sq);
+    if (causal) keys = min(Sk, (m_block + 1) * block_m + Sk - Sq);
     return keys > 0 ? (keys + BLOCK_N - 1) / BLOCK_N : 0;
 }
 
@@ -399,15 +415,14 @@ __device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) 
 
 template <int D>
 __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc* tm_q,
-                                         const TmaDesc* tm_k, const TmaDesc* tm_v, int m_block,
-                                         int bh, int kv_bh, int n_tiles, int Sk) {
+                                         const TmaDesc* tm_k, const TmaDesc* tm_v, int nc,
+                                         int m_block, int bh, int kv_bh, int n_tiles, int Sk) {
     using T = Tiles<D>;
     const int ptid = threadIdx.x;
     if (ptid == 0) {
-        mbar_arrive_expect_tx(&bars.q_full, T::Q_BYTES);
-        for (int c = 0; c < T::CONSUMERS; ++c)
-            tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, m_block * T::BLOCK_M + 64 * c,
-                        bh);
+        mbar_arrive_expect_tx(&bars.q_full, nc * 64 * D);
+        for (int c = 0; c < nc; ++c)
+            tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, (m_block * nc + c) * 64, bh);
         for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
             issue_kv<D>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
     }
@@ -594,7 +609,7 @@ __device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::O_REGS],
 }
 
 template <int D, bool CAUSAL>
-__device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_block, int bh,
+__device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc, int m_block, int bh,
                                          int b, int h, int H, int kv_bh, int Sq, int Sk,
                                          int n_tiles, float qk_scale, float v_scale,
                                          __half* __restrict__ out) {
@@ -602,7 +617,8 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     constexpr int PP = T::PINGPONG, NC = T::CONSUMERS; // the turn-taking
     const int ctid = threadIdx.x - 128 * (c + 1);
     const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
-    const int row0 = m_block * T::BLOCK_M + 64 * c + 16 * warp + g; // and row0 + 8
+    const int cta_row0 = m_block * nc * 64; // the CTA's nc consumers own 64 nc rows
+    const int row0 = cta_row0 + 64 * c + 16 * warp + g; // and row0 + 8
     const int diag = Sk - Sq; // query i sees keys j <= i + diag
 
     float o[T::O_REGS];
@@ -613,10 +629,14 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int m_
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
     if (n_tiles > 0) turn_open<PP, NC>(c);
     // Descriptors: Q's, and stage 0's K and Vt, which the stages offset (WgmmaDesc::at).
+#ifdef MUTANT_THIRD_CONSUMER_SECOND_Q
+    // Planted: the third consumer reads the second's Q rows (only CTAs of three consumers).
+    const WgmmaDesc q_desc = WgmmaDesc::of<D>(smem_addr(smem + (c == 2 ? 1 : c) * 64 * D));
+#else
     const WgmmaDesc q_desc = WgmmaDesc::of<D>(smem_addr(smem + c * 64 * D));
+#endif
     const WgmmaDesc k_desc0 = WgmmaDesc::of<D>(smem_addr(smem + T::OFF_K));
     const WgmmaDesc vt_desc0 = WgmmaDesc::of<BLOCK_N>(smem_addr(smem + T::OFF_VT));
-    const int cta_row0 = m_block * T::BLOCK_M;
     auto k_ready = [&](int j) {
         const unsigned parity = (j / KV_STAGES) & 1;
 #ifdef MUTANT_WRONG_PARITY
@@ -734,7 +754,11 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int kv_bh = b * Hkv + h / (H / Hkv);
     using T = Tiles<D>;
-    const int n_tiles = kv_tiles<T::BLOCK_M>(m_block, Sq, Sk, CAUSAL);
+    // Consumer warpgroups: the launch's (Tiles::NARROWS), else the entry's own count.
+    const int nc = T::NARROWS ? (int)blockDim.x / 128 - 1 : T::CONSUMERS;
+    if (blockDim.x % 128 != 0 || nc < 1 || nc > T::CONSUMERS || (!T::NARROWS && blockDim.x != T::THREADS))
+        __trap(); // a launch of another geometry than the module publishes
+    const int n_tiles = kv_tiles(m_block, 64 * nc, Sq, Sk, CAUSAL);
     const int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -746,7 +770,7 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
             mbar_init(&bars.k_full[s], 1);
             mbar_init(&bars.v_full[s], 1);
             mbar_init(&bars.vt_full[s], 128);
-            mbar_init(&bars.empty[s], 128 * T::CONSUMERS);
+            mbar_init(&bars.empty[s], 128 * nc);
         }
         mbar_init_fence();
 #if SDPA_DELAY_CYCLES > 0
@@ -759,11 +783,12 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
 
     if (wg == 0) {
         regs_dealloc<T::PRODUCER_REGS>();
-        if (n_tiles > 0) producer<D>(smem, bars, tm_q, tm_k, tm_v, m_block, bh, kv_bh, n_tiles, Sk);
+        if (n_tiles > 0)
+            producer<D>(smem, bars, tm_q, tm_k, tm_v, nc, m_block, bh, kv_bh, n_tiles, Sk);
     } else {
         regs_alloc<T::CONSUMER_REGS>();
         const float qk_scale = q_scale[bh] * k_scale[kv_bh] * (softmax_scale * 1.4426950408889634f);
-        consumer<D, CAUSAL>(smem, bars, wg - 1, m_block, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
+        consumer<D, CAUSAL>(smem, bars, wg - 1, nc, m_block, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
                             qk_scale, v_scale[kv_bh], out);
     }
 }

@@ -127,6 +127,33 @@ pub struct Tiles {
     /// follows the module's published SDPA_KV_SPLIT).
     #[serde(default = "one")]
     pub kv_split: usize,
+    /// A narrower query tile the D = 64 (D = 128) entry also runs, where the module publishes
+    /// SDPA_NARROW_ROWS_D64 (_D128): the launch takes it where its CTAs end sooner
+    /// (src/backend/cuda/launch.rs `QueryTile::choose`).
+    #[serde(default)]
+    pub narrow_d64: Option<NarrowTile>,
+    #[serde(default)]
+    pub narrow_d128: Option<NarrowTile>,
+}
+
+impl Tiles {
+    /// The narrower query tile of head dim `d`, if the manifest names one.
+    pub fn narrow(&self, d: usize) -> Option<&NarrowTile> {
+        match d {
+            64 => self.narrow_d64.as_ref(),
+            128 => self.narrow_d128.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// A narrower query tile: its rows and a CTA's time relative to one of the entry's own tiles
+/// (each CTA on an SM of its own or sharing it as the driver's occupancy allows), measured.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NarrowTile {
+    pub rows: u32,
+    pub cta_time: f64,
 }
 
 /// A query tile the runner takes: whole MMA tiles, within src/rows.rs's memory bound.
@@ -433,7 +460,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 16] = [
+        let checks: [(bool, &'static str, String); 17] = [
             (
                 !self.name.is_empty()
                     && self
@@ -513,6 +540,27 @@ impl KernelSpec {
                     .is_none_or(|m| query_tile(m) && self.tiles.block_m.is_some()),
                 "tiles.block_m_d128",
                 "a multiple of 16 (one MMA tile) up to 256, beside a block_m".into(),
+            ),
+            (
+                [(64, &self.tiles.narrow_d64), (128, &self.tiles.narrow_d128)]
+                    .into_iter()
+                    .all(|(d, narrow)| {
+                        narrow.is_none_or(|n| {
+                            let own = if d == 128 {
+                                self.tiles.block_m_d128.or(self.tiles.block_m)
+                            } else {
+                                self.tiles.block_m
+                            };
+                            query_tile(n.rows)
+                                && own.is_some_and(|m| n.rows < m)
+                                && n.cta_time > 0.0
+                                && n.cta_time <= 1.0
+                        })
+                    }),
+                "tiles.narrow_d64 / tiles.narrow_d128",
+                "rows: a multiple of 16 below the head dim's block_m; cta_time: in (0, 1], a \
+                 narrower CTA's time relative to a CTA of block_m rows"
+                    .into(),
             ),
             (
                 !self.ptx_must_hold.is_empty()
@@ -771,6 +819,21 @@ mod tests {
                 "block_m_d128 = 128",
                 "block_m_d128 = 24",
                 "tiles.block_m_d128",
+            ),
+            (
+                "narrow_d64 = { rows = 64, cta_time = 0.8 }",
+                "narrow_d64 = { rows = 192, cta_time = 0.8 }",
+                "tiles.narrow_d64",
+            ),
+            (
+                "narrow_d64 = { rows = 64, cta_time = 0.8 }",
+                "narrow_d64 = { rows = 64, cta_time = 1.5 }",
+                "tiles.narrow_d64",
+            ),
+            (
+                "narrow_d64 = { rows = 64, cta_time = 0.8 }",
+                "narrow_d64 = { rows = 64 }",
+                "cta_time",
             ),
             ("p_precision = \"f16\"", "p_precision = \"bf16\"", "bf16"),
             (

@@ -1,6 +1,7 @@
 //! Stress: relaunch a variant many times on the same inputs, each launch into a freshly
 //! poisoned output, and demand the output bit-identical to the first every time. A pipeline
-//! race that one run survives by luck shows up here as a divergent repeat.
+//! race that one run survives by luck shows up here as a divergent repeat. A kernel that runs
+//! two launch geometries (query tiles) runs every other serial repeat at the one not chosen.
 
 use half::f16;
 
@@ -34,6 +35,12 @@ pub fn stress_variant(
     let (mut divergent, mut first_divergence, mut launches) = (0, None, 1);
     for repeat in 1..repeats {
         let outs: Vec<Vec<f16>> = match mode {
+            // Every other serial repeat at the entry's other launch geometry, where it runs
+            // one (src/backend/mod.rs `other_geometries`): both owe the first launch's bits.
+            StressMode::Serial if repeat % 2 == 1 => match backend.other_geometries(variant)? {
+                others if others.is_empty() => vec![backend.launch_poisoned(variant)?],
+                others => others,
+            },
             StressMode::Serial => vec![backend.launch_poisoned(variant)?],
             StressMode::TwoStreams => backend.run_concurrent(variant)?.into(),
         };
@@ -149,9 +156,12 @@ mod tests {
     }
 
     /// A backend whose every third run leaves one element unwritten: a stand-in for a race.
+    /// With `other_geometry`, its entry runs a second launch geometry that leaves that element
+    /// unwritten every time.
     struct Flaky {
         inner: CpuBackend,
         runs: usize,
+        other_geometry: Option<usize>,
     }
 
     impl Backend for Flaky {
@@ -171,6 +181,14 @@ mod tests {
                 out[64 * 5 + 7] = crate::metrics::POISON;
             }
             Ok(out)
+        }
+        fn other_geometries(&mut self, v: usize) -> Result<Vec<Vec<f16>>, BackendError> {
+            let Some(at) = self.other_geometry else {
+                return Ok(Vec::new());
+            };
+            let mut out = self.inner.launch_poisoned(v)?;
+            out[at] = crate::metrics::POISON;
+            Ok(vec![out])
         }
         fn warm_up(&mut self, _: usize, _: usize) -> Result<(), BackendError> {
             Ok(())
@@ -206,6 +224,7 @@ mod tests {
         let mut b = Flaky {
             inner: CpuBackend::new(Defect::None),
             runs: 0,
+            other_geometry: None,
         };
         b.load(&p).unwrap();
         let r = stress_variant(&mut b, 0, &p, &y, &gates, 10, StressMode::Serial).unwrap();
@@ -221,5 +240,22 @@ mod tests {
             "{:?}",
             r.failed_gates
         );
+    }
+
+    #[test]
+    fn a_serial_stress_runs_every_other_repeat_at_the_other_launch_geometry() {
+        let (p, y, gates) = setup();
+        let mut b = Flaky {
+            inner: CpuBackend::new(Defect::None),
+            runs: 0,
+            other_geometry: Some(64 * 9 + 3),
+        };
+        b.load(&p).unwrap();
+        // Only the other geometry's output is wrong (the chosen one never: 2 runs of it in 4).
+        let r = stress_variant(&mut b, 0, &p, &y, &gates, 4, StressMode::Serial).unwrap();
+        assert!(!r.pass);
+        assert_eq!(r.divergent_repeats, 2, "repeats 1 and 3");
+        let d = r.first_divergence.unwrap();
+        assert_eq!((d.repeat, d.at), (1, [0, 0, 9, 3]));
     }
 }

@@ -478,6 +478,30 @@ pub fn run_all(
     Ok(out)
 }
 
+/// The gate that a variant whose entry runs more than one launch geometry (query tile) gives
+/// the same bits at each (`others`, each at another) as at the one it chose (`output`): every
+/// row is computed by the same steps whichever CTA holds it (docs/DESIGN.md "Kernel ABI"), so
+/// any element that differs, written or not, is a bug of one geometry.
+fn add_geometry_check(record: &mut CorrectnessRecord, output: &[f16], others: &[Vec<f16>]) {
+    let differ = others
+        .iter()
+        .map(|o| {
+            let bits = o
+                .iter()
+                .zip(output)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            bits + o.len().abs_diff(output.len())
+        })
+        .max()
+        .unwrap_or(0);
+    let check = verdict::Check::at_most(differ as f64, 0.0);
+    record.pass &= check.pass;
+    record
+        .gates
+        .insert("launch.geometries_differ".into(), check);
+}
+
 /// One (shape, seed) on one backend: every variant checked, then timed.
 fn run_problem(
     backend: &mut dyn Backend,
@@ -512,6 +536,11 @@ fn run_problem(
             mark("yardsticks");
         }
         let mut record = judge_output(backend.name(), variant, &p, y, &output, gates);
+        let others = backend.other_geometries(i)?;
+        if !others.is_empty() {
+            mark("other geometries");
+            add_geometry_check(&mut record, &output, &others);
+        }
         record.gpu = backend.gpu();
         mark("judged");
         emit(Event::Record(Box::new(record.clone())));
@@ -802,6 +831,9 @@ mod tests {
         gpu: Option<GpuSlot>,
         /// The query tiles each variant says it launches (none: the CPU backend's).
         tiles: Vec<Vec<usize>>,
+        /// Its entry runs another launch geometry, whose output has these elements' bits
+        /// flipped (empty: the same output; None: no other geometry).
+        other_geometry_flips: Option<Vec<usize>>,
     }
 
     impl FakeDevice {
@@ -814,6 +846,7 @@ mod tests {
                 reference_faults: false,
                 gpu: None,
                 tiles: Vec::new(),
+                other_geometry_flips: None,
             }
         }
 
@@ -847,6 +880,16 @@ mod tests {
         }
         fn launch_poisoned(&mut self, v: usize) -> Result<Vec<f16>, BackendError> {
             self.cpu.launch_poisoned(v)
+        }
+        fn other_geometries(&mut self, v: usize) -> Result<Vec<Vec<f16>>, BackendError> {
+            let Some(flips) = self.other_geometry_flips.clone() else {
+                return Ok(Vec::new());
+            };
+            let mut out = self.cpu.launch_poisoned(v)?;
+            for i in flips {
+                out[i] = f16::from_bits(out[i].to_bits() ^ 1);
+            }
+            Ok(vec![out])
         }
         fn warm_up(&mut self, v: usize, launches: usize) -> Result<(), BackendError> {
             self.cpu.warm_up(v, launches)
@@ -1327,5 +1370,25 @@ mod tests {
         assert_eq!(query_tiles(&fake), fake.cpu.query_tiles_of(0));
         fake.tiles = vec![vec![192, 128]];
         assert_eq!(query_tiles(&fake), vec![192, 128]);
+    }
+
+    #[test]
+    fn a_launch_geometry_that_changes_one_bit_fails_the_row() {
+        let run = |flips: Option<Vec<usize>>| {
+            let mut fake = FakeDevice::new(false);
+            fake.other_geometry_flips = flips;
+            let shapes = [shape(77)];
+            check_all(&mut fake, &shapes, &[0], Check::default(), &gates(), |_| {}).unwrap()
+        };
+        // No other geometry: no such gate.
+        let r = run(None);
+        assert!(r[0].pass && !r[0].gates.contains_key("launch.geometries_differ"));
+        // The same bits: the gate passes.
+        let r = run(Some(vec![]));
+        assert!(r[0].pass && r[0].gates["launch.geometries_differ"].pass);
+        // One element's lowest bit, in a row the sampled check may never read: it fails.
+        let r = run(Some(vec![2 * 2 * 77 * 64 - 1]));
+        let g = &r[0].gates["launch.geometries_differ"];
+        assert!(!r[0].pass && !g.pass && g.value == 1.0, "{g:?}");
     }
 }

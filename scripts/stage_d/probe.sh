@@ -4,6 +4,7 @@
 #     check  correctness problems (D 64/128, causal, GQA/MQA, S_q != S_k, partial tiles)
 #     perf   issue 27's benchmark shapes: sampled check + TFLOP/s
 #     san    memcheck, racecheck, synccheck on the first two problems
+#     geom   D 64 problems at each query tile the entry runs: bits against the widest, times
 #     timeline  (a build with STAGE_D_DEFINES=-DDIAG_TIMELINE=X) where CTA (X, 0) spends each tile
 #     peers  cuDNN FP8 (carry .whl/nvidia_cudnn_frontend-*.whl), cuDNN fp16, flash fp16
 # Extra nvcc defines in STAGE_D_DEFINES (e.g. "-DKV_STAGES=3"). Logs go to $OUT (or /tmp/stage_d).

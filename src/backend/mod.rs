@@ -145,6 +145,14 @@ pub trait Backend: Send {
         self.algorithm()
     }
 
+    /// The output of `variant` on the loaded problem at each launch geometry its entry runs
+    /// beside the one it chose and times (a kernel whose manifest names a narrower query tile),
+    /// each poisoned and checked like [`Backend::launch_poisoned`]'s; none for most kernels. The
+    /// runner compares their bits with the chosen launch's (`launch.geometries_differ`).
+    fn other_geometries(&mut self, _variant: usize) -> Result<Vec<Vec<f16>>, BackendError> {
+        Ok(Vec::new())
+    }
+
     /// Query rows one CTA (or work item) of `variant` owns, one figure per tile size its
     /// entries launch with: the sampled check covers the edges of these tiles (src/rows.rs).
     fn query_tiles_of(&self, _variant: usize) -> Vec<usize> {

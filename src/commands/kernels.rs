@@ -75,12 +75,27 @@ pub fn list(args: &KernelsArgs) -> Result<Outcome, AppError> {
     Ok(Outcome::Pass)
 }
 
-/// A kernel's query rows per CTA as `kernels` prints them: D 128's beside where they differ.
+/// A kernel's query rows per CTA as `kernels` prints them: D 128's beside where they differ,
+/// and each head dim's narrower tile.
 fn query_rows(tiles: &Tiles) -> String {
-    match (tiles.block_m, tiles.block_m_d128) {
-        (None, _) => "SDPA_BLOCK_M (a define chooses it)".to_string(),
-        (Some(m), Some(m128)) if m128 != m => format!("{m} (D 128: {m128})"),
-        (Some(m), _) => m.to_string(),
+    let Some(m) = tiles.block_m else {
+        return "SDPA_BLOCK_M (a define chooses it)".to_string();
+    };
+    let mut notes: Vec<String> = tiles
+        .block_m_d128
+        .filter(|&m128| m128 != m)
+        .map(|m128| format!("D 128: {m128}"))
+        .into_iter()
+        .collect();
+    notes.extend([64, 128].into_iter().filter_map(|d| {
+        tiles
+            .narrow(d)
+            .map(|n| format!("D {d} also {} where its CTAs end sooner", n.rows))
+    }));
+    if notes.is_empty() {
+        m.to_string()
+    } else {
+        format!("{m} ({})", notes.join("; "))
     }
 }
 
@@ -89,16 +104,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn query_rows_name_d128_only_where_it_differs() {
+    fn query_rows_name_d128_where_it_differs_and_each_narrower_tile() {
         let tiles = |block_m, block_m_d128| Tiles {
             block_m,
             block_m_d128,
             block_n: 128,
             kv_split: 1,
+            narrow_d64: None,
+            narrow_d128: None,
         };
         assert_eq!(query_rows(&tiles(Some(128), None)), "128");
         assert_eq!(query_rows(&tiles(Some(128), Some(128))), "128");
         assert_eq!(query_rows(&tiles(Some(192), Some(128))), "192 (D 128: 128)");
         assert!(query_rows(&tiles(None, None)).starts_with("SDPA_BLOCK_M"));
+        let narrow = Tiles {
+            narrow_d64: Some(crate::kernels::NarrowTile {
+                rows: 64,
+                cta_time: 0.8,
+            }),
+            ..tiles(Some(192), Some(128))
+        };
+        assert_eq!(
+            query_rows(&narrow),
+            "192 (D 128: 128; D 64 also 64 where its CTAs end sooner)"
+        );
     }
 }

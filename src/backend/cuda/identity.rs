@@ -25,6 +25,13 @@ pub struct KernelConstants {
     pub block_m_d128: u32,
     #[serde(default)]
     pub threads_d128: u32,
+    /// Where not 0, the D = 64 (D = 128) entry also runs query tiles of any multiple of this
+    /// many rows below its own, with 128 threads (one warpgroup) fewer per such step
+    /// (`SDPA_NARROW_ROWS_D64`, `_D128`; [`KernelConstants::narrowed`]).
+    #[serde(default)]
+    pub narrow_rows: u32,
+    #[serde(default)]
+    pub narrow_rows_d128: u32,
     /// Dynamic shared memory of the D = 64 entry.
     pub smem_bytes: u32,
     /// Dynamic shared memory of the D = 128 entry.
@@ -76,6 +83,8 @@ impl KernelConstants {
             threads: get("SDPA_THREADS")?,
             block_m_d128: ptx_constant_opt(ptx, "SDPA_BLOCK_M_D128")?.unwrap_or(0),
             threads_d128: ptx_constant_opt(ptx, "SDPA_THREADS_D128")?.unwrap_or(0),
+            narrow_rows: ptx_constant_opt(ptx, "SDPA_NARROW_ROWS_D64")?.unwrap_or(0),
+            narrow_rows_d128: ptx_constant_opt(ptx, "SDPA_NARROW_ROWS_D128")?.unwrap_or(0),
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
             short_q_rows: ptx_constant_opt(ptx, "SDPA_SHORT_Q_ROWS")?.unwrap_or(0),
@@ -162,12 +171,47 @@ impl KernelConstants {
         }
     }
 
-    /// The query-row tiles of the module's entries (one, or two where D = 128 differs).
+    /// The threads of a launch of `entry` with query tiles of `rows` (fewer than its own): one
+    /// warpgroup fewer per `SDPA_NARROW_ROWS_D<D>` rows. None where the entry runs no such
+    /// tile (it publishes no narrowing, or `rows` is not a multiple of its step below its own).
+    pub fn narrowed(&self, entry: Entry, rows: u32) -> Option<u32> {
+        let step = self.narrow_step(entry);
+        let own = self.block_m_of(entry);
+        if step == 0 || rows == 0 || rows >= own || !rows.is_multiple_of(step) {
+            return None;
+        }
+        let fewer = (own - rows) / step * 128;
+        self.threads_of(entry).checked_sub(fewer).filter(|&t| t > 0)
+    }
+
+    /// The rows of one narrowing step of `entry` (`SDPA_NARROW_ROWS_D<D>`; 0: it runs its own
+    /// query tile only).
+    pub fn narrow_step(&self, entry: Entry) -> u32 {
+        if entry.d == 128 {
+            self.narrow_rows_d128
+        } else {
+            self.narrow_rows
+        }
+    }
+
+    /// The query-row tiles the module's entries may launch: each head dim's own and, where
+    /// they narrow, every multiple of their step below it (the sampled check covers each).
     pub fn query_tiles(&self) -> Vec<usize> {
         let mut tiles = vec![self.block_m as usize];
         if self.block_m_d128 != 0 && self.block_m_d128 != self.block_m {
             tiles.push(self.block_m_d128 as usize);
         }
+        for d in crate::shapes::HEAD_DIMS {
+            let entry = Entry { d, ..Entry::BASE };
+            let own = self.block_m_of(entry);
+            tiles.extend(
+                (1..own)
+                    .filter(|&r| self.narrowed(entry, r).is_some())
+                    .map(|r| r as usize),
+            );
+        }
+        tiles.sort_unstable();
+        tiles.dedup();
         tiles
     }
 
@@ -719,7 +763,42 @@ ptxas info    : Used 96 registers, used 1 barriers
             assert_eq!((c.block_m_of(d64), c.threads_of(d64)), (192, 512));
             assert_eq!((c.block_m_of(d128), c.threads_of(d128)), (128, 384));
         }
-        assert_eq!(c.query_tiles(), vec![192, 128]);
+        assert_eq!(c.query_tiles(), vec![128, 192]);
+    }
+
+    #[test]
+    fn an_entry_that_narrows_runs_each_multiple_of_its_step_with_a_warpgroup_less_per_step() {
+        let wide = per_head_dim_constants((192, 128), (512, 384));
+        let c = KernelConstants {
+            narrow_rows: 64,
+            ..wide
+        };
+        let (d64, d128) = (
+            Entry::BASE,
+            Entry {
+                d: 128,
+                causal: true,
+            },
+        );
+        assert_eq!(c.narrowed(d64, 64), Some(256));
+        assert_eq!(c.narrowed(d64, 128), Some(384));
+        // Its own rows, more, or not a multiple of the step: not a narrower tile.
+        for rows in [0, 192, 256, 96] {
+            assert_eq!(c.narrowed(d64, rows), None, "{rows}");
+        }
+        // The D 128 entry publishes no step; neither does the module without the constant.
+        assert_eq!(c.narrowed(d128, 64), None);
+        assert_eq!(wide.narrowed(d64, 64), None);
+        // The sampled check covers every tile a launch may run.
+        assert_eq!(c.query_tiles(), vec![64, 128, 192]);
+        // As the kernel publishes it.
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n.const .align 4 .u32 SDPA_BLOCK_N = 128;\n\
+                   .const .align 4 .b32 SDPA_THREADS = 512;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n.const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
+                   .const .align 4 .u32 SDPA_KV_STAGES = 2;\n\
+                   .const .align 4 .u32 SDPA_NARROW_ROWS_D64 = 64;\n.const .align 4 .u32 SDPA_NARROW_ROWS_D128;\n";
+        let read = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap();
+        assert_eq!((read.narrow_rows, read.narrow_rows_d128), (64, 0));
     }
 
     /// A Stage C cp1 module's launch constants (2 x 2 warp grid), and those of its short queries.
@@ -961,6 +1040,8 @@ ptxas info    : Used 96 registers, used 1 barriers
                 threads: 128,
                 block_m_d128: 0,
                 threads_d128: 0,
+                narrow_rows: 0,
+                narrow_rows_d128: 0,
                 smem_bytes: 61440,
                 smem_bytes_d128: 61440,
                 short_q_rows: 0,

@@ -274,6 +274,14 @@ pub fn build_variant(
     if let Some(why) = tiles_mismatch(&constants, &src.spec) {
         return Err(refuse(why));
     }
+    if let Some(why) = narrow_not_run(&constants, &src.spec) {
+        // Only slower, never wrong: every launch takes the entry's own tile (e.g. a base
+        // from before the narrowing, described by today's entry).
+        eprintln!(
+            "warning: variant {} of {}: {why}; every launch takes its own query tile",
+            spec.name, src.origin
+        );
+    }
     for (e, module) in
         std::iter::once((Entry::BASE, &compiled)).chain(others.iter().map(|(e, c)| (*e, c)))
     {
@@ -392,6 +400,31 @@ fn tiles_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
         })
 }
 
+/// Why a narrower query tile the manifest names is not one the module runs (it publishes no
+/// such step, or the rows are no multiple of it below its own), or None: the launch then
+/// takes the entry's own tile (launch.rs `plan_tiles`), which is only slower.
+fn narrow_not_run(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
+    let d128 = Entry {
+        d: 128,
+        ..Entry::BASE
+    };
+    [Entry::BASE, d128].into_iter().find_map(|entry| {
+        let n = spec.tiles.narrow(entry.d)?;
+        c.narrowed(entry, n.rows).is_none().then(|| {
+            format!(
+                "cuda/kernels.toml gives `{}` a narrower D {d} query tile of {} rows \
+                 (tiles.narrow_d{d}), which the kernel does not run (it publishes \
+                 SDPA_NARROW_ROWS_D{d} = {} beside its own {} rows)",
+                spec.name,
+                n.rows,
+                c.narrow_step(entry),
+                c.block_m_of(entry),
+                d = entry.d,
+            )
+        })
+    })
+}
+
 /// The first line of a compile log that holds one of `codes` (e.g. `(C7514)`).
 fn forbidden_message<'a>(log: &'a str, codes: &[String]) -> Option<&'a str> {
     log.lines()
@@ -504,6 +537,7 @@ mod tests {
         let manifest = crate::kernels::Manifest::load(&path).unwrap();
         let mut spec = manifest.get("stage-d").unwrap().clone();
         (spec.tiles.block_m, spec.tiles.block_m_d128) = (Some(128), None);
+        spec.tiles.narrow_d64 = None;
         let c = |m64, m128| super::super::identity::per_head_dim_constants((m64, m128), (384, 384));
         // The project's entry: block_m 128 for both head dims.
         assert_eq!(tiles_mismatch(&c(128, 128), &spec), None);
@@ -524,6 +558,41 @@ mod tests {
         let why = tiles_mismatch(&c(320, 128), &spec).expect("320 rows");
         assert!(why.contains("query tiles of 320 rows"), "{why}");
         assert_eq!(tiles_mismatch(&c(256, 16), &spec), None);
+    }
+
+    #[test]
+    fn a_narrower_tile_the_kernel_does_not_run_is_named_not_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/kernels.toml");
+        let manifest = crate::kernels::Manifest::load(&path).unwrap();
+        let spec = manifest.get("stage-d").unwrap().clone();
+        assert_eq!(spec.tiles.narrow(64).map(|n| n.rows), Some(64));
+        let wide = super::super::identity::per_head_dim_constants((192, 128), (512, 384));
+        let narrows = KernelConstants {
+            narrow_rows: 64,
+            ..wide
+        };
+        assert_eq!(narrow_not_run(&narrows, &spec), None);
+        // A kernel that publishes no narrowing (a base from before it), or a step the rows are
+        // no multiple of: named, and its build goes on (its tiles are the manifest's).
+        assert_eq!(tiles_mismatch(&wide, &spec), None);
+        let why = narrow_not_run(&wide, &spec).expect("no narrowing published");
+        assert!(
+            why.contains("narrower D 64 query tile of 64 rows") && why.contains("= 0"),
+            "{why}"
+        );
+        let coarse = KernelConstants {
+            narrow_rows: 128,
+            ..wide
+        };
+        assert!(narrow_not_run(&coarse, &spec).is_some());
+        // The same at D 128.
+        let mut d128 = spec.clone();
+        d128.tiles.narrow_d128 = Some(crate::kernels::NarrowTile {
+            rows: 64,
+            cta_time: 0.8,
+        });
+        let why = narrow_not_run(&narrows, &d128).expect("D 128 publishes no narrowing");
+        assert!(why.contains("narrow_d128"), "{why}");
     }
 
     #[test]

@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 use half::f16;
 
 use super::LoadedVariant;
 use super::identity::{KernelConstants, LaunchShape};
 use super::tensor_map::{self, MapLayout, Operand, TmaDesc};
-use crate::kernels::Abi;
+use crate::kernels::{Abi, NarrowTile};
 use crate::metrics::POISON;
 use crate::problem::Problem;
 
@@ -40,16 +41,31 @@ pub struct DeviceProblem {
     /// The Q, K and V tensor maps of each layout a `tensor-maps` variant asked for, built at
     /// its first launch.
     maps: Vec<(MapLayout, [TmaDesc; 3])>,
-    /// The launch geometry of each module's constants (and SM count) that launched it.
-    geometries: Vec<((KernelConstants, u32), Geometry)>,
+    /// The launch geometry of each function (with its module's constants, the SM count and the
+    /// narrower tile its manifest names) that launched it.
+    geometries: Vec<(GeometryKey, Geometry)>,
     /// A split launch's workspace per output buffer (zeroed once; the kernel leaves its
     /// counters zero), so launches on two streams never share one.
     works: Vec<Option<CudaSlice<u8>>>,
 }
 
+type GeometryKey = (usize, KernelConstants, u32, Option<NarrowTile>);
+
+/// Which of an entry's query tiles a launch runs.
+#[derive(Debug, Clone, Copy)]
+enum TileChoice {
+    /// The one `QueryTile::choose` picked: every timed launch's.
+    Chosen,
+    /// The other, for the check that both give the same bits.
+    Other,
+}
+
 /// What one module's launches of this problem need beyond its buffers.
 #[derive(Debug, Clone, Copy)]
 struct Geometry {
+    tile: QueryTile,
+    /// The other query tile the entry runs (the one not chosen), where it runs two.
+    other: Option<QueryTile>,
     smem_bytes: u32,
     kv_ctas: u32,
     /// Bytes of the split's workspace (0: no split).
@@ -152,14 +168,44 @@ impl DeviceProblem {
         variant: &LoadedVariant,
         slot: usize,
     ) -> Result<(), DriverError> {
+        self.launch_at(stream, variant, slot, TileChoice::Chosen)
+            .map(|_| ())
+    }
+
+    /// As [`DeviceProblem::launch`], at the query tile the launch did not choose, where the
+    /// entry runs two (false, and nothing launched, where it runs one): the same bits are due.
+    pub fn launch_other_tile(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        variant: &LoadedVariant,
+        slot: usize,
+    ) -> Result<bool, DriverError> {
+        self.launch_at(stream, variant, slot, TileChoice::Other)
+    }
+
+    fn launch_at(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        variant: &LoadedVariant,
+        slot: usize,
+        which: TileChoice,
+    ) -> Result<bool, DriverError> {
         // The entry of this problem (D, causal) and its shared memory (`CudaBackend::load`
         // refused a problem whose entry was not built).
         let consts = &variant.identity.constants;
         let function = variant
             .entry(self.entry)
             .expect("the entry of the problem was built");
-        let geometry = self.geometry(consts, variant.sms);
-        let (grid_dim, block_dim) = launch_dims(consts, self.entry, self.shape, geometry.kv_ctas);
+        let narrow = variant.kernel.tiles.narrow(self.entry.d).copied();
+        let geometry = self.geometry(function, consts, narrow, variant.sms)?;
+        let tile = match which {
+            TileChoice::Chosen => geometry.tile,
+            TileChoice::Other => match geometry.other {
+                Some(t) => t,
+                None => return Ok(false),
+            },
+        };
+        let (grid_dim, block_dim) = launch_dims(tile, self.shape, geometry.kv_ctas);
         let cfg = LaunchConfig {
             grid_dim,
             block_dim,
@@ -194,20 +240,47 @@ impl DeviceProblem {
         if variant.kernel.abi == Abi::Pointers {
             args.arg(&work);
         }
-        unsafe { args.launch(cfg) }.map(|_| ())
+        unsafe { args.launch(cfg) }.map(|_| true)
     }
 
-    /// The launch geometry of a module with `consts` on a GPU of `sms` SMs, worked out at its
-    /// first launch of this problem (not in every timed launch).
-    fn geometry(&mut self, consts: &KernelConstants, sms: u32) -> Geometry {
-        let key = (*consts, sms);
+    /// The launch geometry of a module with `consts` (and the narrower tile its manifest names)
+    /// on a GPU of `sms` SMs, whose CTAs of `threads` threads and `smem` bytes fit `occupancy`
+    /// to an SM: worked out at its first launch of this problem (not in every timed launch).
+    fn geometry(
+        &mut self,
+        function: &CudaFunction,
+        consts: &KernelConstants,
+        narrow: Option<NarrowTile>,
+        sms: u32,
+    ) -> Result<Geometry, DriverError> {
+        // The function too: the tile choice reads its occupancy, which its registers set.
+        let key = (function.cu_function() as usize, *consts, sms, narrow);
         if let Some((_, g)) = self.geometries.iter().find(|(k, _)| *k == key) {
-            return *g;
+            return Ok(*g);
         }
         let shape = self.shape;
         let kv_ctas = consts.kv_ctas(self.entry, shape);
+        let smem_bytes = consts.launch_smem_bytes(self.entry, shape, sms);
+        let (tile, other) =
+            plan_tiles(consts, self.entry, shape, kv_ctas, narrow, sms, |threads| {
+                function.occupancy_max_active_blocks_per_multiprocessor(
+                    threads,
+                    smem_bytes as usize,
+                    None,
+                )
+            })?;
+        crate::trace::mark(|| {
+            format!(
+                "launch {}: {} query rows a CTA, {} threads",
+                self.entry.suffix(),
+                tile.rows,
+                tile.threads
+            )
+        });
         let g = Geometry {
-            smem_bytes: consts.launch_smem_bytes(self.entry, shape, sms),
+            tile,
+            other,
+            smem_bytes,
             kv_ctas,
             work_bytes: if kv_ctas > 1 {
                 split_work_bytes(shape, self.entry.d, consts.kv_split * kv_ctas)
@@ -216,7 +289,7 @@ impl DeviceProblem {
             },
         };
         self.geometries.push((key, g));
-        g
+        Ok(g)
     }
 
     /// The device address of output `slot`'s split workspace of at least `bytes` (zeroed when
@@ -247,20 +320,102 @@ impl DeviceProblem {
     }
 }
 
-/// The grid and block of a launch of `entry` on `q`: a CTA per query tile of the entry's rows,
-/// head and KV split (`kv_ctas`), the entry's threads (a module may publish D 128's apart).
-fn launch_dims(
+/// The query rows of one CTA and its threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QueryTile {
+    rows: u32,
+    threads: u32,
+}
+
+impl QueryTile {
+    /// The entry's own (a module may publish D 128's apart).
+    fn own(consts: &KernelConstants, entry: crate::shapes::Entry) -> Self {
+        QueryTile {
+            rows: consts.block_m_of(entry),
+            threads: consts.threads_of(entry),
+        }
+    }
+
+    /// The manifest's narrower tile and its CTA time, where the entry runs it (the build
+    /// refused a manifest that names one it does not: kernel.rs `tiles_mismatch`).
+    fn narrow(
+        consts: &KernelConstants,
+        entry: crate::shapes::Entry,
+        n: NarrowTile,
+    ) -> Option<(Self, f64)> {
+        let threads = consts.narrowed(entry, n.rows)?;
+        Some((
+            QueryTile {
+                rows: n.rows,
+                threads,
+            },
+            n.cta_time,
+        ))
+    }
+
+    /// The tile whose CTAs end sooner on `sq` query rows, with `ctas` CTAs (query heads times
+    /// KV split) per query tile: each tile's whole waves (its CTAs over `slots`, the SMs times
+    /// the CTAs one SM holds at once) times its CTA's time, the entry's own 1 and the narrower
+    /// `cta_time`; a tie keeps the entry's own. The model and the manifest's time are checked
+    /// against both tiles measured on fifteen problems (docs/PERF.md change 23).
+    fn choose(own: (Self, u32), narrow: (Self, u32, f64), sq: u32, ctas: u32) -> Self {
+        let waves = |t: Self, slots: u32| (sq.div_ceil(t.rows) * ctas).div_ceil(slots.max(1));
+        let own_time = f64::from(waves(own.0, own.1));
+        let narrow_time = f64::from(waves(narrow.0, narrow.1)) * narrow.2;
+        if narrow_time < own_time {
+            narrow.0
+        } else {
+            own.0
+        }
+    }
+}
+
+/// The query tile a launch of `entry` on `q` runs, and the other one it may run (None where it
+/// runs one): the entry's own, or the manifest's narrower tile where the entry runs it, the
+/// driver holds at least one of its CTAs an SM (`occupancy` of a CTA of so many threads: an
+/// error is the launch's), and its CTAs end sooner ([`QueryTile::choose`]).
+fn plan_tiles(
     consts: &KernelConstants,
     entry: crate::shapes::Entry,
     q: LaunchShape,
     kv_ctas: u32,
+    narrow: Option<NarrowTile>,
+    sms: u32,
+    occupancy: impl Fn(u32) -> Result<u32, DriverError>,
+) -> Result<(QueryTile, Option<QueryTile>), DriverError> {
+    let own = QueryTile::own(consts, entry);
+    let Some((narrower, cta_time)) = narrow.and_then(|n| QueryTile::narrow(consts, entry, n))
+    else {
+        return Ok((own, None));
+    };
+    let narrow_fits = occupancy(narrower.threads)?;
+    if narrow_fits == 0 {
+        return Ok((own, None));
+    }
+    let own_slots = sms * occupancy(own.threads)?.max(1);
+    let ctas = (q.b * q.h) as u32 * kv_ctas;
+    let tile = QueryTile::choose(
+        (own, own_slots),
+        (narrower, sms * narrow_fits, cta_time),
+        q.sq as u32,
+        ctas,
+    );
+    Ok((tile, Some(if tile == own { narrower } else { own })))
+}
+
+/// The grid and block of a launch of `tile` on `q`: a CTA per query tile, head and KV split
+/// (`kv_ctas`).
+fn launch_dims(
+    tile: QueryTile,
+    q: LaunchShape,
+    kv_ctas: u32,
 ) -> ((u32, u32, u32), (u32, u32, u32)) {
     let grid = (
-        (q.sq as u32).div_ceil(consts.block_m_of(entry)),
+        (q.sq as u32).div_ceil(tile.rows),
         (q.b * q.h) as u32,
         kv_ctas,
     );
-    (grid, (consts.threads_of(entry), 1, 1))
+    (grid, (tile.threads, 1, 1))
 }
 
 /// The query rows at or below which a launch may split (Stage C's `SDPA_SHORT_Q_ROWS`), and the
@@ -284,6 +439,135 @@ mod tests {
     use super::*;
     use crate::shapes::Entry;
 
+    /// Stage D at D 64: its own 192 rows (512 threads, one CTA an SM) or 64 (256 threads, two
+    /// an SM: the driver's occupancy of those launches), a narrow CTA 0.8 of a wide one's time.
+    fn stage_d_d64(b: usize, h: usize, sq: usize) -> QueryTile {
+        let own = QueryTile {
+            rows: 192,
+            threads: 512,
+        };
+        let narrow = QueryTile {
+            rows: 64,
+            threads: 256,
+        };
+        QueryTile::choose((own, 132), (narrow, 264, 0.8), sq as u32, (b * h) as u32)
+    }
+
+    #[test]
+    fn the_narrower_tile_runs_where_its_waves_end_sooner() {
+        // The fifteen D 64 problems measured with both tiles on an H100 (docs/PERF.md change
+        // 23): each takes the tile that was faster there, but for 1x16x4096 causal (3% apart,
+        // the model ignores the causal CTAs' unequal work).
+        let narrow = [
+            (1, 8, 512),   // mission: 24 wide CTAs, 7.1 us narrow where 11.2 wide
+            (2, 8, 1000),  // 96 wide CTAs: 32.6 us / 40.2
+            (1, 2, 77),    // 4.3 / 5.1
+            (1, 4, 300),   // 6.1 / 9.8
+            (1, 8, 2048),  // 23.3 / 28.4
+            (2, 8, 2048),  // 176 wide CTAs, two waves of either: 43.5 / 52.3
+            (1, 16, 1024), // 14.0 / 17.3
+            (1, 32, 1024), // 25.3 / 30.8
+            (16, 32, 1),   // decode: 512 CTAs of either, two waves narrow, four wide: 152 / 253
+            (1, 32, 512),  // 41.8 / 49.6
+        ];
+        for (b, h, sq) in narrow {
+            assert_eq!(stage_d_d64(b, h, sq).rows, 64, "{b}x{h}x{sq}");
+        }
+        let own = [
+            (1, 12, 4096), // 264 wide CTAs, exactly two waves: 97.6 us wide where 118 narrow
+            (1, 16, 4096), // 143 / 157
+            (4, 16, 4096), // 514 / 603
+            (1, 8, 16384), // 1063 / 1166
+        ];
+        for (b, h, sq) in own {
+            assert_eq!(stage_d_d64(b, h, sq).rows, 192, "{b}x{h}x{sq}");
+        }
+    }
+
+    #[test]
+    fn the_plan_names_the_tile_not_chosen_and_drops_a_narrow_tile_no_sm_holds() {
+        let c = KernelConstants {
+            narrow_rows: 64,
+            ..super::super::identity::per_head_dim_constants((192, 128), (512, 384))
+        };
+        let n = Some(NarrowTile {
+            rows: 64,
+            cta_time: 0.8,
+        });
+        let q = |b, h, sq| LaunchShape {
+            b,
+            h,
+            hkv: h,
+            sq,
+            sk: sq,
+        };
+        let two_narrow_an_sm = |threads| Ok(if threads == 256 { 2 } else { 1 });
+        let (own, narrow) = (
+            QueryTile {
+                rows: 192,
+                threads: 512,
+            },
+            QueryTile {
+                rows: 64,
+                threads: 256,
+            },
+        );
+        let d64 = Entry::BASE;
+        // Mission: the narrow tile, the own one the other; 4x16x4096: the reverse.
+        let plan = |q, occupancy: &dyn Fn(u32) -> Result<u32, DriverError>| {
+            plan_tiles(&c, d64, q, 1, n, 132, occupancy).unwrap()
+        };
+        assert_eq!(plan(q(1, 8, 512), &two_narrow_an_sm), (narrow, Some(own)));
+        assert_eq!(plan(q(4, 16, 4096), &two_narrow_an_sm), (own, Some(narrow)));
+        // No manifest tile, or an entry that does not narrow (D 128): the own tile alone.
+        assert_eq!(
+            plan_tiles(&c, d64, q(1, 8, 512), 1, None, 132, two_narrow_an_sm).unwrap(),
+            (own, None)
+        );
+        let d128 = Entry {
+            d: 128,
+            ..Entry::BASE
+        };
+        let own128 = QueryTile::own(&c, d128);
+        assert_eq!(
+            plan_tiles(&c, d128, q(1, 8, 512), 1, n, 132, two_narrow_an_sm).unwrap(),
+            (own128, None)
+        );
+        // A narrow CTA no SM can hold is never launched, not even as the other tile.
+        assert_eq!(
+            plan(q(1, 8, 512), &|t| Ok(u32::from(t != 256))),
+            (own, None)
+        );
+        // The driver's error is the launch's.
+        let failing = |_| {
+            Err(DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            ))
+        };
+        assert!(plan_tiles(&c, d64, q(1, 8, 512), 1, n, 132, failing).is_err());
+    }
+
+    #[test]
+    fn a_tie_keeps_the_entrys_own_tile() {
+        let own = QueryTile {
+            rows: 128,
+            threads: 384,
+        };
+        let narrow = QueryTile {
+            rows: 64,
+            threads: 256,
+        };
+        // One wave each; a narrow CTA as slow as a wide one.
+        assert_eq!(
+            QueryTile::choose((own, 132), (narrow, 132, 1.0), 128, 16),
+            own
+        );
+        assert_eq!(
+            QueryTile::choose((own, 132), (narrow, 132, 0.99), 128, 16),
+            narrow
+        );
+    }
+
     #[test]
     fn each_head_dim_launches_its_own_query_tiles_and_threads() {
         let c = super::super::identity::per_head_dim_constants((192, 128), (512, 384));
@@ -303,7 +587,29 @@ mod tests {
             causal: true,
         };
         // 4096 rows: 22 tiles of 192 (the last partial), 32 of 128.
-        assert_eq!(launch_dims(&c, d64, q, 1), ((22, 32, 1), (512, 1, 1)));
-        assert_eq!(launch_dims(&c, d128, q, 3), ((32, 32, 3), (384, 1, 1)));
+        let own = |e| QueryTile::own(&c, e);
+        assert_eq!(launch_dims(own(d64), q, 1), ((22, 32, 1), (512, 1, 1)));
+        assert_eq!(launch_dims(own(d128), q, 3), ((32, 32, 3), (384, 1, 1)));
+        // A narrower tile of a module that narrows: 64 rows with one warpgroup, 256 threads.
+        let narrows = KernelConstants {
+            narrow_rows: 64,
+            ..c
+        };
+        let n = NarrowTile {
+            rows: 64,
+            cta_time: 0.8,
+        };
+        let (tile, _) = QueryTile::narrow(&narrows, d64, n).unwrap();
+        assert_eq!(launch_dims(tile, q, 1), ((64, 32, 1), (256, 1, 1)));
+        assert_eq!(
+            QueryTile::narrow(&c, d64, n),
+            None,
+            "no narrowing published"
+        );
+        assert_eq!(
+            QueryTile::narrow(&narrows, d128, n),
+            None,
+            "D 128 narrows not"
+        );
     }
 }

@@ -338,6 +338,31 @@ impl Backend for CudaBackend {
         result.map_err(|s| self.stopped(variant, s))
     }
 
+    fn other_geometries(&mut self, variant: usize) -> Result<Vec<Vec<f16>>, BackendError> {
+        let gpu = &mut *self.gpu;
+        let dp = gpu
+            .problem
+            .as_mut()
+            .expect("load() before other_geometries()");
+        let v = &gpu.variants[variant];
+        let result = (|| -> Result<Vec<Vec<f16>>, Stopped> {
+            dp.poison(&gpu.stream, 0)
+                .map_err(|e| ("poisoning the output", e))?;
+            let launched = dp
+                .launch_other_tile(&gpu.stream, v, 0)
+                .map_err(|e| ("launching at the other query tile", e))?;
+            if !launched {
+                return Ok(Vec::new());
+            }
+            finish_checked(&gpu.stream)?;
+            Ok(vec![
+                dp.download(&gpu.stream, 0)
+                    .map_err(|e| ("reading the output back", e))?,
+            ])
+        })();
+        result.map_err(|s| self.stopped(variant, s))
+    }
+
     /// Poisons two outputs and launches the variant into both at once on two streams.
     fn run_concurrent(&mut self, variant: usize) -> Result<[Vec<f16>; 2], BackendError> {
         let gpu = &mut *self.gpu;
