@@ -553,8 +553,10 @@ fn run_problem(
         measured = variants
             .iter()
             .zip(timings)
-            .map(|(variant, t)| Measurement {
+            .enumerate()
+            .map(|(i, (variant, t))| Measurement {
                 gpu: backend.gpu(),
+                launch: backend.timed_launch(i),
                 ..measurement(&p, variant, t)
             })
             .collect();
@@ -605,6 +607,7 @@ fn measurement(p: &Problem, variant: &str, t: timing::VariantTiming) -> Measurem
         hold_retries: t.hold_retries(),
         hold_expired_blocks: t.hold_expired_blocks(),
         gpu: None,
+        launch: None,
     }
 }
 
@@ -834,6 +837,8 @@ mod tests {
         /// Its entry runs another launch geometry, whose output has these elements' bits
         /// flipped (empty: the same output; None: no other geometry).
         other_geometry_flips: Option<Vec<usize>>,
+        /// The launch it says it times.
+        timed_launch: Option<crate::schema::LaunchRecord>,
     }
 
     impl FakeDevice {
@@ -847,6 +852,7 @@ mod tests {
                 gpu: None,
                 tiles: Vec::new(),
                 other_geometry_flips: None,
+                timed_launch: None,
             }
         }
 
@@ -880,6 +886,9 @@ mod tests {
         }
         fn launch_poisoned(&mut self, v: usize) -> Result<Vec<f16>, BackendError> {
             self.cpu.launch_poisoned(v)
+        }
+        fn timed_launch(&mut self, _: usize) -> Option<crate::schema::LaunchRecord> {
+            self.timed_launch
         }
         fn other_geometries(&mut self, v: usize) -> Result<Vec<Vec<f16>>, BackendError> {
             let Some(flips) = self.other_geometry_flips.clone() else {
@@ -1276,6 +1285,35 @@ mod tests {
             (1, "cpu-emu", 5, 5)
         );
         assert!(m.summary.p50 > 0.0 && m.input_checksum == out.records[1].input_checksum);
+        assert_eq!(m.launch, None, "the CPU backend launches no kernel");
+    }
+
+    #[test]
+    fn a_measurement_names_the_launch_it_timed() {
+        let plan = TimingPlan {
+            warmup: 0,
+            iters: 2,
+            rounds: 1,
+            batch: 1,
+            l2: timing::L2Mode::Warm,
+        };
+        let mut fake = FakeDevice::new(false);
+        let launch = crate::schema::LaunchRecord {
+            query_rows: 64,
+            threads: 256,
+            grid: [2, 4, 1],
+        };
+        fake.timed_launch = Some(launch);
+        let work = Work {
+            shapes: &[shape(77)],
+            seeds: &[0],
+            host_defect: HostDefect::None,
+            check: Check::default(),
+        };
+        let out = run_all(&mut [&mut fake], &work, &gates(), &plan, &mut NoProgress).unwrap();
+        assert_eq!(out.measurements[0].launch, Some(launch));
+        let json = serde_json::to_value(&out.measurements[0]).unwrap();
+        assert_eq!(json["launch"]["query_rows"], 64, "{json}");
     }
 
     struct NoProgress;

@@ -432,6 +432,19 @@ pub struct Measurement {
     /// The GPU it ran on (`--devices`); absent for the CPU backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSlot>,
+    /// The launch it timed, where the backend launches kernels (absent for the CPU backend
+    /// and in files of older runners): a kernel may run a problem in more than one geometry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<LaunchRecord>,
+}
+
+/// One kernel launch's geometry: query rows and threads of a CTA, and the grid (query tiles,
+/// B·H, KV split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchRecord {
+    pub query_rows: u32,
+    pub threads: u32,
+    pub grid: [u32; 3],
 }
 
 /// The verdict on one shape: candidate against baseline, pooled over seeds.

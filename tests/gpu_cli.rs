@@ -214,6 +214,62 @@ fn stage_d_runs_the_main_job_through_tensor_maps_and_proves_its_pipeline_depth()
 
 #[test]
 #[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
+fn stage_d_times_64_row_ctas_on_few_ctas_and_192_on_many_and_checks_both_tiles_give_its_bits() {
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(runner().args([
+        "--kernel",
+        "stage-d",
+        "--shapes",
+        "mission,4x16x4096x64,1x4x77x128:sk=300:hkv=2:causal",
+        "--seeds",
+        "0",
+        "--iters",
+        "20",
+        "--rounds",
+        "5",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let dir = &run_dirs(results.path())[0];
+    // On an H100 or H200 (132 SMs): mission's 24 CTAs of 192 rows would run one short wave,
+    // its 64 CTAs of 64 rows end sooner; 4x16x4096x64's 1,408 CTAs of 192 rows end first.
+    let perf = read_json(&dir.join("perf.json"));
+    for m in perf["measurements"].as_array().unwrap() {
+        let want = match m["shape"].as_str().unwrap() {
+            "mission" => (64, 256, 8),
+            "4x16x4096x64" => (192, 512, 22),
+            _ => (128, 384, 1), // D 128: one tile
+        };
+        let l = &m["launch"];
+        assert_eq!(
+            (
+                l["query_rows"].as_u64().unwrap(),
+                l["threads"].as_u64().unwrap(),
+                l["grid"][0].as_u64().unwrap()
+            ),
+            want,
+            "{m}"
+        );
+    }
+    // Each D 64 row also ran the tile not chosen, with the same bits; D 128 runs one tile.
+    let correctness = read_json(&dir.join("correctness.json"));
+    for r in correctness["results"].as_array().unwrap() {
+        let gate = &r["gates"]["launch.geometries_differ"];
+        if r["D"].as_u64() == Some(64) {
+            assert_eq!(
+                (gate["pass"].as_bool(), gate["value"].as_f64()),
+                (Some(true), Some(0.0)),
+                "{r}"
+            );
+        } else {
+            assert!(gate.is_null(), "{r}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
 fn stage_d_checked_with_device_yardsticks_gets_the_figures_and_verdicts_of_host_yardsticks() {
     // The configurations under Stage D's algorithm and model: the emulation's figures are the
     // same bits, the references' the same within f64 roundoff, every gate the same verdict.

@@ -145,6 +145,12 @@ pub trait Backend: Send {
         self.algorithm()
     }
 
+    /// The launch `variant`'s timed launches of the loaded problem make (its CTA's query rows
+    /// and threads, the grid), where the backend launches kernels.
+    fn timed_launch(&mut self, _variant: usize) -> Option<crate::schema::LaunchRecord> {
+        None
+    }
+
     /// The output of `variant` on the loaded problem at each launch geometry its entry runs
     /// beside the one it chose and times (a kernel whose manifest names a narrower query tile),
     /// each poisoned and checked like [`Backend::launch_poisoned`]'s; none for most kernels. The

@@ -272,6 +272,7 @@ pub(crate) mod fixtures {
                         hold_retries: 0,
                         hold_expired_blocks: 0,
                         gpu: None,
+                        launch: None,
                     });
                 }
             }

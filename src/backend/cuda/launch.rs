@@ -172,6 +172,24 @@ impl DeviceProblem {
             .map(|_| ())
     }
 
+    /// The geometry [`DeviceProblem::launch`] gives `variant`'s launches (None where the driver
+    /// could not say how many of its CTAs an SM holds: then no launch was made either).
+    pub fn chosen_launch(
+        &mut self,
+        variant: &LoadedVariant,
+    ) -> Option<crate::schema::LaunchRecord> {
+        let function = variant.entry(self.entry)?;
+        let narrow = variant.kernel.tiles.narrow(self.entry.d).copied();
+        let consts = &variant.identity.constants;
+        let g = self.geometry(function, consts, narrow, variant.sms).ok()?;
+        let (grid, block) = launch_dims(g.tile, self.shape, g.kv_ctas);
+        Some(crate::schema::LaunchRecord {
+            query_rows: g.tile.rows,
+            threads: block.0,
+            grid: [grid.0, grid.1, grid.2],
+        })
+    }
+
     /// As [`DeviceProblem::launch`], at the query tile the launch did not choose, where the
     /// entry runs two (false, and nothing launched, where it runs one): the same bits are due.
     pub fn launch_other_tile(

@@ -338,6 +338,12 @@ impl Backend for CudaBackend {
         result.map_err(|s| self.stopped(variant, s))
     }
 
+    fn timed_launch(&mut self, variant: usize) -> Option<crate::schema::LaunchRecord> {
+        let gpu = &mut *self.gpu;
+        let v = &gpu.variants[variant];
+        gpu.problem.as_mut()?.chosen_launch(v)
+    }
+
     fn other_geometries(&mut self, variant: usize) -> Result<Vec<Vec<f16>>, BackendError> {
         let gpu = &mut *self.gpu;
         let dp = gpu
