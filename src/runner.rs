@@ -483,6 +483,17 @@ pub fn run_all(
 /// row is computed by the same steps whichever CTA holds it (docs/DESIGN.md "Kernel ABI"), so
 /// any element that differs, written or not, is a bug of one geometry.
 fn add_geometry_check(record: &mut CorrectnessRecord, output: &[f16], others: &[Vec<f16>]) {
+    let check = geometries_differ(output, others);
+    record.pass &= check.pass;
+    record.gates.insert(GEOMETRY_GATE.into(), check);
+}
+
+/// The gate's name in every record.
+pub const GEOMETRY_GATE: &str = "launch.geometries_differ";
+
+/// The geometry gate on `output` against `others`: the most elements whose bits differ from
+/// it in any one of them (a length that differs counts its missing elements), at most 0.
+pub fn geometries_differ(output: &[f16], others: &[Vec<f16>]) -> verdict::Check {
     let differ = others
         .iter()
         .map(|o| {
@@ -495,11 +506,7 @@ fn add_geometry_check(record: &mut CorrectnessRecord, output: &[f16], others: &[
         })
         .max()
         .unwrap_or(0);
-    let check = verdict::Check::at_most(differ as f64, 0.0);
-    record.pass &= check.pass;
-    record
-        .gates
-        .insert("launch.geometries_differ".into(), check);
+    verdict::Check::at_most(differ as f64, 0.0)
 }
 
 /// One (shape, seed) on one backend: every variant checked, then timed.

@@ -213,6 +213,20 @@ fn run_ours(
             format!("({variant})"),
             gates,
         );
+        // Where the kernel runs the problem in another geometry, it owes the same bits there.
+        let others = backend.other_geometries(v)?;
+        if !others.is_empty() {
+            let check = crate::runner::geometries_differ(&out, &others);
+            if !check.pass {
+                let failed = crate::verdict::Failed {
+                    gate: crate::runner::GEOMETRY_GATE,
+                    check: &check,
+                };
+                grade.failures.push(failed.to_string());
+                grade.pass = false;
+            }
+            grade.verdict.add(crate::runner::GEOMETRY_GATE, check);
+        }
         backend.warm_up(v, plan.warmup)?;
         let block = backend.time_samples(v, plan.iters, &plan)?;
         grade.p50_us = Some(crate::stats::median(&block.samples));
@@ -350,5 +364,94 @@ mod tests {
         // Other errors pass through untouched.
         let usage = AppError::Config(ConfigError::Usage("bad".into()));
         assert_eq!(ours_advice(usage).to_string(), "bad");
+    }
+
+    /// The CPU backend with a second launch geometry whose output differs in one bit (`flip`)
+    /// or not.
+    struct TwoTiles {
+        cpu: crate::backend::cpu::CpuBackend,
+        flip: bool,
+    }
+
+    impl crate::backend::Backend for TwoTiles {
+        fn name(&self) -> &'static str {
+            "cpu"
+        }
+        fn variants(&self) -> &[String] {
+            self.cpu.variants()
+        }
+        fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
+            self.cpu.load(p)
+        }
+        fn launch_poisoned(&mut self, v: usize) -> Result<Vec<half::f16>, BackendError> {
+            self.cpu.launch_poisoned(v)
+        }
+        fn other_geometries(&mut self, v: usize) -> Result<Vec<Vec<half::f16>>, BackendError> {
+            let mut out = self.cpu.launch_poisoned(v)?;
+            if self.flip {
+                out[5] = half::f16::from_bits(out[5].to_bits() ^ 1);
+            }
+            Ok(vec![out])
+        }
+        fn warm_up(&mut self, v: usize, n: usize) -> Result<(), BackendError> {
+            self.cpu.warm_up(v, n)
+        }
+        fn time_samples(
+            &mut self,
+            v: usize,
+            n: usize,
+            plan: &crate::timing::TimingPlan,
+        ) -> Result<crate::timing::TimedBlock, BackendError> {
+            self.cpu.time_samples(v, n, plan)
+        }
+        fn clock(&self) -> &'static str {
+            self.cpu.clock()
+        }
+        fn device_name(&self) -> String {
+            self.cpu.device_name()
+        }
+        fn device_json(&self) -> serde_json::Value {
+            self.cpu.device_json()
+        }
+        fn details(&self) -> serde_json::Value {
+            self.cpu.details()
+        }
+        fn describe(&self) -> String {
+            self.cpu.describe()
+        }
+    }
+
+    #[test]
+    fn ours_fails_its_grade_when_another_launch_geometry_changes_a_bit() {
+        let shape = crate::shapes::Shape::parse_inline("1x2x77x64")
+            .unwrap()
+            .unwrap();
+        let p = Problem::new(&shape, 0);
+        let rows = RowSet::choose(crate::rows::CheckRows::All, &shape, 0, &[64, 128]);
+        let truth = ProblemTruth::new(&p, &rows, &[Precision::Fp8]);
+        let gates = crate::gates::GateFile::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gates/default.json"),
+        )
+        .unwrap()
+        .gates
+        .correctness;
+        for flip in [false, true] {
+            let mut b = TwoTiles {
+                cpu: crate::backend::cpu::CpuBackend::new(crate::emulation::Defect::None),
+                flip,
+            };
+            let grades = run_ours(&mut b, &p, &truth, &gates).unwrap();
+            let g = &grades[0];
+            let gate = &g.verdict.checks[crate::runner::GEOMETRY_GATE];
+            assert_eq!((g.pass, gate.pass), (!flip, !flip), "{:?}", g.failures);
+            assert_eq!(
+                g.failures
+                    .iter()
+                    .any(|f| f.starts_with("launch.geometries_differ 1")),
+                flip,
+                "{:?}",
+                g.failures
+            );
+        }
     }
 }
