@@ -3,6 +3,8 @@
 
 pub mod cpu;
 pub mod cuda;
+#[cfg(test)]
+pub(crate) mod fake;
 
 use half::f16;
 

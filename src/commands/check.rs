@@ -366,61 +366,6 @@ mod tests {
         assert_eq!(ours_advice(usage).to_string(), "bad");
     }
 
-    /// The CPU backend with a second launch geometry whose output differs in one bit (`flip`)
-    /// or not.
-    struct TwoTiles {
-        cpu: crate::backend::cpu::CpuBackend,
-        flip: bool,
-    }
-
-    impl crate::backend::Backend for TwoTiles {
-        fn name(&self) -> &'static str {
-            "cpu"
-        }
-        fn variants(&self) -> &[String] {
-            self.cpu.variants()
-        }
-        fn load(&mut self, p: &Problem) -> Result<(), BackendError> {
-            self.cpu.load(p)
-        }
-        fn launch_poisoned(&mut self, v: usize) -> Result<Vec<half::f16>, BackendError> {
-            self.cpu.launch_poisoned(v)
-        }
-        fn other_geometries(&mut self, v: usize) -> Result<Vec<Vec<half::f16>>, BackendError> {
-            let mut out = self.cpu.launch_poisoned(v)?;
-            if self.flip {
-                out[5] = half::f16::from_bits(out[5].to_bits() ^ 1);
-            }
-            Ok(vec![out])
-        }
-        fn warm_up(&mut self, v: usize, n: usize) -> Result<(), BackendError> {
-            self.cpu.warm_up(v, n)
-        }
-        fn time_samples(
-            &mut self,
-            v: usize,
-            n: usize,
-            plan: &crate::timing::TimingPlan,
-        ) -> Result<crate::timing::TimedBlock, BackendError> {
-            self.cpu.time_samples(v, n, plan)
-        }
-        fn clock(&self) -> &'static str {
-            self.cpu.clock()
-        }
-        fn device_name(&self) -> String {
-            self.cpu.device_name()
-        }
-        fn device_json(&self) -> serde_json::Value {
-            self.cpu.device_json()
-        }
-        fn details(&self) -> serde_json::Value {
-            self.cpu.details()
-        }
-        fn describe(&self) -> String {
-            self.cpu.describe()
-        }
-    }
-
     #[test]
     fn ours_fails_its_grade_when_another_launch_geometry_changes_a_bit() {
         let shape = crate::shapes::Shape::parse_inline("1x2x77x64")
@@ -436,10 +381,9 @@ mod tests {
         .gates
         .correctness;
         for flip in [false, true] {
-            let mut b = TwoTiles {
-                cpu: crate::backend::cpu::CpuBackend::new(crate::emulation::Defect::None),
-                flip,
-            };
+            // A second launch geometry whose output differs in element 5's lowest bit, or not.
+            let mut b = crate::backend::fake::FakeDevice::new(false);
+            b.other_geometry_flips = Some(if flip { vec![5] } else { vec![] });
             let grades = run_ours(&mut b, &p, &truth, &gates).unwrap();
             let g = &grades[0];
             let gate = &g.verdict.checks[crate::runner::GEOMETRY_GATE];

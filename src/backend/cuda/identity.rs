@@ -197,19 +197,15 @@ impl KernelConstants {
     /// The query-row tiles the module's entries may launch: each head dim's own and, where
     /// they narrow, every multiple of their step below it (the sampled check covers each).
     pub fn query_tiles(&self) -> Vec<usize> {
-        let mut tiles = vec![self.block_m as usize];
-        if self.block_m_d128 != 0 && self.block_m_d128 != self.block_m {
-            tiles.push(self.block_m_d128 as usize);
-        }
-        for d in crate::shapes::HEAD_DIMS {
-            let entry = Entry { d, ..Entry::BASE };
-            let own = self.block_m_of(entry);
-            tiles.extend(
-                (1..own)
-                    .filter(|&r| self.narrowed(entry, r).is_some())
-                    .map(|r| r as usize),
-            );
-        }
+        let mut tiles: Vec<usize> = crate::shapes::HEAD_DIMS
+            .iter()
+            .flat_map(|&d| {
+                let entry = Entry { d, ..Entry::BASE };
+                let own = self.block_m_of(entry);
+                (1..=own).filter(move |&r| r == own || self.narrowed(entry, r).is_some())
+            })
+            .map(|r| r as usize)
+            .collect();
         tiles.sort_unstable();
         tiles.dedup();
         tiles

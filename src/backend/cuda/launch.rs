@@ -41,15 +41,16 @@ pub struct DeviceProblem {
     /// The Q, K and V tensor maps of each layout a `tensor-maps` variant asked for, built at
     /// its first launch.
     maps: Vec<(MapLayout, [TmaDesc; 3])>,
-    /// The launch geometry of each function (with its module's constants, the SM count and the
-    /// narrower tile its manifest names) that launched it.
-    geometries: Vec<(GeometryKey, Geometry)>,
+    /// The launch geometry of each function that launched it (a function is one variant's
+    /// entry: its module's constants, its manifest entry and its GPU go with it).
+    geometries: Vec<(CUfunctionKey, Geometry)>,
     /// A split launch's workspace per output buffer (zeroed once; the kernel leaves its
     /// counters zero), so launches on two streams never share one.
     works: Vec<Option<CudaSlice<u8>>>,
 }
 
-type GeometryKey = (usize, KernelConstants, u32, Option<NarrowTile>);
+/// A loaded function's handle, as the key of its geometry.
+type CUfunctionKey = usize;
 
 /// Which of an entry's query tiles a launch runs.
 #[derive(Debug, Clone, Copy)]
@@ -178,10 +179,7 @@ impl DeviceProblem {
         &mut self,
         variant: &LoadedVariant,
     ) -> Option<crate::schema::LaunchRecord> {
-        let function = variant.entry(self.entry)?;
-        let narrow = variant.kernel.tiles.narrow(self.entry.d).copied();
-        let consts = &variant.identity.constants;
-        let g = self.geometry(function, consts, narrow, variant.sms).ok()?;
+        let g = self.geometry(variant).ok()?;
         let (grid, block) = launch_dims(g.tile, self.shape, g.kv_ctas);
         Some(crate::schema::LaunchRecord {
             query_rows: g.tile.rows,
@@ -208,14 +206,9 @@ impl DeviceProblem {
         slot: usize,
         which: TileChoice,
     ) -> Result<bool, DriverError> {
-        // The entry of this problem (D, causal) and its shared memory (`CudaBackend::load`
-        // refused a problem whose entry was not built).
+        let geometry = self.geometry(variant)?;
+        let function = self.function(variant);
         let consts = &variant.identity.constants;
-        let function = variant
-            .entry(self.entry)
-            .expect("the entry of the problem was built");
-        let narrow = variant.kernel.tiles.narrow(self.entry.d).copied();
-        let geometry = self.geometry(function, consts, narrow, variant.sms)?;
         let tile = match which {
             TileChoice::Chosen => geometry.tile,
             TileChoice::Other => match geometry.other {
@@ -261,21 +254,26 @@ impl DeviceProblem {
         unsafe { args.launch(cfg) }.map(|_| true)
     }
 
-    /// The launch geometry of a module with `consts` (and the narrower tile its manifest names)
-    /// on a GPU of `sms` SMs, whose CTAs of `threads` threads and `smem` bytes fit `occupancy`
-    /// to an SM: worked out at its first launch of this problem (not in every timed launch).
-    fn geometry(
-        &mut self,
-        function: &CudaFunction,
-        consts: &KernelConstants,
-        narrow: Option<NarrowTile>,
-        sms: u32,
-    ) -> Result<Geometry, DriverError> {
-        // The function too: the tile choice reads its occupancy, which its registers set.
-        let key = (function.cu_function() as usize, *consts, sms, narrow);
+    /// The function of this problem's entry (D, causal) in `variant` (`CudaBackend::load`
+    /// refused a problem whose entry was not built).
+    fn function<'v>(&self, variant: &'v LoadedVariant) -> &'v CudaFunction {
+        variant
+            .entry(self.entry)
+            .expect("the entry of the problem was built")
+    }
+
+    /// The launch geometry of `variant` on this problem: its module's constants, the narrower
+    /// tile its manifest names, its GPU's SMs and the driver's occupancy of its function (which
+    /// its registers set), worked out at its first launch of this problem (not in every timed
+    /// launch).
+    fn geometry(&mut self, variant: &LoadedVariant) -> Result<Geometry, DriverError> {
+        let function = self.function(variant);
+        let key = function.cu_function() as CUfunctionKey;
         if let Some((_, g)) = self.geometries.iter().find(|(k, _)| *k == key) {
             return Ok(*g);
         }
+        let (consts, sms) = (&variant.identity.constants, variant.sms);
+        let narrow = variant.kernel.tiles.narrow(self.entry.d).copied();
         let shape = self.shape;
         let kv_ctas = consts.kv_ctas(self.entry, shape);
         let smem_bytes = consts.launch_smem_bytes(self.entry, shape, sms);
@@ -354,8 +352,8 @@ impl QueryTile {
         }
     }
 
-    /// The manifest's narrower tile and its CTA time, where the entry runs it (the build
-    /// refused a manifest that names one it does not: kernel.rs `tiles_mismatch`).
+    /// The manifest's narrower tile and its CTA time, where the entry runs it (where it does
+    /// not, the build warned: kernel.rs `narrow_not_run`).
     fn narrow(
         consts: &KernelConstants,
         entry: crate::shapes::Entry,
