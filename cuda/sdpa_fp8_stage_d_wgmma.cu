@@ -90,10 +90,16 @@
 //                   issue, slower than 0 (changes 12 and 21). 2: a turn at Q·Kᵀ's issue, the
 //                   default of changes 16-20 for the D = 128 causal entry.
 //   CONSUMERS_D64, CONSUMERS_D128 = 2|3  consumer warpgroups per head dim (BLOCK_M = 64 x
-//                   consumers; defaults 3 and 2). Three (160 registers each, the producer 32)
-//                   spill at D 128 (the live O, Ô and S are 192 registers). The geometry is
-//                   published (SDPA_BLOCK_M and SDPA_THREADS for D 64, SDPA_BLOCK_M_D128 and
-//                   SDPA_THREADS_D128) and checked against cuda/kernels.toml's tiles.
+//                   consumers; defaults 3 and 2). Three at D 128 (160 registers each, the
+//                   producer 32) run P·V in halves of D (Tiles::PV_HALVES: a whole Ô beside O,
+//                   S and P spilled) and, in a launch of two consumers, take turns
+//                   (TWO_TURNS_D128): on an H100 that build is 3-10% faster than the default on
+//                   problems of many CTAs and 5-9% slower on the rest, its two-consumer launches
+//                   (160 registers) slower than the default's (224), so it is kept as a switch
+//                   until the launch can choose between two functions (docs/PERF.md "Stage D,
+//                   stop 46"). The geometry is published (SDPA_BLOCK_M and SDPA_THREADS for
+//                   D 64, SDPA_BLOCK_M_D128 and SDPA_THREADS_D128) and checked against
+//                   cuda/kernels.toml's tiles.
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
@@ -150,6 +156,19 @@
 #if PINGPONG_D64 < 0 || PINGPONG_D64 > 3 || PINGPONG_D128 < 0 || PINGPONG_D128 > 3
 #error "PINGPONG_D64 and PINGPONG_D128 must be 0, 1, 2 or 3"
 #endif
+// TWO_TURNS_D<D>: the turns of a launch of two consumers by an entry of three (which runs
+// without turns; with the defaults only D 64's, which never takes them): 3 at D 128, where with
+// CONSUMERS_D128=3 two consumers with turns beat three on problems of few or unequal CTAs
+// (docs/PERF.md "Stage D, stop 46"), none at D 64 (its narrower launch is one consumer).
+#ifndef TWO_TURNS_D64
+#define TWO_TURNS_D64 0
+#endif
+#ifndef TWO_TURNS_D128
+#define TWO_TURNS_D128 3
+#endif
+#if TWO_TURNS_D64 < 0 || TWO_TURNS_D64 > 3 || TWO_TURNS_D128 < 0 || TWO_TURNS_D128 > 3
+#error "TWO_TURNS_D64 and TWO_TURNS_D128 must be 0, 1, 2 or 3"
+#endif
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
 #endif
@@ -172,6 +191,8 @@ struct Tiles {
     // that a problem of too few CTAs to fill the GPU runs more, narrower ones (the host picks:
     // src/backend/cuda/launch.rs `QueryTile`). Turns count their consumers at compile time.
     static constexpr bool NARROWS = PINGPONG == 0;
+    // The turns of a narrower launch of two consumers (TWO_TURNS_D<D>; 0: none).
+    static constexpr int TWO_TURNS = NARROWS && CONSUMERS == 3 ? (D == 64 ? TWO_TURNS_D64 : TWO_TURNS_D128) : 0;
     // setmaxnreg moves registers within the CTA's pool, what the launch gave it: THREADS x the
     // launch figure (65536 / THREADS, rounded down to 8; ptxas's "Used" line).
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
@@ -191,7 +212,15 @@ struct Tiles {
     static constexpr int QK_STEPS = D / 32;       // wgmma k32 steps of Q Kᵀ
     static constexpr int PV_STEPS = BLOCK_N / 32; // wgmma k32 steps of P Vᵀ
     static constexpr int O_REGS = D / 2;          // f32 accumulators per thread of 64 x D
+    // P·V in halves of D (64 output dims each, one after the other, into a 32-register Ô) where
+    // three consumers hold D 128 (CONSUMERS_D128=3): the live set is then O and S (128 registers)
+    // at most, where a whole 64 x 128 Ô beside O and the P fragments spilled at 160 (docs/PERF.md
+    // "Stage D, stop 46"). Each output element's sum is the same, step for step: the bits do not
+    // change (checked on an H100 against the two-consumer kernel, 22 of 22 checksums).
+    static constexpr bool PV_HALVES = D == 128 && CONSUMERS == 3;
+    static constexpr int OT_REGS = PV_HALVES ? O_REGS / 2 : O_REGS;
     static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_BYTES % 1024 == 0, "align");
+    static_assert(!PV_HALVES || PINGPONG == 0, "an entry of P·V in halves takes no turns of its own");
 };
 constexpr int S_REGS = BLOCK_N / 2; // f32 accumulators per thread of 64 x BLOCK_N
 
@@ -207,6 +236,8 @@ __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulat
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
 __constant__ int SDPA_PINGPONG_D64 = PINGPONG_D64; // what the PTX proves of the turn-taking switch
 __constant__ int SDPA_PINGPONG_D128 = PINGPONG_D128;
+__constant__ int SDPA_TWO_TURNS_D64 = Tiles<64>::TWO_TURNS; // the turns of a two-consumer launch
+__constant__ int SDPA_TWO_TURNS_D128 = Tiles<128>::TWO_TURNS;
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 // Where not 0, the entry also runs query tiles of any multiple of this many rows below its own
 // (one consumer warpgroup of 128 threads each, plus the producer's): Tiles<D>::NARROWS.
@@ -391,7 +422,9 @@ __device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) 
     const int mrow = lane & 7, mat = lane >> 3;   // the matrix row this lane addresses
     const int h = mat >> 1, e = mat & 1;          // its store matrix: (half, dim parity)
     const unsigned v_base = smem_addr(v), vt_base = smem_addr(vt);
-#pragma unroll
+    // Two steps at a time at D 128 with three consumers: a whole unroll keeps eight source
+    // addresses live, which spill in the producer's 32 registers.
+#pragma unroll(D == 128 && Tiles<D>::CONSUMERS == 3 ? 2 : STEPS)
     for (int it = 0; it < STEPS; ++it) {
         const int u = warp + 4 * it;
         const int kb = u & 3, dl = u >> 2;
@@ -490,19 +523,27 @@ template <int PP>
 __device__ __forceinline__ constexpr TurnStep last_turn() {
     return PP == 2 ? TURN_QK : TURN_PV;
 }
-template <int PP, int CONSUMERS>
-__device__ __forceinline__ void turn_open(int c) {
-    if (PP != 0 && c >= CONSUMERS - 1)
-        asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % CONSUMERS) : "memory");
+// A warpgroup's part in the turns of its launch: whether the launch takes turns (the entry's
+// own, or TWO_TURNS in a launch of two consumers of an entry of three: a run-time choice, the
+// same for the whole CTA), the next warpgroup's barrier, and whether this is the last
+// warpgroup (which opens the first turn and skips the last pass).
+struct Turns {
+    bool on;
+    int next; // 1 + (c + 1) % consumers
+    bool last_wg;
+};
+template <int PP>
+__device__ __forceinline__ void turn_open(const Turns& tn) {
+    if (PP != 0 && tn.on && tn.last_wg) asm volatile("bar.arrive %0, 256;" ::"r"(tn.next) : "memory");
 }
 template <int PP>
-__device__ __forceinline__ void turn_wait(int c, TurnStep step) {
-    if (turn_waits_at<PP>(step)) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
+__device__ __forceinline__ void turn_wait(int c, TurnStep step, const Turns& tn) {
+    if (turn_waits_at<PP>(step) && tn.on) asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory");
 }
-template <int PP, int CONSUMERS>
-__device__ __forceinline__ void turn_pass(int c, TurnStep step, bool last_tile) {
-    if (turn_passes_at<PP>(step) && !(c >= CONSUMERS - 1 && last_tile && step == last_turn<PP>()))
-        asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % CONSUMERS) : "memory");
+template <int PP>
+__device__ __forceinline__ void turn_pass(const Turns& tn, TurnStep step, bool last_tile) {
+    if (turn_passes_at<PP>(step) && tn.on && !(tn.last_wg && last_tile && step == last_turn<PP>()))
+        asm volatile("bar.arrive %0, 256;" ::"r"(tn.next) : "memory");
 }
 
 // Mask one tile's S (f32, as the wgmma left it) and run the online softmax (m, l and alpha =
@@ -593,15 +634,16 @@ __device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], WgmmaDesc q, Wgmma
 
 // Ô = P̂ Vᵀ, P̂ from the A fragments pa and the Vt tile's descriptor vt, into ot (issued and
 // committed, not waited for).
+// With PV_HALVES, the half `half` of the output dims: Vt rows 64 half .. (8 KB on).
 template <int D>
-__device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::O_REGS],
+__device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::OT_REGS],
                                          const unsigned (&pa)[Tiles<D>::PV_STEPS][4],
-                                         WgmmaDesc vt) {
+                                         WgmmaDesc vt, int half = 0) {
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < Tiles<D>::PV_STEPS; ++kb) {
-        if constexpr (D == 64)
-            wgmma_rs_n64(ot, pa[kb], vt.at(32 * kb), kb > 0);
+        if constexpr (Tiles<D>::OT_REGS == 32)
+            wgmma_rs_n64(ot, pa[kb], vt.at(64 * BLOCK_N * half + 32 * kb), kb > 0);
         else
             wgmma_rs_n128(ot, pa[kb], vt.at(32 * kb), kb > 0);
     }
@@ -614,10 +656,16 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
                                          int n_tiles, float qk_scale, float v_scale,
                                          __half* __restrict__ out) {
     using T = Tiles<D>;
-    constexpr int PP = T::PINGPONG, NC = T::CONSUMERS; // the turn-taking
+    // The turn-taking: the entry's own (PINGPONG), or TWO_TURNS where this launch runs two
+    // consumers of an entry of three.
+    constexpr int PP = T::PINGPONG != 0 ? T::PINGPONG : T::TWO_TURNS;
     const int ctid = threadIdx.x - 128 * (c + 1);
     const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
     const int cta_row0 = m_block * nc * 64; // the CTA's nc consumers own 64 nc rows
+    // A launch of two consumers takes turns only where both have rows: where the second's lie
+    // past S_q (decode) it only releases each stage (below) and the first runs alone.
+    const Turns turns{T::PINGPONG != 0 || (T::TWO_TURNS != 0 && nc == 2 && cta_row0 + 64 < Sq),
+                      1 + (c + 1) % nc, c >= nc - 1};
     const int row0 = cta_row0 + 64 * c + 16 * warp + g; // and row0 + 8
     const int diag = Sk - Sq; // query i sees keys j <= i + diag
 
@@ -627,7 +675,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
-    if (n_tiles > 0) turn_open<PP, NC>(c);
+    if (n_tiles > 0) turn_open<PP>(turns);
     // Descriptors: Q's, and stage 0's K and Vt, which the stages offset (WgmmaDesc::at).
 #ifdef MUTANT_THIRD_CONSUMER_SECOND_Q
     // Planted: the third consumer reads the second's Q rows (only CTAs of three consumers).
@@ -656,10 +704,12 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         else
             softmax_tile<D, CAUSAL, false>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
     };
-    // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1).
-    auto update_o = [&](const float (&ot)[T::O_REGS], const float (&alpha)[2]) {
+    // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1). With PV_HALVES, Ô
+    // of the half `half` of the dims: O's accumulators 32 half .. (its 8-column groups 8 half ..).
+    auto update_o = [&](const float (&ot)[T::OT_REGS], const float (&alpha)[2], int half = 0) {
 #pragma unroll
-        for (int i = 0; i < T::O_REGS; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], ot[i]);
+        for (int i = 0; i < T::OT_REGS; ++i)
+            o[T::OT_REGS * half + i] = fmaf(o[T::OT_REGS * half + i], alpha[(i >> 1) & 1], ot[i]);
     };
     // The tiles below n_full need no mask: every key is below S_k and, causal, at or below the
     // diagonal of the CTA's first row; the tiles from n_full on (the last, and causal the
@@ -674,40 +724,52 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         const WgmmaDesc k_desc = k_ready(j);
         TL_STAMP(1 + c, j, 1);
         const bool last = j + 1 == n_tiles;
-        turn_wait<PP>(c, TURN_QK);
+        turn_wait<PP>(c, TURN_QK, turns);
         issue_qk<D>(sc, q_desc, k_desc);
-        turn_pass<PP, NC>(c, TURN_QK, last);
+        turn_pass<PP>(turns, TURN_QK, last);
         wgmma_wait<0>();
         wgmma_hold(sc);
         TL_STAMP(1 + c, j, 2);
         unsigned pa[T::PV_STEPS][4];
-        turn_wait<PP>(c, TURN_SOFTMAX);
+        turn_wait<PP>(c, TURN_SOFTMAX, turns);
         softmax(sc, j, masked, alpha);
         p_fragments<D>(sc, pa);
-        turn_pass<PP, NC>(c, TURN_SOFTMAX, last);
+        turn_pass<PP>(turns, TURN_SOFTMAX, last);
         TL_STAMP(1 + c, j, 3);
         const WgmmaDesc vt_desc = vt_ready(j);
         TL_STAMP(1 + c, j, 4);
-        float ot[T::O_REGS];
-        turn_wait<PP>(c, TURN_PV);
-        issue_pv<D>(ot, pa, vt_desc);
-        turn_pass<PP, NC>(c, TURN_PV, last);
+        float ot[T::OT_REGS];
+        auto pv_wait = [&]() { // Ô ended
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
-        wgmma_wait<1>();
+            wgmma_wait<1>();
 #else
-        wgmma_wait<0>();
+            wgmma_wait<0>();
 #endif
-        wgmma_hold(ot);
+            wgmma_hold(ot);
+        };
+        turn_wait<PP>(c, TURN_PV, turns);
+        issue_pv<D>(ot, pa, vt_desc);
+        turn_pass<PP>(turns, TURN_PV, last);
+        pv_wait();
         TL_STAMP(1 + c, j, 5);
-        mbar_arrive(&bars.empty[j % KV_STAGES]);
-        update_o(ot, alpha);
+        if constexpr (T::PV_HALVES) { // the first half's Ô added, then the second half's (after
+                                      // the turn, where the launch takes turns)
+            update_o(ot, alpha, 0);
+            issue_pv<D>(ot, pa, vt_desc, 1);
+            pv_wait();
+            mbar_arrive(&bars.empty[j % KV_STAGES]);
+            update_o(ot, alpha, 1);
+        } else {
+            mbar_arrive(&bars.empty[j % KV_STAGES]);
+            update_o(ot, alpha);
+        }
         TL_STAMP(1 + c, j, 6);
     };
     // A warpgroup whose rows all lie past S_q (in the last query tile of a short S_q) only keeps
     // the ring going: it releases each stage once the tile's Vᵀ has landed (the `empty` barrier
     // counts every consumer thread; the wait keeps its arrivals in the stage's phase order).
     // Without turns only: with them it would have to take its turns as well.
-    if (PP == 0 && cta_row0 + 64 * c >= Sq) {
+    if (!turns.on && cta_row0 + 64 * c >= Sq) {
         for (int j = 0; j < n_tiles; ++j) {
             vt_ready(j);
             mbar_arrive(&bars.empty[j % KV_STAGES]);

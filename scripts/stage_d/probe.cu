@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
         {4, 16, 16, 8192, 8192, 128, 1}, {1, 32, 8, 4096, 4096, 128, 1},
     };
     if (quick) probs.resize(2);
-    // geom: D 64 problems at each query tile the entry runs (Tiles<64>::NARROWS: 1, 2 or 3
+    // geom: D 64 and D 128 problems at each query tile the entry runs (Tiles<D>::NARROWS: 1, 2 or 3
     // consumer warpgroups), each output compared bit for bit with the widest's, and timed.
     bool geom = argc > 1 && std::string(argv[1]) == "geom";
     if (geom) probs = {
@@ -147,6 +147,10 @@ int main(int argc, char** argv) {
         {1, 16, 16, 1024, 1024, 64, 0}, {1, 32, 32, 1024, 1024, 64, 0}, {1, 12, 12, 4096, 4096, 64, 0},
         {1, 16, 16, 4096, 4096, 64, 0}, {1, 16, 16, 4096, 4096, 64, 1}, {4, 16, 16, 4096, 4096, 64, 0},
         {16, 32, 8, 1, 8192, 64, 0}, {1, 32, 8, 512, 4096, 64, 1}, {1, 8, 8, 16384, 16384, 64, 0},
+        {1, 8, 8, 512, 512, 128, 0}, {2, 8, 8, 1000, 3000, 128, 1}, {1, 16, 16, 1024, 1024, 128, 0},
+        {1, 12, 12, 4096, 4096, 128, 0}, {1, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 4096, 4096, 128, 1},
+        {4, 16, 16, 4096, 4096, 128, 0}, {16, 32, 8, 1, 8192, 128, 0}, {1, 32, 8, 512, 4096, 128, 1},
+        {1, 32, 8, 4096, 4096, 128, 1}, {1, 8, 8, 16384, 16384, 128, 0},
     };
     CU(cuInit(0));
     int fails = 0;
@@ -187,7 +191,8 @@ int main(int argc, char** argv) {
         };
         if (geom) {
             // Each consumer count in turn, 3 rounds, the best mean of each.
-            const int widest = Tiles<64>::CONSUMERS, narrowest = Tiles<64>::NARROWS ? 1 : widest;
+            const int widest = p.D == 64 ? Tiles<64>::CONSUMERS : Tiles<128>::CONSUMERS;
+            const int narrowest = (p.D == 64 ? Tiles<64>::NARROWS : Tiles<128>::NARROWS) ? 1 : widest;
             std::vector<unsigned short> ref(on), got(on);
             double best[4] = {1e30, 1e30, 1e30, 1e30};
             bool same[4] = {true, true, true, true};

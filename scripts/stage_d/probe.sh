@@ -4,9 +4,13 @@
 #     check  correctness problems (D 64/128, causal, GQA/MQA, S_q != S_k, partial tiles)
 #     perf   issue 27's benchmark shapes: sampled check + TFLOP/s
 #     san    memcheck, racecheck, synccheck on the first two problems
-#     geom   D 64 problems at each query tile the entry runs: bits against the widest, times
+#     geom   D 64 and D 128 problems at each query tile the entry runs: bits against the widest, times
 #     timeline  (a build with STAGE_D_DEFINES=-DDIAG_TIMELINE=X) where CTA (X, 0) spends each tile
 #     peers  cuDNN FP8 (carry .whl/nvidia_cudnn_frontend-*.whl), cuDNN fp16, flash fp16
+#     profile  Nsight Compute (--set full: clocks locked at base) on one launch of the entry
+#            $PROFILE_ENTRY (default sdpa_fp8_stage_d_wgmma_d128) in `perf`'s first problem of
+#            its head dim; saves the report and its source and raw pages, and prints where each
+#            warp role waits (stalls.py)
 # Extra nvcc defines in STAGE_D_DEFINES (e.g. "-DKV_STAGES=3"). Logs go to $OUT (or /tmp/stage_d).
 set -u
 cd "$(dirname "$0")"
@@ -25,6 +29,15 @@ for m in "$@"; do
            r=$?; [ $r = 0 ] || rc=1
            echo "sanitizer $t: rc=$r, $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$t.log")"
          done ;;
+    profile) e=${PROFILE_ENTRY:-sdpa_fp8_stage_d_wgmma_d128}
+           # The entry's second launch: the first warm-up after its checked launch.
+           timeout 300 ncu --set full --import-source no -k "regex:^$e\$" --launch-skip 1 --launch-count 1 \
+             -f -o "$OUT/profile_$e" "$BIN" perf > "$OUT/profile_$e.log" 2>&1
+           r=$?; [ $r = 0 ] || { rc=1; tail -5 "$OUT/profile_$e.log"; }
+           ncu -i "$OUT/profile_$e.ncu-rep" --page source --csv --print-source sass > "$OUT/profile_$e.source.csv"
+           ncu -i "$OUT/profile_$e.ncu-rep" --page raw --csv > "$OUT/profile_$e.raw.csv"
+           echo "profile $e: rc=$r"
+           python3 stalls.py "$OUT/profile_$e.source.csv" "$OUT/profile_$e.raw.csv" ;;
     peers) mkdir -p /tmp/cudnn
            python3 -m pip install -q --no-deps --no-index --target /tmp/cudnn ../../.whl/nvidia_cudnn_frontend-*.whl > "$OUT/pip.log" 2>&1
            PYTHONPATH=/tmp/cudnn timeout 300 python3 peers.py 2>&1 | tee "$OUT/peers.log" ;;
