@@ -11,9 +11,10 @@
 //
 // Tiles (all in the traits struct `Tiles<D>` below, one per head dim):
 //   BLOCK_M = 64 x CONSUMERS query rows per CTA, CONSUMERS = 3 at D 64 (192 rows) and 2 at D 128
-//     (128 rows): consumer warpgroup c owns rows [64c, 64c + 64). An entry without turns (D 64)
-//     also runs fewer consumers, as many as the launch's warpgroups past the producer's
-//     (Tiles::NARROWS, published as SDPA_NARROW_ROWS_D64 = 64): the host launches one consumer
+//     (128 rows): consumer warpgroup c owns rows [64c, 64c + 64). An entry without turns of its
+//     own (D 64; D 128 with CONSUMERS_D128=3) also runs fewer consumers, as many as the
+//     launch's warpgroups past the producer's (Tiles::NARROWS, published as
+//     SDPA_NARROW_ROWS_D64 = 64): the host launches one consumer
 //     (64 rows, 256 threads, two CTAs an SM) where those CTAs end sooner (docs/PERF.md change
 //     23). A row's steps, and so its bits, are the same in any CTA.
 //   BLOCK_N = 128 keys per KV tile. KV_STAGES (2 or 3) tiles in flight.
@@ -38,8 +39,12 @@
 //     D 128 tile took 2,900 cycles where it takes 2,460 with them). At D 64 the three consumers
 //     run without turns (docs/PERF.md change 22: 12-17% faster than two with turns at
 //     4x16x4096x64 on an H100, but up to 25% slower on problems of less than one wave of CTAs,
-//     which change 23 launches with one consumer a CTA instead: BLOCK_M above).
-//     Without turns (D 64), a consumer whose rows all lie past S_q only releases each stage.
+//     which change 23 launches with one consumer a CTA instead: BLOCK_M above), and start out
+//     of step: consumer c waits c x STAGGER_D64 (500) cycles once Q has landed, so that their
+//     exponentials and GEMMs do not all fall on the same cycles (change 24: 3-6% faster at
+//     4x16x4096x64 and 1x16x4096x64 over 32 tiles a CTA, the same bits; that they stay apart
+//     is inferred from the time, not traced).
+//     Without turns, a consumer whose rows all lie past S_q only releases each stage.
 //   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
 //   writes f16(O · v_scale / l), zero where l = 0.
 //
@@ -57,8 +62,9 @@
 //            become its A fragment without any shuffle (the K dimension of P Vᵀ may be permuted
 //            freely, as long as P and Vᵀ agree).
 //   mbarriers (static): q_full; per stage k_full, v_full (TMA, count 1 + tx), vt_full (128
-//   producer threads), empty (128 x the CTA's consumers' threads). Named barriers 1 ..
-//   CONSUMERS: the consumers' turns (where PINGPONG_D<D> is not 0).
+//   producer threads), empty (128 x the CTA's consumers' threads). Named barriers 1 .. the
+//   launch's consumers: their turns (where PINGPONG_D<D> is not 0, or TWO_TURNS_D<D> in a
+//   two-consumer launch).
 //
 // Causal: the CTA's KV tiles end at its last row's last visible key (tiles wholly above the
 // diagonal are never loaded); the tiles the diagonal crosses, and the tile holding S_k, are
@@ -97,9 +103,21 @@
 //                   problems of many CTAs and 5-9% slower on the rest, its two-consumer launches
 //                   (160 registers) slower than the default's (224), so it is kept as a switch
 //                   until the launch can choose between two functions (docs/PERF.md "Stage D,
-//                   stop 46"). The geometry is published (SDPA_BLOCK_M and SDPA_THREADS for
+//                   change 24 and a profile of D 128"; the runner also needs the manifest's
+//                   block_m_d128 = 192 and narrow_d128 = { rows = 128, cta_time = 0.74 }). The
+//                   geometry is published (SDPA_BLOCK_M and SDPA_THREADS for
 //                   D 64, SDPA_BLOCK_M_D128 and SDPA_THREADS_D128) and checked against
 //                   cuda/kernels.toml's tiles.
+//   TWO_TURNS_D64, TWO_TURNS_D128 = 0|1|2|3  the turns (as PINGPONG) of a two-consumer launch
+//                   of an entry of three consumers, which takes none of its own; defaults 0 and
+//                   3 (published as SDPA_TWO_TURNS_D64 and _D128, which are 0 unless the entry
+//                   has three consumers: with the defaults only D 64's, which never launches
+//                   two). Taken only where both consumers have rows.
+//   STAGGER_D64, STAGGER_D128 = cycles  where consumers take no turns, consumer c starts c x
+//                   STAGGER_D<D> cycles after the first (defaults 500 and 0; published as
+//                   SDPA_STAGGER_D64 and _D128); a consumer with no rows never waits. At D 64,
+//                   0 is 1.5-6% slower on problems of many 192-row CTAs (4x16x4096x64: 4-6%),
+//                   300, 500 and 800 alike (docs/PERF.md change 24).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
@@ -156,10 +174,10 @@
 #if PINGPONG_D64 < 0 || PINGPONG_D64 > 3 || PINGPONG_D128 < 0 || PINGPONG_D128 > 3
 #error "PINGPONG_D64 and PINGPONG_D128 must be 0, 1, 2 or 3"
 #endif
-// TWO_TURNS_D<D>: the turns of a launch of two consumers by an entry of three (which runs
-// without turns; with the defaults only D 64's, which never takes them): 3 at D 128, where with
-// CONSUMERS_D128=3 two consumers with turns beat three on problems of few or unequal CTAs
-// (docs/PERF.md "Stage D, stop 46"), none at D 64 (its narrower launch is one consumer).
+// TWO_TURNS_D<D>: the turns of a two-consumer launch of an entry of three consumers (the header's
+// switch list). 3 at D 128: with CONSUMERS_D128=3, two consumers with turns beat three on
+// problems of few or unequal CTAs (docs/PERF.md change 24's section); 0 at D 64, whose narrower
+// launch is one consumer.
 #ifndef TWO_TURNS_D64
 #define TWO_TURNS_D64 0
 #endif
@@ -168,6 +186,14 @@
 #endif
 #if TWO_TURNS_D64 < 0 || TWO_TURNS_D64 > 3 || TWO_TURNS_D128 < 0 || TWO_TURNS_D128 > 3
 #error "TWO_TURNS_D64 and TWO_TURNS_D128 must be 0, 1, 2 or 3"
+#endif
+// STAGGER_D<D>: cycles between the starts of a CTA's consumers where they take no turns (consumer
+// c waits c x STAGGER_D<D> after Q lands); published as SDPA_STAGGER_D64 and _D128.
+#ifndef STAGGER_D64
+#define STAGGER_D64 500
+#endif
+#ifndef STAGGER_D128
+#define STAGGER_D128 0
 #endif
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
@@ -189,10 +215,14 @@ struct Tiles {
     // Without turns a CTA may run fewer consumers than CONSUMERS: as many as its launch has
     // warpgroups past the producer's (threads = 128 x (1 + consumers), rows 64 x consumers), so
     // that a problem of too few CTAs to fill the GPU runs more, narrower ones (the host picks:
-    // src/backend/cuda/launch.rs `QueryTile`). Turns count their consumers at compile time.
+    // src/backend/cuda/launch.rs `QueryTile`). An entry with turns of its own (PINGPONG) runs
+    // exactly CONSUMERS; a narrowing one takes TWO_TURNS in a launch of two.
     static constexpr bool NARROWS = PINGPONG == 0;
+    // Cycles between the starts of consumers without turns (STAGGER_D<D>).
+    static constexpr int STAGGER = D == 64 ? STAGGER_D64 : STAGGER_D128;
     // The turns of a narrower launch of two consumers (TWO_TURNS_D<D>; 0: none).
-    static constexpr int TWO_TURNS = NARROWS && CONSUMERS == 3 ? (D == 64 ? TWO_TURNS_D64 : TWO_TURNS_D128) : 0;
+    static constexpr int TWO_TURNS =
+        NARROWS && CONSUMERS == 3 ? (D == 64 ? TWO_TURNS_D64 : TWO_TURNS_D128) : 0;
     // setmaxnreg moves registers within the CTA's pool, what the launch gave it: THREADS x the
     // launch figure (65536 / THREADS, rounded down to 8; ptxas's "Used" line).
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
@@ -220,7 +250,8 @@ struct Tiles {
     static constexpr bool PV_HALVES = D == 128 && CONSUMERS == 3;
     static constexpr int OT_REGS = PV_HALVES ? O_REGS / 2 : O_REGS;
     static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_BYTES % 1024 == 0, "align");
-    static_assert(!PV_HALVES || PINGPONG == 0, "an entry of P·V in halves takes no turns of its own");
+    static_assert(!PV_HALVES || PINGPONG == 0,
+                  "an entry of P·V in halves takes no turns of its own");
 };
 constexpr int S_REGS = BLOCK_N / 2; // f32 accumulators per thread of 64 x BLOCK_N
 
@@ -238,6 +269,8 @@ __constant__ int SDPA_PINGPONG_D64 = PINGPONG_D64; // what the PTX proves of the
 __constant__ int SDPA_PINGPONG_D128 = PINGPONG_D128;
 __constant__ int SDPA_TWO_TURNS_D64 = Tiles<64>::TWO_TURNS; // the turns of a two-consumer launch
 __constant__ int SDPA_TWO_TURNS_D128 = Tiles<128>::TWO_TURNS;
+__constant__ int SDPA_STAGGER_D64 = Tiles<64>::STAGGER; // cycles between consumers' starts
+__constant__ int SDPA_STAGGER_D128 = Tiles<128>::STAGGER;
 __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 // Where not 0, the entry also runs query tiles of any multiple of this many rows below its own
 // (one consumer warpgroup of 128 threads each, plus the producer's): Tiles<D>::NARROWS.
@@ -501,10 +534,11 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
 // Turns (PINGPONG): the consumer warpgroups take turns at some steps of a tile, so that one's
 // softmax runs while another's GEMMs hold the tensor cores. Warpgroup c waits on named barrier
 // 1 + c (its turn) before its turn's first step and, once its last step is issued, arrives on
-// the barrier of the next warpgroup, (c + 1) % CONSUMERS. The last warpgroup opens the first
-// turn and skips its last arrival, so every barrier ends balanced. One turn at a time: a named
-// barrier counts arrivals without knowing whose, so a round robin that let two warpgroups in at
-// once could see one warpgroup's two arrivals complete a barrier nobody waits on yet, and hang.
+// the barrier of the next warpgroup, (c + 1) % nc (nc: the launch's consumers). The last
+// warpgroup opens the first turn and skips its last arrival, so every barrier ends balanced.
+// One turn at a time: a named barrier counts arrivals without knowing whose, so a round robin
+// that let two warpgroups in at once could see one warpgroup's two arrivals complete a barrier
+// nobody waits on yet, and hang.
 // PINGPONG_D<D>=1: a turn at each GEMM's issue; 2: at Q·Kᵀ's issue alone; 3: from the softmax
 // to P·V's issue, so that two softmaxes never share the MUFU and ALU pipes. A turn ends at a
 // GEMM's issue because ptxas keeps the `wgmma` and the barrier in order, while it moves plain
@@ -534,7 +568,8 @@ struct Turns {
 };
 template <int PP>
 __device__ __forceinline__ void turn_open(const Turns& tn) {
-    if (PP != 0 && tn.on && tn.last_wg) asm volatile("bar.arrive %0, 256;" ::"r"(tn.next) : "memory");
+    if (PP != 0 && tn.on && tn.last_wg)
+        asm volatile("bar.arrive %0, 256;" ::"r"(tn.next) : "memory");
 }
 template <int PP>
 __device__ __forceinline__ void turn_wait(int c, TurnStep step, const Turns& tn) {
@@ -675,6 +710,14 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
+    // Without turns, consumer c starts c x STAGGER cycles after the first (T::STAGGER), so that
+    // the consumers' exponentials and GEMMs do not all fall on the same cycles (docs/PERF.md
+    // change 24).
+    if (T::STAGGER > 0 && !turns.on && c > 0 && n_tiles > 0 && cta_row0 + 64 * c < Sq) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < (long long)c * T::STAGGER) {
+        }
+    }
     if (n_tiles > 0) turn_open<PP>(turns);
     // Descriptors: Q's, and stage 0's K and Vt, which the stages offset (WgmmaDesc::at).
 #ifdef MUTANT_THIRD_CONSUMER_SECOND_Q
