@@ -455,17 +455,14 @@ mod tests {
     use super::*;
     use crate::shapes::Entry;
 
+    fn tile(rows: u32, threads: u32) -> QueryTile {
+        QueryTile { rows, threads }
+    }
+
     /// Stage D at D 64: its own 192 rows (512 threads, one CTA an SM) or 64 (256 threads, two
     /// an SM: the driver's occupancy of those launches), a narrow CTA 0.8 of a wide one's time.
     fn stage_d_d64(b: usize, h: usize, sq: usize) -> QueryTile {
-        let own = QueryTile {
-            rows: 192,
-            threads: 512,
-        };
-        let narrow = QueryTile {
-            rows: 64,
-            threads: 256,
-        };
+        let (own, narrow) = (tile(192, 512), tile(64, 256));
         QueryTile::choose((own, 132), (narrow, 264, 0.8), sq as u32, (b * h) as u32)
     }
 
@@ -518,16 +515,7 @@ mod tests {
             sk: sq,
         };
         let two_narrow_an_sm = |threads| Ok(if threads == 256 { 2 } else { 1 });
-        let (own, narrow) = (
-            QueryTile {
-                rows: 192,
-                threads: 512,
-            },
-            QueryTile {
-                rows: 64,
-                threads: 256,
-            },
-        );
+        let (own, narrow) = (tile(192, 512), tile(64, 256));
         let d64 = Entry::BASE;
         // Mission: the narrow tile, the own one the other; 4x16x4096: the reverse.
         let plan = |q, occupancy: &dyn Fn(u32) -> Result<u32, DriverError>| {
@@ -565,14 +553,7 @@ mod tests {
 
     #[test]
     fn a_tie_keeps_the_entrys_own_tile() {
-        let own = QueryTile {
-            rows: 128,
-            threads: 384,
-        };
-        let narrow = QueryTile {
-            rows: 64,
-            threads: 256,
-        };
+        let (own, narrow) = (tile(128, 384), tile(64, 256));
         // One wave each; a narrow CTA as slow as a wide one.
         assert_eq!(
             QueryTile::choose((own, 132), (narrow, 132, 1.0), 128, 16),
