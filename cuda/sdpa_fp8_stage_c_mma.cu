@@ -43,9 +43,10 @@
 //                   per (D, causal), each only when a problem needs it; unset, all four):
 //                   NVRTC's time per module stays that of one entry, and the plain path
 //                   carries no mask logic of the causal one.
-//   SPLIT_KV_CTAS=N, SPLIT_KV_MAX=M  the working CTAs split KV aims for (128) and the most CTAs a
-//                   query tile's steps go to (64), published as SDPA_SPLIT_KV_CTAS/_MAX
-//                   (measured: docs/PERF.md change 17); NO_SPLIT_KV publishes 0 (never split).
+//   SPLIT_KV_CTAS=N, SPLIT_KV_CTAS_8=N8, SPLIT_KV_MAX=M  the working CTAs split KV aims for
+//                   (128; with S_q <= 8, 2N: 256) and the most CTAs a query tile's steps go to
+//                   (64), published as SDPA_SPLIT_KV_CTAS/_CTAS_8/_MAX (measured: docs/PERF.md
+//                   changes 17 and 25); NO_SPLIT_KV publishes 0 (never split).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
@@ -73,7 +74,7 @@
 // Split KV (SPLIT_KV_CTAS, SPLIT_KV_MAX, NO_SPLIT_KV): a short query at D = 128 whose working
 // CTAs are few (1×32×1×128 at S_k 32768, H_kv 8: 8 packs on 132 SMs) has its query tile's KV
 // steps dealt to C = gridDim.z CTAs, the host's choice (identity.rs `kv_ctas`: about 128
-// working CTAs, at most SPLIT_KV_MAX, at most one per step). CTA z runs steps z, z + C, ...;
+// working CTAs, 256 with S_q <= 8, at most SPLIT_KV_MAX, at most one per step). CTA z runs steps z, z + C, ...;
 // its warps park their (O, m, l) in the launch's workspace, and the last CTA to arrive merges
 // every chain in order and stores the rows (`split_kv_end`). Chain z·KV_SPLIT + split holds
 // exactly the tiles t ≡ z·KV_SPLIT + split (mod C·KV_SPLIT), so the arithmetic is that of a
@@ -186,6 +187,13 @@
 #ifndef SPLIT_KV_CTAS
 #define SPLIT_KV_CTAS 128
 #endif
+// The same for S_q <= 8: two CTAs an SM rather than one. Those queries' packs do the least
+// arithmetic per K/V byte (at most 8 rows of each head), so their time is the cache's stream,
+// which more CTAs in flight feed; with 9-16 rows the target above measured faster (docs/PERF.md
+// change 25: spec-decode 4% slower at 256 on an H100 and an H200).
+#ifndef SPLIT_KV_CTAS_8
+#define SPLIT_KV_CTAS_8 (2 * SPLIT_KV_CTAS)
+#endif
 #ifndef SPLIT_KV_MAX
 #define SPLIT_KV_MAX 64
 #endif
@@ -278,13 +286,16 @@ extern "C" __constant__ int SDPA_PACK_HEADS_8 = 2 * ROW_WARPS;
 extern "C" __constant__ int SDPA_PACK_HEADS_16 = ROW_WARPS;
 #endif
 extern "C" __constant__ int SDPA_SMEM_BYTES_D128_SHORT = HAS_DEEP ? Geo<128, SHORT_STAGES>::SMEM_BYTES : 0;
-// Split KV: the CTAs a short D = 128 query's split aims for and the most CTAs one query tile's
-// steps may be dealt to (0, 0: no split; every launch has gridDim.z = 1).
+// Split KV: the CTAs a short D = 128 query's split aims for (with S_q <= 16, and with
+// S_q <= 8) and the most CTAs one query tile's steps may be dealt to (0: no split; every
+// launch has gridDim.z = 1).
 #ifdef NO_SPLIT_KV
 extern "C" __constant__ int SDPA_SPLIT_KV_CTAS = 0;
+extern "C" __constant__ int SDPA_SPLIT_KV_CTAS_8 = 0;
 extern "C" __constant__ int SDPA_SPLIT_KV_MAX = 0;
 #else
 extern "C" __constant__ int SDPA_SPLIT_KV_CTAS = SPLIT_KV_CTAS;
+extern "C" __constant__ int SDPA_SPLIT_KV_CTAS_8 = SPLIT_KV_CTAS_8;
 extern "C" __constant__ int SDPA_SPLIT_KV_MAX = SPLIT_KV_MAX;
 #endif
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = USE_CP_ASYNC;

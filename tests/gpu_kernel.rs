@@ -157,10 +157,11 @@ fn keys_split_across_ctas_give_the_emulations_bits_and_pass_every_gate() {
     // which merges every chain (cuda/sdpa_fp8_stage_c_mma.cu `split_kv_end`); the emulation
     // sums them as kv_split x CTAs chains. (shape, chains): two MQA packs of S_k 5000 at one
     // CTA per 128-key step (40 x 2), causal GQA with packs of 4, MHA at S_q 16 (a CTA per head), a
-    // partial last step, cfg-pack's odd groups; and two where each CTA runs 16 steps, strided
-    // C apart through its own stage ring (long-decode: 16 CTAs a pack; MQA at S_k 131072: 64).
+    // partial last step, cfg-pack's odd groups; and two where each CTA runs many steps, strided
+    // C apart through its own stage ring (long-decode: 32 CTAs a pack, 8 steps each; MQA at
+    // S_k 131072: 64 CTAs, 16 steps each).
     let cases = [
-        ("long-decode", 32),
+        ("long-decode", 64),
         ("1x8x1x128:sk=131072:hkv=1", 128),
         ("1x8x1x128:sk=5000:hkv=1", 80),
         ("2x8x3x128:sk=3000:hkv=2:causal", 48),
@@ -219,7 +220,10 @@ fn builds_of_different_splits_sharing_one_problems_workspace_each_write_every_ro
     // where the other's arrival counters would be, unless the counters sit where every
     // split's do. Each must write every row and pass.
     let ours = VariantSpec::new(true, &[]);
-    let fewer = ours.with_candidate_defines(&[("SPLIT_KV_CTAS".into(), "64".into())]);
+    let fewer = ours.with_candidate_defines(&[
+        ("SPLIT_KV_CTAS".into(), "64".into()),
+        ("SPLIT_KV_CTAS_8".into(), "64".into()),
+    ]);
     let mut b = stage_c_backend(&[ours, fewer]);
     let shapes = catalog()
         .select("1x32x1x128:sk=4096:hkv=8,2x8x3x128:sk=3000:hkv=2:causal")

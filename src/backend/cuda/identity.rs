@@ -57,6 +57,10 @@ pub struct KernelConstants {
     /// each ([`KernelConstants::kv_ctas`]). Absent (0): the module never splits.
     #[serde(default)]
     pub split_kv_ctas: u32,
+    /// The target of a query of at most 8 rows (`SDPA_SPLIT_KV_CTAS_8`; absent, 0:
+    /// `split_kv_ctas`, as the modules before it had).
+    #[serde(default)]
+    pub split_kv_ctas_8: u32,
     #[serde(default)]
     pub split_kv_max: u32,
     /// The A/B switch's published value (cuda/kernels.toml `proof_constant`: Stage C's
@@ -93,6 +97,7 @@ impl KernelConstants {
             pack_heads_8: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_8")?.unwrap_or(0),
             pack_heads_16: ptx_constant_opt(ptx, "SDPA_PACK_HEADS_16")?.unwrap_or(0),
             split_kv_ctas: ptx_constant_opt(ptx, "SDPA_SPLIT_KV_CTAS")?.unwrap_or(0),
+            split_kv_ctas_8: ptx_constant_opt(ptx, "SDPA_SPLIT_KV_CTAS_8")?.unwrap_or(0),
             split_kv_max: ptx_constant_opt(ptx, "SDPA_SPLIT_KV_MAX")?.unwrap_or(0),
             switch: get(switch_constant)?,
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
@@ -126,7 +131,8 @@ impl KernelConstants {
     /// The CTAs one query tile's KV steps are dealt to (the launch's `gridDim.z`; the kernel's
     /// `split_kv_end`): a short query (S_q at most `short_q_rows`) at D = 128 in a module that
     /// splits gets enough of them that its working CTAs (its packs, or one per head) reach
-    /// about `split_kv_ctas`, at most `split_kv_max` and one per KV step; any other launch 1.
+    /// about `split_kv_ctas` (`split_kv_ctas_8` with S_q at most 8, where published), at most
+    /// `split_kv_max` and one per KV step; any other launch 1.
     /// A function of the problem and the module only, never of the GPU, so the summation
     /// order, and with it every output bit, is the same on every GPU
     /// ([`crate::emulation::Algorithm`] takes `kv_split` times this many chains).
@@ -135,11 +141,15 @@ impl KernelConstants {
         if entry.d != 128 || !short || self.split_kv_ctas == 0 || self.split_kv_max == 0 {
             return 1;
         }
+        let target = match self.split_kv_ctas_8 {
+            t if q.sq <= 8 && t != 0 => t,
+            _ => self.split_kv_ctas,
+        };
         let working = q.short_packs(self).unwrap_or(q.b * q.h).max(1);
         let steps =
             q.sk.div_ceil((self.block_n * self.kv_split.max(1)) as usize);
         let cap = (self.split_kv_max as usize).min(steps).max(1);
-        (self.split_kv_ctas as usize / working).clamp(1, cap) as u32
+        (target as usize / working).clamp(1, cap) as u32
     }
 
     /// These constants on a device that allows a block `optin` bytes of shared memory: a short
@@ -970,6 +980,58 @@ ptxas info    : Used 96 registers, used 1 barriers
     }
 
     #[test]
+    fn queries_of_at_most_8_rows_split_toward_the_s_q_8_target_and_longer_ones_toward_the_other() {
+        let ptx = format!(
+            "{STAGE_C_PTX}.const .align 4 .u32 SDPA_KV_SPLIT = 2;\n{SHORT_Q_PTX}\
+             .const .align 4 .u32 SDPA_SPLIT_KV_CTAS = 128;\n\
+             .const .align 4 .u32 SDPA_SPLIT_KV_CTAS_8 = 256;\n\
+             .const .align 4 .u32 SDPA_SPLIT_KV_MAX = 64;\n"
+        );
+        let c = KernelConstants::from_ptx(&ptx, "SDPA_USE_CP_ASYNC").unwrap();
+        assert_eq!(c.split_kv_ctas_8, 256);
+        let d128 = Entry {
+            d: 128,
+            causal: false,
+        };
+        let q = |b, h, hkv, sq, sk| LaunchShape { b, h, hkv, sq, sk };
+        let cases = [
+            (
+                q(16, 32, 8, 1, 8192),
+                2,
+                "llama-decode: 128 packs, two CTAs each",
+            ),
+            (q(1, 32, 8, 1, 32768), 32, "long-decode: 8 packs"),
+            (q(1, 32, 32, 1, 32768), 8, "MHA: 32 heads"),
+            (q(4, 32, 1, 4, 8192), 8, "MQA, S_q 4: 32 packs of 4"),
+            (q(16, 32, 8, 8, 8192), 2, "S_q 8: still the S_q-8 target"),
+            (
+                q(16, 32, 8, 9, 8192),
+                1,
+                "S_q 9: 256 packs of 2, the other target",
+            ),
+            (
+                q(8, 32, 8, 16, 4096),
+                1,
+                "spec-decode: 128 packs of 2, the other target",
+            ),
+            (q(2, 32, 8, 16, 4096), 4, "S_q 16, 32 packs: 128 / 32"),
+            (q(1, 4, 1, 1, 131072), 64, "one pack: the cap"),
+        ];
+        for (shape, ctas, why) in cases {
+            assert_eq!(c.kv_ctas(d128, shape), ctas, "{why}");
+        }
+        // The deep pipeline counts every CTA: llama-decode's 256 no longer fit 132 SMs.
+        assert_eq!(c.launch_smem_bytes(d128, q(16, 32, 8, 1, 8192), 132), 81920);
+        // Without the S_q-8 target (modules before it) every short query aims at 128.
+        let before = KernelConstants {
+            split_kv_ctas_8: 0,
+            ..c
+        };
+        assert_eq!(before.kv_ctas(d128, q(16, 32, 8, 1, 8192)), 1);
+        assert_eq!(before.kv_ctas(d128, q(1, 32, 8, 1, 32768)), 16);
+    }
+
+    #[test]
     fn a_module_that_publishes_v_swizzle_gets_a_swizzled_v_map_and_one_that_does_not_an_unswizzled_one()
      {
         let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 128;\n\
@@ -1045,6 +1107,7 @@ ptxas info    : Used 96 registers, used 1 barriers
                 pack_heads_8: 1,
                 pack_heads_16: 1,
                 split_kv_ctas: 0,
+                split_kv_ctas_8: 0,
                 split_kv_max: 0,
                 switch: published,
                 v_swizzle: false,

@@ -287,10 +287,13 @@ impl DeviceProblem {
             })?;
         crate::trace::mark(|| {
             format!(
-                "launch {}: {} query rows a CTA, {} threads",
+                "launch {}: {} query rows a CTA, {} threads, {} bytes of shared memory, \
+                 the keys of a query tile over {} CTAs",
                 self.entry.suffix(),
                 tile.rows,
-                tile.threads
+                tile.threads,
+                smem_bytes,
+                kv_ctas
             )
         });
         let g = Geometry {
@@ -435,12 +438,12 @@ fn launch_dims(
 }
 
 /// The query rows at or below which a launch may split (Stage C's `SDPA_SHORT_Q_ROWS`), and the
-/// most bytes of parked states a split workspace holds: a split aims for about 128 working
-/// CTAs (`SDPA_SPLIT_KV_CTAS`), so packs × C <= 128, each pack at most 32 query rows
-/// (BLOCK_M) of 2C slots of D + 4 floats at D = 128: 128 × 32 × 2 × 132 × 4 bytes (4.3 MB).
-/// For the memory check before a problem loads; the workspace itself is sized exactly.
+/// most bytes of parked states a split workspace holds: a split aims for at most 256 working
+/// CTAs (`SDPA_SPLIT_KV_CTAS`, `_CTAS_8`), so packs × C <= 256, each pack at most 32 query
+/// rows (BLOCK_M) of 2C slots of D + 4 floats at D = 128: 256 × 32 × 2 × 132 × 4 bytes
+/// (8.7 MB). For the memory check before a problem loads; the workspace itself is sized exactly.
 const SPLIT_MAX_ROWS: usize = 16;
-const SPLIT_WORK_BOUND: u64 = 128 * 32 * 2 * 132 * 4;
+const SPLIT_WORK_BOUND: u64 = 256 * 32 * 2 * 132 * 4;
 
 /// Bytes of a split launch's workspace (cuda/sdpa_fp8_stage_c_mma.cu `split_kv_end`): one u32
 /// arrival counter per query head, padded to 16 bytes, then per query row and slot (`slots`
