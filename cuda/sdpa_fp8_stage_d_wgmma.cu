@@ -697,9 +697,12 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     const int ctid = threadIdx.x - 128 * (c + 1);
     const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
     const int cta_row0 = m_block * nc * 64; // the CTA's nc consumers own 64 nc rows
+    // Whether consumer k has any row before S_q (the last query tile of a short S_q may leave
+    // the later consumers none).
+    auto has_rows = [&](int k) { return cta_row0 + 64 * k < Sq; };
     // A launch of two consumers takes turns only where both have rows: where the second's lie
     // past S_q (decode) it only releases each stage (below) and the first runs alone.
-    const Turns turns{T::PINGPONG != 0 || (T::TWO_TURNS != 0 && nc == 2 && cta_row0 + 64 < Sq),
+    const Turns turns{T::PINGPONG != 0 || (T::TWO_TURNS != 0 && nc == 2 && has_rows(1)),
                       1 + (c + 1) % nc, c >= nc - 1};
     const int row0 = cta_row0 + 64 * c + 16 * warp + g; // and row0 + 8
     const int diag = Sk - Sq; // query i sees keys j <= i + diag
@@ -713,7 +716,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     // Without turns, consumer c starts c x STAGGER cycles after the first (T::STAGGER), so that
     // the consumers' exponentials and GEMMs do not all fall on the same cycles (docs/PERF.md
     // change 24).
-    if (T::STAGGER > 0 && !turns.on && c > 0 && n_tiles > 0 && cta_row0 + 64 * c < Sq) {
+    if (T::STAGGER > 0 && !turns.on && c > 0 && n_tiles > 0 && has_rows(c)) {
         const long long t0 = clock64();
         while (clock64() - t0 < (long long)c * T::STAGGER) {
         }
@@ -812,7 +815,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     // the ring going: it releases each stage once the tile's Vᵀ has landed (the `empty` barrier
     // counts every consumer thread; the wait keeps its arrivals in the stage's phase order).
     // Without turns only: with them it would have to take its turns as well.
-    if (!turns.on && cta_row0 + 64 * c >= Sq) {
+    if (!turns.on && !has_rows(c)) {
         for (int j = 0; j < n_tiles; ++j) {
             vt_ready(j);
             mbar_arrive(&bars.empty[j % KV_STAGES]);

@@ -54,7 +54,7 @@ type CUfunctionKey = usize;
 
 /// Which of an entry's query tiles a launch runs.
 #[derive(Debug, Clone, Copy)]
-enum TileChoice {
+pub(super) enum TileChoice {
     /// The one `QueryTile::choose` picked: every timed launch's.
     Chosen,
     /// The other, for the check that both give the same bits.
@@ -188,18 +188,10 @@ impl DeviceProblem {
         })
     }
 
-    /// As [`DeviceProblem::launch`], at the query tile the launch did not choose, where the
-    /// entry runs two (false, and nothing launched, where it runs one): the same bits are due.
-    pub fn launch_other_tile(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        variant: &LoadedVariant,
-        slot: usize,
-    ) -> Result<bool, DriverError> {
-        self.launch_at(stream, variant, slot, TileChoice::Other)
-    }
-
-    fn launch_at(
+    /// As [`DeviceProblem::launch`], at the query tile `which`: the chosen one, or the one
+    /// the launch did not choose where the entry runs two (false, and nothing launched, where
+    /// it runs one), which must give the same bits.
+    pub(super) fn launch_at(
         &mut self,
         stream: &Arc<CudaStream>,
         variant: &LoadedVariant,

@@ -46,7 +46,7 @@ use crate::verdict::Verdict;
 use device::DeviceInfo;
 use identity::VariantIdentity;
 use kernel::KernelSource;
-use launch::DeviceProblem;
+use launch::{DeviceProblem, TileChoice};
 
 /// A variant loaded on the device.
 pub struct LoadedVariant {
@@ -127,6 +127,39 @@ impl CudaBackend {
                 ))
             }
         }
+    }
+
+    /// Poisons output 0, launches `variant` into it at the query tile `which`, waits within
+    /// the watchdog's limit and reads the output back; None where the entry runs no such tile
+    /// (nothing was launched).
+    fn poisoned_launch_at(
+        &mut self,
+        variant: usize,
+        which: TileChoice,
+    ) -> Result<Option<Vec<f16>>, BackendError> {
+        let gpu = &mut *self.gpu;
+        let dp = gpu.problem.as_mut().expect("load() before a launch");
+        let v = &gpu.variants[variant];
+        let launching = match which {
+            TileChoice::Chosen => "launching",
+            TileChoice::Other => "launching at the other query tile",
+        };
+        let result = (|| -> Result<Option<Vec<f16>>, Stopped> {
+            dp.poison(&gpu.stream, 0)
+                .map_err(|e| ("poisoning the output", e))?;
+            if !dp
+                .launch_at(&gpu.stream, v, 0, which)
+                .map_err(|e| (launching, e))?
+            {
+                return Ok(None);
+            }
+            finish_checked(&gpu.stream)?;
+            let out = dp
+                .download(&gpu.stream, 0)
+                .map_err(|e| ("reading the output back", e))?;
+            Ok(Some(out))
+        })();
+        result.map_err(|s| self.stopped(variant, s))
     }
 }
 
@@ -320,22 +353,8 @@ impl Backend for CudaBackend {
     }
 
     fn launch_poisoned(&mut self, variant: usize) -> Result<Vec<f16>, BackendError> {
-        let gpu = &mut *self.gpu;
-        let dp = gpu
-            .problem
-            .as_mut()
-            .expect("load() before launch_poisoned()");
-        let v = &gpu.variants[variant];
-        let result = (|| -> Result<Vec<f16>, Stopped> {
-            dp.poison(&gpu.stream, 0)
-                .map_err(|e| ("poisoning the output", e))?;
-            dp.launch(&gpu.stream, v, 0).map_err(|e| ("launching", e))?;
-            finish_checked(&gpu.stream)?;
-            Ok(dp
-                .download(&gpu.stream, 0)
-                .map_err(|e| ("reading the output back", e))?)
-        })();
-        result.map_err(|s| self.stopped(variant, s))
+        let out = self.poisoned_launch_at(variant, TileChoice::Chosen)?;
+        Ok(out.expect("the chosen tile is always launched"))
     }
 
     fn timed_launch(&mut self, variant: usize) -> Option<crate::schema::LaunchRecord> {
@@ -345,28 +364,8 @@ impl Backend for CudaBackend {
     }
 
     fn other_geometries(&mut self, variant: usize) -> Result<Vec<Vec<f16>>, BackendError> {
-        let gpu = &mut *self.gpu;
-        let dp = gpu
-            .problem
-            .as_mut()
-            .expect("load() before other_geometries()");
-        let v = &gpu.variants[variant];
-        let result = (|| -> Result<Vec<Vec<f16>>, Stopped> {
-            dp.poison(&gpu.stream, 0)
-                .map_err(|e| ("poisoning the output", e))?;
-            let launched = dp
-                .launch_other_tile(&gpu.stream, v, 0)
-                .map_err(|e| ("launching at the other query tile", e))?;
-            if !launched {
-                return Ok(Vec::new());
-            }
-            finish_checked(&gpu.stream)?;
-            Ok(vec![
-                dp.download(&gpu.stream, 0)
-                    .map_err(|e| ("reading the output back", e))?,
-            ])
-        })();
-        result.map_err(|s| self.stopped(variant, s))
+        let out = self.poisoned_launch_at(variant, TileChoice::Other)?;
+        Ok(out.into_iter().collect())
     }
 
     /// Poisons two outputs and launches the variant into both at once on two streams.
