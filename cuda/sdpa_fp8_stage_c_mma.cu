@@ -64,14 +64,15 @@
 // once for the pack, and the MMA rows S_q fills are real ones. Per row the arithmetic is
 // unchanged (but split KV's C counts the packs: below). Every entry but the plain D = 64 one (held to 128 registers) does it;
 // NO_HEAD_PACKING turns it off, NO_HEAD_PAIRS the packs of 2·R, for A/Bs.
-// A pack streams its K/V head with few CTAs (llama-decode: 128 CTAs, one an SM), so at D = 128
-// a short GQA/MQA query whose packs fit one CTA an SM runs a SHORT_Q_STAGES-deep pipeline: the
+// A pack streams its K/V head with few CTAs (16×32×1×128 at S_k 4096, H_kv 8, with S_q 9-16:
+// 128 CTAs, one an SM; llama-decode, S_q 1, splits its keys over 256: below), so at D = 128
+// a short GQA/MQA query whose CTAs fit one an SM runs a SHORT_Q_STAGES-deep pipeline: the
 // host launches it with SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity.rs
 // `launch_smem_bytes`, from SDPA_PACK_HEADS_8/16 and the SM count; with more packs the entry's
 // two CTAs an SM win), and the kernel takes the deep path only where the launch gave that much
 // (`deep_pipeline`, %dynamic_smem_size). The depth changes when codes land, never what is
 // computed.
-// Split KV (SPLIT_KV_CTAS, SPLIT_KV_MAX, NO_SPLIT_KV): a short query at D = 128 whose working
+// Split KV (SPLIT_KV_CTAS, SPLIT_KV_CTAS_8, SPLIT_KV_MAX, NO_SPLIT_KV): a short query at D = 128 whose working
 // CTAs are few (1×32×1×128 at S_k 32768, H_kv 8: 8 packs on 132 SMs) has its query tile's KV
 // steps dealt to C = gridDim.z CTAs, the host's choice (identity.rs `kv_ctas`: about 128
 // working CTAs, 256 with S_q <= 8, at most SPLIT_KV_MAX, at most one per step). CTA z runs steps z, z + C, ...;
@@ -146,8 +147,9 @@
 //                is allowed 168 (3 CTAs per SM).
 //   d128, d128_causal  64 O accumulators: 255 registers (2 CTAs per SM, which 80 KB of shared
 //                memory for cp1 allows anyway), up to 96 KB of shared memory. A short GQA/MQA
-//                query's launch takes 144 KB (one CTA an SM): its packs are few (one per K/V
-//                head), so it is the pipeline's depth, not the CTAs per SM, that feeds them.
+//                query whose CTAs fit one an SM launches with 144 KB: its packs are few (one
+//                per K/V head), so it is the pipeline's depth, not the CTAs per SM, that feeds
+//                them.
 // D = 256 would need 128 accumulators per lane beside the scores: past 255 registers with this
 // warp grid, so it is refused.
 
@@ -182,7 +184,8 @@
 #define SHORT_Q_ROWS 16 // S_q at or below which a query is short
 // Split KV (the header's "Short queries"): a short query at D = 128 whose CTAs are few has its
 // KV steps dealt to gridDim.z CTAs; the host picks gridDim.z <= SPLIT_KV_MAX so that about
-// SPLIT_KV_CTAS CTAs work (src/backend/cuda/identity.rs `kv_ctas`). NO_SPLIT_KV publishes 0:
+// SPLIT_KV_CTAS (with S_q <= 8, SPLIT_KV_CTAS_8) CTAs work (src/backend/cuda/identity.rs
+// `kv_ctas`). NO_SPLIT_KV publishes 0:
 // the host then never splits.
 #ifndef SPLIT_KV_CTAS
 #define SPLIT_KV_CTAS 128
@@ -366,6 +369,26 @@ __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
                                                 const u8* __restrict__ v_bh, int kv0, int valid,
                                                 u8* stage) {
     using G = Geo<D>;
+    // D = 128 only: a whole step, where every chunk is live, and chunk i lies a fixed distance
+    // from chunk 0 in both global and shared memory (rows i·THREADS / CHUNKS_PER_ROW further;
+    // the swizzle depends on the row mod 8, which THREADS / CHUNKS_PER_ROW rows keep), so the
+    // copies take offsets from one address each and no per-chunk test or select: 3-4% on D 128
+    // prefill (docs/PERF.md change 26). At D = 64 the plain entry, held to 128 registers,
+    // spilled 12 bytes with it and mission ran 1.5% slower: its copies keep the general form.
+    if (D == 128 && valid == STEP_KEYS) {
+        static_assert(THREADS % G::CHUNKS_PER_ROW == 0 && THREADS / G::CHUNKS_PER_ROW % 8 == 0,
+                      "a thread's chunks keep their row mod 8");
+        const Chunk c0 = chunk_of<D>(0);
+        const size_t src0 = (size_t)(kv0 + c0.row) * D + c0.chunk * 16;
+        const int dst0 = G::swizzled(c0.row, c0.chunk);
+#pragma unroll
+        for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) {
+            constexpr int STRIDE = THREADS * 16; // bytes between a thread's chunks, both sides
+            __pipeline_memcpy_async(stage + dst0 + i * STRIDE, k_bh + src0 + i * STRIDE, 16);
+            __pipeline_memcpy_async(stage + G::STEP_CODE_BYTES + dst0 + i * STRIDE, v_bh + src0 + i * STRIDE, 16);
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) {
         const Chunk ch = chunk_of<D>(i);

@@ -53,8 +53,9 @@ pub struct KernelConstants {
     #[serde(default)]
     pub pack_heads_16: u32,
     /// Split KV (`SDPA_SPLIT_KV_CTAS`, `SDPA_SPLIT_KV_MAX`): a short query at D = 128 whose
-    /// CTAs are fewer than `split_kv_ctas` has its KV steps dealt to up to `split_kv_max` CTAs
-    /// each ([`KernelConstants::kv_ctas`]). Absent (0): the module never splits.
+    /// CTAs are fewer than its target (`split_kv_ctas`, or `split_kv_ctas_8` with S_q at most
+    /// 8) has its KV steps dealt to up to `split_kv_max` CTAs each
+    /// ([`KernelConstants::kv_ctas`]). Absent (0): the module never splits.
     #[serde(default)]
     pub split_kv_ctas: u32,
     /// The target of a query of at most 8 rows (`SDPA_SPLIT_KV_CTAS_8`; absent, 0:
@@ -1005,9 +1006,14 @@ ptxas info    : Used 96 registers, used 1 barriers
             (q(4, 32, 1, 4, 8192), 8, "MQA, S_q 4: 32 packs of 4"),
             (q(16, 32, 8, 8, 8192), 2, "S_q 8: still the S_q-8 target"),
             (
-                q(16, 32, 8, 9, 8192),
+                q(8, 32, 8, 9, 4096),
                 1,
-                "S_q 9: 256 packs of 2, the other target",
+                "S_q 9: 128 packs of 2, the other target (256: 2)",
+            ),
+            (
+                q(2, 32, 8, 9, 4096),
+                4,
+                "S_q 9, 32 packs: 128 / 32 (256: 8)",
             ),
             (
                 q(8, 32, 8, 16, 4096),

@@ -433,7 +433,10 @@ fn launch_dims(
 /// most bytes of parked states a split workspace holds: a split aims for at most 256 working
 /// CTAs (`SDPA_SPLIT_KV_CTAS`, `_CTAS_8`), so packs × C <= 256, each pack at most 32 query
 /// rows (BLOCK_M) of 2C slots of D + 4 floats at D = 128: 256 × 32 × 2 × 132 × 4 bytes
-/// (8.7 MB). For the memory check before a problem loads; the workspace itself is sized exactly.
+/// (8.7 MB). For the memory check before a problem loads, and a bound for the default build's
+/// constants only (a `--define` of a larger target, another KV split or wider packs may need
+/// more); the workspace itself is sized exactly, and where its allocation fails the launch
+/// stops with the driver's out-of-memory error (exit 4).
 const SPLIT_MAX_ROWS: usize = 16;
 const SPLIT_WORK_BOUND: u64 = 256 * 32 * 2 * 132 * 4;
 
