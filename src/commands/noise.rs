@@ -188,10 +188,10 @@ fn child_run(
             ),
         ));
     }
-    let run: PathBuf = std::fs::read_dir(results)
-        .ok()
-        .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path())))
-        .ok_or((None, "wrote no run".to_string()))?;
+    let run: PathBuf = crate::report::only_run_dir(results).ok_or((
+        None,
+        format!("wrote no run directory in {}", results.display()),
+    ))?;
     SavedRun::load(&run).map_err(|e| (None, e.to_string()))
 }
 

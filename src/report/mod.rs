@@ -8,7 +8,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::schema::{FileRef, GitInfo, HostInfo, ToolInfo};
-pub use rundir::{ReportError, RunDir, probe_nearest_dir, write_atomic};
+pub use rundir::{ReportError, RunDir, only_run_dir, probe_nearest_dir, write_atomic};
 
 /// The commit this binary was built from (captured by build.rs).
 pub fn git_info() -> GitInfo {

@@ -237,9 +237,52 @@ pub fn probe_nearest_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The run directory one finished run left in a results folder that held nothing before: its
+/// only subfolder (None if it has none or several). Not its first entry: `read_dir`'s order is
+/// the file system's, and a run that compared variants also writes the latest `COMPARE.md`
+/// (and its picture) beside the run directory.
+pub fn only_run_dir(results_root: &Path) -> Option<PathBuf> {
+    let mut dirs = std::fs::read_dir(results_root)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir());
+    let first = dirs.next()?;
+    dirs.next().is_none().then_some(first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_only_run_dir_is_the_subfolder_whatever_files_lie_beside_it() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(only_run_dir(root.path()), None, "nothing yet");
+        // A comparing run's files beside its directory; with several, a reader that took
+        // read_dir's first entry would almost surely take a file.
+        for name in [
+            "COMPARE.md",
+            "latency.svg",
+            "a",
+            "b",
+            "c",
+            "d",
+            "e",
+            "f",
+            "g",
+            "h",
+        ] {
+            std::fs::write(root.path().join(name), "x").unwrap();
+        }
+        let run = RunDir::create(root.path()).unwrap().commit().unwrap();
+        assert_eq!(only_run_dir(root.path()), Some(run));
+        std::fs::create_dir(root.path().join("other")).unwrap();
+        assert_eq!(
+            only_run_dir(root.path()),
+            None,
+            "two runs: which one is unknown"
+        );
+    }
 
     #[test]
     fn a_committed_run_appears_with_its_files_and_no_staging_left() {
