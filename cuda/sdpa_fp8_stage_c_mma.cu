@@ -64,7 +64,7 @@
 // once for the pack, and the MMA rows S_q fills are real ones. Per row the arithmetic is
 // unchanged (but split KV's C counts the packs: below). Every entry but the plain D = 64 one (held to 128 registers) does it;
 // NO_HEAD_PACKING turns it off, NO_HEAD_PAIRS the packs of 2·R, for A/Bs.
-// A pack streams its K/V head with few CTAs (16×32×1×128 at S_k 4096, H_kv 8, with S_q 9-16:
+// A pack streams its K/V head with few CTAs (spec-decode, 8×32×16×128 at S_k 4096, H_kv 8:
 // 128 CTAs, one an SM; llama-decode, S_q 1, splits its keys over 256: below), so at D = 128
 // a short GQA/MQA query whose CTAs fit one an SM runs a SHORT_Q_STAGES-deep pipeline: the
 // host launches it with SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity.rs
@@ -372,12 +372,13 @@ __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
     // D = 128 only: a whole step, where every chunk is live, and chunk i lies a fixed distance
     // from chunk 0 in both global and shared memory (rows i·THREADS / CHUNKS_PER_ROW further;
     // the swizzle depends on the row mod 8, which THREADS / CHUNKS_PER_ROW rows keep), so the
-    // copies take offsets from one address each and no per-chunk test or select: 3-4% on D 128
-    // prefill (docs/PERF.md change 26). At D = 64 the plain entry, held to 128 registers,
-    // spilled 12 bytes with it and mission ran 1.5% slower: its copies keep the general form.
-    if (D == 128 && valid == STEP_KEYS) {
-        static_assert(THREADS % G::CHUNKS_PER_ROW == 0 && THREADS / G::CHUNKS_PER_ROW % 8 == 0,
-                      "a thread's chunks keep their row mod 8");
+    // copies take offsets from one address each and no per-chunk test or select: 2.4-4.2% on
+    // D 128 prefill (docs/PERF.md change 26). At D = 64 the plain entry, held to 128 registers,
+    // spilled 12 bytes with it and mission ran 1.5% slower: its copies keep the general form,
+    // as do grids whose stride would not keep the row mod 8 (R = 1 with an odd K).
+    constexpr bool FIXED_STRIDE =
+        D == 128 && THREADS % G::CHUNKS_PER_ROW == 0 && THREADS / G::CHUNKS_PER_ROW % 8 == 0;
+    if (FIXED_STRIDE && valid == STEP_KEYS) {
         const Chunk c0 = chunk_of<D>(0);
         const size_t src0 = (size_t)(kv0 + c0.row) * D + c0.chunk * 16;
         const int dst0 = G::swizzled(c0.row, c0.chunk);

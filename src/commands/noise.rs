@@ -188,10 +188,7 @@ fn child_run(
             ),
         ));
     }
-    let run: PathBuf = crate::report::only_run_dir(results).ok_or((
-        None,
-        format!("wrote no run directory in {}", results.display()),
-    ))?;
+    let run: PathBuf = crate::report::only_run_dir(results).map_err(|why| (None, why))?;
     SavedRun::load(&run).map_err(|e| (None, e.to_string()))
 }
 

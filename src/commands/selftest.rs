@@ -433,7 +433,7 @@ fn collect(out: std::process::Output, results: &Path) -> Result<ChildRun, AppErr
             .unwrap_or(-1),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        dir: crate::report::only_run_dir(results),
+        dir: crate::report::only_run_dir(results).ok(),
     };
     if run.code == EXIT_ENVIRONMENT as i32 {
         // The child is a run, which advises `--backend cpu`; the self-test does not take it.

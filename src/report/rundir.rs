@@ -238,16 +238,28 @@ pub fn probe_nearest_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// The run directory one finished run left in a results folder that held nothing before: its
-/// only subfolder (None if it has none or several). Not its first entry: `read_dir`'s order is
-/// the file system's, and a run that compared variants also writes the latest `COMPARE.md`
-/// (and its picture) beside the run directory.
-pub fn only_run_dir(results_root: &Path) -> Option<PathBuf> {
-    let mut dirs = std::fs::read_dir(results_root)
-        .ok()?
+/// only subfolder, staging folders aside (an error naming the count where it has none or
+/// several). Not its first entry: `read_dir`'s order is the file system's, and a run that
+/// compared variants also writes the latest `COMPARE.md` beside the run directory.
+pub fn only_run_dir(results_root: &Path) -> Result<PathBuf, String> {
+    let staging = |p: &Path| {
+        p.file_name().is_some_and(|n| {
+            n.to_string_lossy()
+                .starts_with(crate::interrupt::STAGING_PREFIX)
+        })
+    };
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(results_root)
+        .map_err(|e| format!("cannot read {}: {e}", results_root.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir());
-    let first = dirs.next()?;
-    dirs.next().is_none().then_some(first)
+        .filter(|p| p.is_dir() && !staging(p))
+        .collect();
+    match dirs.len() {
+        1 => Ok(dirs.remove(0)),
+        n => Err(format!(
+            "{} holds {n} run directories, not one",
+            results_root.display()
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -257,30 +269,22 @@ mod tests {
     #[test]
     fn the_only_run_dir_is_the_subfolder_whatever_files_lie_beside_it() {
         let root = tempfile::tempdir().unwrap();
-        assert_eq!(only_run_dir(root.path()), None, "nothing yet");
-        // A comparing run's files beside its directory; with several, a reader that took
-        // read_dir's first entry would almost surely take a file.
-        for name in [
-            "COMPARE.md",
-            "latency.svg",
-            "a",
-            "b",
-            "c",
-            "d",
-            "e",
-            "f",
-            "g",
-            "h",
-        ] {
+        let err = only_run_dir(root.path()).unwrap_err();
+        assert!(err.contains("0 run directories"), "nothing yet: {err}");
+        // A comparing run's COMPARE.md beside its directory, and other files: a reader that
+        // took read_dir's first entry would almost surely take a file.
+        for name in ["COMPARE.md", "a", "b", "c", "d", "e", "f", "g", "h", "i"] {
             std::fs::write(root.path().join(name), "x").unwrap();
         }
         let run = RunDir::create(root.path()).unwrap().commit().unwrap();
-        assert_eq!(only_run_dir(root.path()), Some(run));
+        // A staging folder (a run still writing, or one that was killed) is not a run.
+        std::fs::create_dir(root.path().join(crate::interrupt::staging_name("x"))).unwrap();
+        assert_eq!(only_run_dir(root.path()), Ok(run));
         std::fs::create_dir(root.path().join("other")).unwrap();
-        assert_eq!(
-            only_run_dir(root.path()),
-            None,
-            "two runs: which one is unknown"
+        let err = only_run_dir(root.path()).unwrap_err();
+        assert!(
+            err.contains("2 run directories"),
+            "which of two is unknown: {err}"
         );
     }
 
