@@ -239,12 +239,15 @@ fn host_defect_breaks(d: HostDefect) -> &'static str {
 }
 
 /// The mutants of kernel `kernel` (its manifest entry's `all`) a self-test runs: every one
-/// that is not opt-in, or those `--only` names.
+/// that is not opt-in, or those `--only` names, each once (a child's results folder is named
+/// after its mutant, so a name given twice would make two runs share one).
 fn choose(all: &[Mutant], kernel: &str, only: &[String]) -> Result<Vec<Mutant>, ConfigError> {
     if only.is_empty() {
         return Ok(all.iter().filter(|m| !m.opt_in).cloned().collect());
     }
+    let mut seen = std::collections::BTreeSet::new();
     only.iter()
+        .filter(|name| seen.insert(name.as_str()))
         .map(|name| {
             all.iter()
                 .find(|m| m.define == *name)
@@ -650,6 +653,12 @@ mod tests {
             (named.len(), named[0].shapes.as_str()),
             (1, "index64"),
             "opt-in when named"
+        );
+        let twice = ["MUTANT_WRONG_STAGE".into(), "MUTANT_WRONG_STAGE".into()];
+        assert_eq!(
+            choose(&c.mutants, "stage-c", &twice).unwrap().len(),
+            1,
+            "named twice: once"
         );
         // Each kernel has its own: Stage C's are not Stage D's.
         let d = crate::kernels::project_spec("stage-d");
