@@ -9,6 +9,11 @@ use crate::schema::{KernelRef, VariantMeta};
 use crate::shapes::Entry;
 use crate::verdict::{Check, Verdict};
 
+/// The query rows at or below which Stage C's short queries pack two heads a row warp (the
+/// rows g and g + 8 of an MMA fragment: cuda/sdpa_fp8_stage_c_mma.cu `pack_of`), and split
+/// toward `split_kv_ctas_8`: the bound of `SDPA_PACK_HEADS_8` and `SDPA_SPLIT_KV_CTAS_8`.
+const PAIR_ROWS: usize = 8;
+
 /// The launch geometry and switches a kernel build publishes as `__constant__ int SDPA_*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelConstants {
@@ -143,7 +148,7 @@ impl KernelConstants {
             return 1;
         }
         let target = match self.split_kv_ctas_8 {
-            t if q.sq <= 8 && t != 0 => t,
+            t if q.sq <= PAIR_ROWS && t != 0 => t,
             _ => self.split_kv_ctas,
         };
         let working = q.short_packs(self).unwrap_or(q.b * q.h).max(1);
@@ -293,7 +298,7 @@ impl LaunchShape {
         let packs = |y0: usize, n: usize| n > 1 && y0 + n <= bh && kv(y0) == kv(y0 + n - 1);
         let (p8, p16) = (c.pack_heads_8 as usize, c.pack_heads_16 as usize);
         let pack = |y: usize| {
-            if self.sq <= 8 && packs(y - y % p8.max(1), p8) {
+            if self.sq <= PAIR_ROWS && packs(y - y % p8.max(1), p8) {
                 p8
             } else if packs(y - y % p16.max(1), p16) {
                 p16
