@@ -1,7 +1,7 @@
 // sdpa_fp8_stage_d_wgmma.cu — Stage-D FP8 scaled-dot-product attention, Hopper-native (sm_90a):
 // wgmma with e4m3 operands for both GEMMs, TMA loads into a shared-memory ring with mbarriers,
-// a producer warpgroup and three (D 64) or two (D 128) consumer warpgroups with register
-// reallocation.
+// a producer warpgroup and three consumer warpgroups (two in D 128's companion function) with
+// register reallocation.
 //
 // Problem (the same as Stage C, cuda/sdpa_fp8_stage_c_mma.cu): O = softmax(softmax_scale · Q Kᵀ
 // + mask) V for Q [B, H, S_q, D] and K, V [B, H_kv, S_k, D] as E4M3 codes with one f32 scale per
@@ -9,19 +9,23 @@
 // causal bottom-right aligned (query i sees keys j <= i + S_k - S_q), GQA/MQA (query head h
 // reads K/V head h / (H / H_kv)), any S_q, S_k >= 1. A row that sees no key is written as zeros.
 //
-// Tiles (all in the traits struct `Tiles<D>` below, one per head dim):
-//   BLOCK_M = 64 x CONSUMERS query rows per CTA, CONSUMERS = 3 at D 64 (192 rows) and 2 at D 128
-//     (128 rows): consumer warpgroup c owns rows [64c, 64c + 64). An entry without turns of its
-//     own (D 64; D 128 with CONSUMERS_D128=3) also runs fewer consumers, as many as the
-//     launch's warpgroups past the producer's (Tiles::NARROWS, published as
-//     SDPA_NARROW_ROWS_D64 = 64): the host launches one consumer
-//     (64 rows, 256 threads, two CTAs an SM) where those CTAs end sooner (docs/PERF.md change
-//     23). A row's steps, and so its bits, are the same in any CTA.
+// Tiles (all in the traits struct `Tiles<D, C>` below, one per function: a head dim's entries are
+// Tiles<D>, its companion Tiles<D, COMPANION_D<D>>):
+//   BLOCK_M = 64 x CONSUMERS query rows per CTA, CONSUMERS = 3 in the entries of both head dims
+//     (192 rows): consumer warpgroup c owns rows [64c, 64c + 64). An entry without turns of its
+//     own also runs fewer consumers, as many as the launch's warpgroups past the producer's
+//     (Tiles::NARROWS, published as SDPA_NARROW_ROWS_D<D> = 64): at D 64 the host launches one
+//     consumer (64 rows, 256 threads, two CTAs an SM) where those CTAs end sooner (docs/PERF.md
+//     change 23). At D 128 the narrower tile is a function of its own, the entry's companion
+//     `<entry>_m128` (two consumers with 224 registers and turns, where a two-consumer launch of
+//     the entry would have 160 and P·V in halves: docs/PERF.md "Stage D, change 27"; published as
+//     SDPA_COMPANION_ROWS_D128 = 128 and SDPA_COMPANION_THREADS_D128 = 384). A row's steps, and
+//     so its bits, are the same in any CTA of either function.
 //   BLOCK_N = 128 keys per KV tile. KV_STAGES (2 or 3) tiles in flight.
 //
-// Warp roles (THREADS = 128 x (1 + CONSUMERS): 512 at D 64 (fewer for a narrower tile, above),
-// 384 at D 128; registers by setmaxnreg
-// within the launch's pool, producer / consumers: 32 / 160 at D 64, 56 / 224 at D 128):
+// Warp roles (THREADS = 128 x (1 + CONSUMERS): 512 in the entries (fewer for a narrower tile,
+// above), 384 in the D 128 companion; registers by setmaxnreg within the launch's pool, producer
+// / consumers: 32 / 160 with three consumers, 56 / 224 with two):
 //   WG 0, producer (setmaxnreg.dec): thread 0 issues the TMA loads (Q once; per KV tile
 //     its K tile and its V tile); all 128 threads then transpose each V tile into Vᵀ (below;
 //     ldmatrix.trans, prmt, stmatrix: transpose_v_ldsm),
@@ -32,15 +36,16 @@
 //     (cvt.rn.satfinite) straight into wgmma A fragments, then Ô = P̂ Vᵀ (BLOCK_N/32 wgmma
 //     m64nDk32, A from registers) into a per-tile accumulator that is added to O in f32 (the
 //     tensor cores' FP8 accumulation keeps fewer than 24 bits: SageAttention2, arXiv 2411.10958,
-//     "FP22 accumulator"); then they release the stage (empty barrier). At D 128 the two consumers
-//     take turns from the softmax to P·V's issue (PINGPONG_D128=3, turn_wait): one's softmax runs
+//     "FP22 accumulator"); then they release the stage (empty barrier). In the D 128 companion the
+//     two consumers take turns from the softmax to P·V's issue (TWO_TURNS_D128=3, turn_wait), as
+//     the D 128 entry's two did before change 27 (PINGPONG_D128=3): one's softmax runs
 //     while the other's GEMMs hold the tensor cores, and the two softmaxes never share the pipes
 //     (docs/PERF.md change 21: without turns the two ran in step, their softmaxes at once, and a
-//     D 128 tile took 2,900 cycles where it takes 2,460 with them). At D 64 the three consumers
-//     run without turns (docs/PERF.md change 22: 12-17% faster than two with turns at
+//     D 128 tile took 2,900 cycles where it takes 2,460 with them). Three consumers (the
+//     entries of both head dims) run without turns (docs/PERF.md change 22: 12-17% faster than two with turns at
 //     4x16x4096x64 on an H100, but up to 25% slower on problems of less than one wave of CTAs,
-//     which change 23 launches with one consumer a CTA instead: BLOCK_M above), and start out
-//     of step: consumer c waits c x STAGGER_D64 (500) cycles once Q has landed, so that their
+//     which change 23 launches with one consumer a CTA instead: BLOCK_M above), and at D 64 start
+//     out of step: consumer c waits c x STAGGER_D64 (500) cycles once Q has landed, so that their
 //     exponentials and GEMMs do not all fall on the same cycles (change 24: 3-6% faster at
 //     4x16x4096x64 and 1x16x4096x64 over 32 tiles a CTA, the same bits; that they stay apart
 //     is inferred from the time, not traced).
@@ -95,24 +100,26 @@
 //                   faster than two consumers with turns: change 21). 1: a turn at each GEMM's
 //                   issue, slower than 0 (changes 12 and 21). 2: a turn at Q·Kᵀ's issue, the
 //                   default of changes 16-20 for the D = 128 causal entry.
-//   CONSUMERS_D64, CONSUMERS_D128 = 2|3  consumer warpgroups per head dim (BLOCK_M = 64 x
-//                   consumers; defaults 3 and 2). Three at D 128 (160 registers each, the
-//                   producer 32) run P·V in halves of D (Tiles::PV_HALVES: a whole Ô beside O,
-//                   S and P spilled) and, in a launch of two consumers, take turns
-//                   (TWO_TURNS_D128): on an H100 that build is 3-10% faster than the default on
-//                   problems of many CTAs and 5-9% slower on the rest, its two-consumer launches
-//                   (160 registers) slower than the default's (224), so it is kept as a switch
-//                   until the launch can choose between two functions (docs/PERF.md "Stage D,
-//                   change 24 and a profile of D 128"; the runner also needs the manifest's
-//                   block_m_d128 = 192 and narrow_d128 = { rows = 128, cta_time = 0.74 }). The
-//                   geometry is published (SDPA_BLOCK_M and SDPA_THREADS for
-//                   D 64, SDPA_BLOCK_M_D128 and SDPA_THREADS_D128) and checked against
-//                   cuda/kernels.toml's tiles.
-//   TWO_TURNS_D64, TWO_TURNS_D128 = 0|1|2|3  the turns (as PINGPONG) of a two-consumer launch
-//                   of an entry of three consumers, which takes none of its own; defaults 0 and
-//                   3 (published as SDPA_TWO_TURNS_D64 and _D128, which are 0 unless the entry
-//                   has three consumers: with the defaults only D 64's, which never launches
-//                   two). Taken only where both consumers have rows.
+//   CONSUMERS_D64, CONSUMERS_D128 = 2|3  consumer warpgroups of each head dim's entries
+//                   (BLOCK_M = 64 x consumers; defaults 3 and 3). Three at D 128 (160 registers
+//                   each, the producer 32) run P·V in halves of D (Tiles::PV_HALVES: a whole Ô
+//                   beside O, S and P spilled): 3-10% faster than two on problems of many CTAs
+//                   on an H100, 5-9% slower on the rest (docs/PERF.md "Stage D, change 24 and a
+//                   profile of D 128"), which the companion runs (COMPANION_D128). The geometry
+//                   is published (SDPA_BLOCK_M and SDPA_THREADS for D 64, SDPA_BLOCK_M_D128 and
+//                   SDPA_THREADS_D128) and checked against cuda/kernels.toml's tiles; with
+//                   CONSUMERS_D128=2 (and no companion) the manifest's block_m_d128 must be 128.
+//   COMPANION_D64, COMPANION_D128 = 0|2  the consumers of a second function each of the head
+//                   dim's modules holds beside its entry, `<entry>_m128`: its own registers
+//                   (224 a consumer with two), turns (TWO_TURNS_D<D>) and whole P·V. Defaults 0
+//                   and 2 (2 where CONSUMERS_D128 is 3); the host launches it for the manifest's
+//                   narrower tile of its rows (tiles.narrow_d128), with the entry's shared
+//                   memory (Tiles<D, C>::SMEM_BYTES must not exceed it: checked below).
+//   TWO_TURNS_D64, TWO_TURNS_D128 = 0|1|2|3  the turns (as PINGPONG) of two consumers where the
+//                   head dim's entry has three: a two-consumer launch of the entry (taken only
+//                   where both consumers have rows), and the companion's own turns; defaults 0
+//                   and 3 (published as SDPA_TWO_TURNS_D64 and _D128, which are 0 unless the
+//                   entry has three consumers).
 //   STAGGER_D64, STAGGER_D128 = cycles  where consumers take no turns, consumer c starts c x
 //                   STAGGER_D<D> cycles after the first (defaults 500 and 0; published as
 //                   SDPA_STAGGER_D64 and _D128); a consumer with no rows never waits. At D 64,
@@ -130,7 +137,8 @@
 //                   costs, for scripts/stage_d/variants.sh only.
 //
 // Launch: grid (ceil(S_q / rows), B*H) with THREADS threads and rows = BLOCK_M (each head dim's),
-// or at D 64 128 x (1 + c) threads and rows = 64c for c < CONSUMERS; SDPA_SMEM_BYTES_D<D>
+// or 128 x (1 + c) threads and rows = 64c for c < CONSUMERS (the entry narrowed), or the
+// companion's SDPA_COMPANION_THREADS_D<D> and _ROWS_D<D> in its own function; SDPA_SMEM_BYTES_D<D>
 // bytes of dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
 // (D, 64) and the Q swizzle, K [D, S_k, B·H_kv] with box (D, BLOCK_N) and the K swizzle, V the
 // same shape, swizzled like K if SDPA_V_SWIZZLE is 1. The host reads the SDPA_* constants below
@@ -161,7 +169,20 @@
 #define CONSUMERS_D64 3
 #endif
 #ifndef CONSUMERS_D128
-#define CONSUMERS_D128 2
+#define CONSUMERS_D128 3
+#endif
+// COMPANION_D<D>: the consumer warpgroups of a second function the head dim's modules hold
+// beside its entries (0: none), named after its query tile (`<entry>_m128`): at D 128, two
+// consumers with 224 registers each and turns, the query tile the launch takes where the
+// entry's 192-row CTAs would run fewer, less full waves (docs/PERF.md "Stage D, change 27").
+#ifndef COMPANION_D64
+#define COMPANION_D64 0
+#endif
+#ifndef COMPANION_D128
+#define COMPANION_D128 (CONSUMERS_D128 == 3 ? 2 : 0)
+#endif
+#if (COMPANION_D64 != 0 && COMPANION_D64 != 2) || (COMPANION_D128 != 0 && COMPANION_D128 != 2)
+#error "COMPANION_D64 and COMPANION_D128 are 0 (none) or 2 (a two-consumer function, <entry>_m128)"
 #endif
 // PINGPONG_D<D>: the consumers' turns (turn_wait below): 3 with two consumers (docs/PERF.md change
 // 21), none with three (change 22).
@@ -205,11 +226,20 @@
 constexpr int BLOCK_N = 128;
 static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 stages");
 
-// Everything a head dim's entries are built from: warp roles, registers, tiles, shared memory.
-template <int D>
+// The consumer warpgroups of a head dim's own entries (CONSUMERS_D<D>).
+__host__ __device__ constexpr int own_consumers(int d) { return d == 64 ? CONSUMERS_D64 : CONSUMERS_D128; }
+
+// Everything one function is built from: warp roles, registers, tiles, shared memory. A head
+// dim's entries are Tiles<D> (its own consumer count); its companion, where it has one, is
+// Tiles<D, COMPANION_D<D>> (the header's switch list).
+template <int D, int C = own_consumers(D)>
 struct Tiles {
-    static constexpr int CONSUMERS = D == 64 ? CONSUMERS_D64 : CONSUMERS_D128;
-    static constexpr int PINGPONG = D == 64 ? PINGPONG_D64 : PINGPONG_D128;
+    static constexpr int DIM = D;
+    static constexpr int CONSUMERS = C;
+    // The turns: the entry's own (PINGPONG_D<D>), or a companion's (TWO_TURNS_D<D>: the turns
+    // of a launch of two consumers).
+    static constexpr int PINGPONG = C == own_consumers(D) ? (D == 64 ? PINGPONG_D64 : PINGPONG_D128)
+                                                          : (D == 64 ? TWO_TURNS_D64 : TWO_TURNS_D128);
     static constexpr int BLOCK_M = 64 * CONSUMERS; // consumer warpgroup c owns rows [64c, 64c + 64)
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     // Without turns a CTA may run fewer consumers than CONSUMERS: as many as its launch has
@@ -253,6 +283,17 @@ struct Tiles {
     static_assert(!PV_HALVES || PINGPONG == 0,
                   "an entry of P·V in halves takes no turns of its own");
 };
+// A companion launches with its entry's shared memory (the host's one figure a head dim), so
+// it must need no more, and it runs fewer rows than the entry.
+template <int D, int C>
+__host__ __device__ constexpr bool companion_fits() {
+    if constexpr (C == 0)
+        return true;
+    else
+        return C < own_consumers(D) && Tiles<D, C>::SMEM_BYTES <= Tiles<D>::SMEM_BYTES;
+}
+static_assert(companion_fits<64, COMPANION_D64>() && companion_fits<128, COMPANION_D128>(),
+              "a companion runs fewer consumers than its entry, in no more shared memory");
 constexpr int S_REGS = BLOCK_N / 2; // f32 accumulators per thread of 64 x BLOCK_N
 
 // Every module publishes both head dims' geometry (the host checks that a variant's modules
@@ -277,6 +318,12 @@ __constant__ int SDPA_SMEM_BYTES_D64 = Tiles<64>::SMEM_BYTES;
 __constant__ int SDPA_NARROW_ROWS_D64 = Tiles<64>::NARROWS ? 64 : 0;
 __constant__ int SDPA_NARROW_ROWS_D128 = Tiles<128>::NARROWS ? 64 : 0;
 __constant__ int SDPA_SMEM_BYTES_D128 = Tiles<128>::SMEM_BYTES;
+// Where not 0, the head dim's modules also hold `<entry>_m<rows>`, a function of its own for
+// query tiles of this many rows and SDPA_COMPANION_THREADS_D<D> threads (COMPANION_D<D>).
+__constant__ int SDPA_COMPANION_ROWS_D64 = 64 * COMPANION_D64;
+__constant__ int SDPA_COMPANION_THREADS_D64 = COMPANION_D64 ? 128 * (1 + COMPANION_D64) : 0;
+__constant__ int SDPA_COMPANION_ROWS_D128 = 64 * COMPANION_D128;
+__constant__ int SDPA_COMPANION_THREADS_D128 = COMPANION_D128 ? 128 * (1 + COMPANION_D128) : 0;
 
 typedef unsigned char u8;
 #define NEG_INF __int_as_float(0xff800000)
@@ -332,10 +379,10 @@ __device__ __forceinline__ int kv_tiles(int m_block, int block_m, int Sq, int Sk
 
 // ---- producer: TMA issue and the V transpose ------------------------------------------------
 
-template <int D>
+template <class T>
 __device__ __forceinline__ void issue_kv(u8* smem, Barriers& bars, const TmaDesc* tm_k,
                                          const TmaDesc* tm_v, int tile, int kv_bh, int Sk) {
-    using T = Tiles<D>;
+    [[maybe_unused]] constexpr int D = T::DIM; // the planted short box's row
     const int s = tile % KV_STAGES;
     // A box always delivers all its bytes (rows past S_k zero-filled), so each barrier expects
     // the whole box, partial tile or not.
@@ -447,8 +494,9 @@ __device__ __forceinline__ void transpose_v(const u8* v, u8* vt, int ptid) {
 #if TRANSPOSE_LDSM && !V_SWIZZLE
 #error "TRANSPOSE_LDSM=1 reads V swizzled like K: build it with V_SWIZZLE=1"
 #endif
-template <int D>
+template <class T>
 __device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) {
+    constexpr int D = T::DIM;
     constexpr int SWZ_MASK = D == 128 ? 7 : 3; // as v_word
     constexpr int STEPS = (BLOCK_N / 32) * (D / 16) / 4; // per warp: 8 at D 128, 4 at D 64
     const int lane = ptid & 31, warp = ptid >> 5;
@@ -457,7 +505,7 @@ __device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) 
     const unsigned v_base = smem_addr(v), vt_base = smem_addr(vt);
     // Two steps at a time at D 128 with three consumers: a whole unroll keeps eight source
     // addresses live, which spill in the producer's 32 registers.
-#pragma unroll(D == 128 && Tiles<D>::CONSUMERS == 3 ? 2 : STEPS)
+#pragma unroll(D == 128 && T::CONSUMERS == 3 ? 2 : STEPS)
     for (int it = 0; it < STEPS; ++it) {
         const int u = warp + 4 * it;
         const int kb = u & 3, dl = u >> 2;
@@ -479,18 +527,18 @@ __device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) 
     }
 }
 
-template <int D>
+template <class T>
 __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc* tm_q,
                                          const TmaDesc* tm_k, const TmaDesc* tm_v, int nc,
                                          int m_block, int bh, int kv_bh, int n_tiles, int Sk) {
-    using T = Tiles<D>;
+    constexpr int D = T::DIM;
     const int ptid = threadIdx.x;
     if (ptid == 0) {
         mbar_arrive_expect_tx(&bars.q_full, nc * 64 * D);
         for (int c = 0; c < nc; ++c)
             tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, (m_block * nc + c) * 64, bh);
         for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
-            issue_kv<D>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
+            issue_kv<T>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
     }
     // Tiles run LOOKAHEAD ahead of the transpose. Tile j is transposed into Vt of its stage as
     // soon as its V has landed (the stage's last Vt reader, tile j - KV_STAGES, was waited for
@@ -509,7 +557,7 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         TL_STAMP(0, j, 2);
 #if defined(DIAG_NO_TRANSPOSE)
 #elif TRANSPOSE_LDSM
-        transpose_v_ldsm<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES,
+        transpose_v_ldsm<T>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES,
                             ptid);
 #else
         transpose_v<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES, ptid);
@@ -523,7 +571,7 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         if (next < n_tiles) {
             if (next >= KV_STAGES)
                 mbar_wait(&bars.empty[next % KV_STAGES], ((next / KV_STAGES) - 1) & 1);
-            if (ptid == 0) issue_kv<D>(smem, bars, tm_k, tm_v, next, kv_bh, Sk);
+            if (ptid == 0) issue_kv<T>(smem, bars, tm_k, tm_v, next, kv_bh, Sk);
         }
         TL_STAMP(0, j, 4);
     }
@@ -670,14 +718,14 @@ __device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], WgmmaDesc q, Wgmma
 // Ô = P̂ Vᵀ, P̂ from the A fragments pa and the Vt tile's descriptor vt, into ot (issued and
 // committed, not waited for).
 // With PV_HALVES, the half `half` of the output dims: Vt rows 64 half .. (8 KB on).
-template <int D>
-__device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::OT_REGS],
-                                         const unsigned (&pa)[Tiles<D>::PV_STEPS][4],
+template <class T>
+__device__ __forceinline__ void issue_pv(float (&ot)[T::OT_REGS],
+                                         const unsigned (&pa)[T::PV_STEPS][4],
                                          WgmmaDesc vt, int half = 0) {
     wgmma_fence();
 #pragma unroll
-    for (int kb = 0; kb < Tiles<D>::PV_STEPS; ++kb) {
-        if constexpr (Tiles<D>::OT_REGS == 32)
+    for (int kb = 0; kb < T::PV_STEPS; ++kb) {
+        if constexpr (T::OT_REGS == 32)
             wgmma_rs_n64(ot, pa[kb], vt.at(64 * BLOCK_N * half + 32 * kb), kb > 0);
         else
             wgmma_rs_n128(ot, pa[kb], vt.at(32 * kb), kb > 0);
@@ -685,12 +733,12 @@ __device__ __forceinline__ void issue_pv(float (&ot)[Tiles<D>::OT_REGS],
     wgmma_commit();
 }
 
-template <int D, bool CAUSAL>
+template <class T, bool CAUSAL>
 __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc, int m_block, int bh,
                                          int b, int h, int H, int kv_bh, int Sq, int Sk,
                                          int n_tiles, float qk_scale, float v_scale,
                                          __half* __restrict__ out) {
-    using T = Tiles<D>;
+    constexpr int D = T::DIM;
     // The turn-taking: the entry's own (PINGPONG), or TWO_TURNS where this launch runs two
     // consumers of an entry of three.
     constexpr int PP = T::PINGPONG != 0 ? T::PINGPONG : T::TWO_TURNS;
@@ -794,14 +842,14 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
             wgmma_hold(ot);
         };
         turn_wait<PP>(c, TURN_PV, turns);
-        issue_pv<D>(ot, pa, vt_desc);
+        issue_pv<T>(ot, pa, vt_desc);
         turn_pass<PP>(turns, TURN_PV, last);
         pv_wait();
         TL_STAMP(1 + c, j, 5);
         if constexpr (T::PV_HALVES) { // the first half's Ô added, then the second half's (after
                                       // the turn, where the launch takes turns)
             update_o(ot, alpha, 0);
-            issue_pv<D>(ot, pa, vt_desc, 1);
+            issue_pv<T>(ot, pa, vt_desc, 1);
             pv_wait();
             mbar_arrive(&bars.empty[j % KV_STAGES]);
             update_o(ot, alpha, 1);
@@ -848,7 +896,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     }
 }
 
-template <int D, bool CAUSAL>
+template <class T, bool CAUSAL>
 __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm_k,
                                           const TmaDesc* tm_v, const float* __restrict__ q_scale,
                                           const float* __restrict__ k_scale,
@@ -861,7 +909,6 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
     const int m_block = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int kv_bh = b * Hkv + h / (H / Hkv);
-    using T = Tiles<D>;
     // Consumer warpgroups: the launch's (Tiles::NARROWS), else the entry's own count.
     const int nc = T::NARROWS ? (int)blockDim.x / 128 - 1 : T::CONSUMERS;
     if (blockDim.x % 128 != 0 || nc < 1 || nc > T::CONSUMERS || (!T::NARROWS && blockDim.x != T::THREADS))
@@ -892,11 +939,11 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
     if (wg == 0) {
         regs_dealloc<T::PRODUCER_REGS>();
         if (n_tiles > 0)
-            producer<D>(smem, bars, tm_q, tm_k, tm_v, nc, m_block, bh, kv_bh, n_tiles, Sk);
+            producer<T>(smem, bars, tm_q, tm_k, tm_v, nc, m_block, bh, kv_bh, n_tiles, Sk);
     } else {
         regs_alloc<T::CONSUMER_REGS>();
         const float qk_scale = q_scale[bh] * k_scale[kv_bh] * (softmax_scale * 1.4426950408889634f);
-        consumer<D, CAUSAL>(smem, bars, wg - 1, nc, m_block, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
+        consumer<T, CAUSAL>(smem, bars, wg - 1, nc, m_block, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
                             qk_scale, v_scale[kv_bh], out);
     }
 }
@@ -908,10 +955,14 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
         __half *__restrict__ out, int B, int H, int Hkv, int Sq, int Sk, int causal,           \
         float softmax_scale
 #define SDPA_PASS &tm_q, &tm_k, &tm_v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale
-#define ENTRY(NAME, DIM, CAUSAL_)                                                              \
-    extern "C" __global__ void __launch_bounds__(Tiles<DIM>::THREADS, 1) NAME(SDPA_ARGS) {     \
-        sdpa_body<DIM, CAUSAL_>(SDPA_PASS);                                                    \
+#define FUNCTION(NAME, TILES, CAUSAL_)                                                         \
+    extern "C" __global__ void __launch_bounds__(TILES::THREADS, 1) NAME(SDPA_ARGS) {          \
+        sdpa_body<TILES, CAUSAL_>(SDPA_PASS);                                                  \
     }
+#define ENTRY(NAME, DIM, CAUSAL_) FUNCTION(NAME, Tiles<DIM>, CAUSAL_)
+// A companion: Tiles<D, COMPANION_D<D>>, named <entry>_m<rows> (rows = 64 x COMPANION_D<D>).
+#define COMPANION(NAME, DIM, C, CAUSAL_) FUNCTION(NAME, SDPA_COMPANION_TILES(DIM, C), CAUSAL_)
+#define SDPA_COMPANION_TILES(DIM, C) Tiles<DIM, C>
 
 #if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 1
 ENTRY(sdpa_fp8_stage_d_wgmma_d64, 64, false)
@@ -924,4 +975,16 @@ ENTRY(sdpa_fp8_stage_d_wgmma_d128, 128, false)
 #endif
 #if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 0
 ENTRY(sdpa_fp8_stage_d_wgmma_d128_causal, 128, true)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 1 && COMPANION_D64 == 2
+COMPANION(sdpa_fp8_stage_d_wgmma_d64_m128, 64, 2, false)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 0 && COMPANION_D64 == 2
+COMPANION(sdpa_fp8_stage_d_wgmma_d64_causal_m128, 64, 2, true)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 1 && COMPANION_D128 == 2
+COMPANION(sdpa_fp8_stage_d_wgmma_d128_m128, 128, 2, false)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 0 && COMPANION_D128 == 2
+COMPANION(sdpa_fp8_stage_d_wgmma_d128_causal_m128, 128, 2, true)
 #endif

@@ -816,9 +816,14 @@ mod tests {
             ("block_m = 192", "block_m = 512", "tiles.block_m"),
             ("block_m = 192\n", "", "tiles.block_m_d128"),
             (
-                "block_m_d128 = 128",
+                "block_m_d128 = 192",
                 "block_m_d128 = 24",
                 "tiles.block_m_d128",
+            ),
+            (
+                "narrow_d128 = { rows = 128, cta_time = 0.71 }",
+                "narrow_d128 = { rows = 192, cta_time = 0.71 }",
+                "tiles.narrow_d64 / tiles.narrow_d128",
             ),
             (
                 "narrow_d64 = { rows = 64, cta_time = 0.8 }",

@@ -180,9 +180,14 @@ int main(int argc, char** argv) {
         int BLOCK_M = p.D == 64 ? Tiles<64>::BLOCK_M : Tiles<128>::BLOCK_M;
         int THREADS = p.D == 64 ? Tiles<64>::THREADS : Tiles<128>::THREADS;
         dim3 grid((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
+        bool companion = false; // geom: the D 128 companion (<entry>_m128) instead of the entry
         auto launch = [&]() {
 #define L(K) do { CK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); \
             K<<<grid, THREADS, smem>>>(tq, tk, tv, dqs, dks, dvs, dout, p.B, p.H, p.Hkv, p.Sq, p.Sk, p.causal, sm); } while (0)
+#if COMPANION_D128 == 2
+            if (companion && !p.causal) { L(sdpa_fp8_stage_d_wgmma_d128_m128); return; }
+            if (companion) { L(sdpa_fp8_stage_d_wgmma_d128_causal_m128); return; }
+#endif
             if (p.D == 64 && !p.causal) L(sdpa_fp8_stage_d_wgmma_d64);
             else if (p.D == 64) L(sdpa_fp8_stage_d_wgmma_d64_causal);
             else if (!p.causal) L(sdpa_fp8_stage_d_wgmma_d128);
@@ -190,16 +195,21 @@ int main(int argc, char** argv) {
 #undef L
         };
         if (geom) {
-            // Each consumer count in turn, 3 rounds, the best mean of each.
+            // Each consumer count in turn, 3 rounds, the best mean of each; at D 128 the
+            // companion's two consumers too (slot 0: COMPANION_D128 consumers in their own function).
             const int widest = p.D == 64 ? Tiles<64>::CONSUMERS : Tiles<128>::CONSUMERS;
             const int narrowest = (p.D == 64 ? Tiles<64>::NARROWS : Tiles<128>::NARROWS) ? 1 : widest;
+            const int last = p.D == 128 && COMPANION_D128 ? 0 : narrowest;
             std::vector<unsigned short> ref(on), got(on);
             double best[4] = {1e30, 1e30, 1e30, 1e30};
             bool same[4] = {true, true, true, true};
             cudaEvent_t a, z; cudaEventCreate(&a); cudaEventCreate(&z);
             for (int round = 0; round < 3; ++round)
-                for (int nc = widest; nc >= narrowest; --nc) {
-                    BLOCK_M = 64 * nc; THREADS = 128 * (nc + 1);
+                for (int nc = widest; nc >= last; --nc) {
+                    if (nc < narrowest && nc > 0) continue;
+                    companion = nc == 0;
+                    const int cons = companion ? COMPANION_D128 : nc;
+                    BLOCK_M = 64 * cons; THREADS = 128 * (cons + 1);
                     grid = dim3((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
                     CK(cudaMemset(dout, 0xFF, on * 2));
                     launch(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
@@ -217,13 +227,17 @@ int main(int argc, char** argv) {
                 }
             int sms = 0; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
             printf("geom %dx%dx%d sq=%d sk=%d causal=%d:", p.B, p.H, p.Hkv, p.Sq, p.Sk, p.causal);
-            for (int nc = widest; nc >= narrowest; --nc) {
-                const int ctas = (p.Sq + 64 * nc - 1) / (64 * nc) * p.B * p.H;
-                printf("  nc%d %d CTAs (%.2f waves) %.2f us%s", nc, ctas, (double)ctas / sms, best[nc],
+            for (int nc = widest; nc >= last; --nc) {
+                if (nc < narrowest && nc > 0) continue;
+                const int cons = nc == 0 ? COMPANION_D128 : nc;
+                const int ctas = (p.Sq + 64 * cons - 1) / (64 * cons) * p.B * p.H;
+                printf("  %s%d %d CTAs (%.2f waves) %.2f us%s", nc == 0 ? "companion" : "nc", cons, ctas,
+                       (double)ctas / sms, best[nc],
                        nc == widest ? "" : same[nc] ? " same bits" : " BITS DIFFER");
                 if (!same[nc]) fails++;
             }
             printf("\n"); fflush(stdout);
+            companion = false;
             BLOCK_M = 64 * widest; THREADS = 128 * (widest + 1);
             grid = dim3((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
             cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dqs); cudaFree(dks); cudaFree(dvs); cudaFree(dout);

@@ -37,6 +37,18 @@ pub struct KernelConstants {
     pub narrow_rows: u32,
     #[serde(default)]
     pub narrow_rows_d128: u32,
+    /// Where not 0, the D = 64 (D = 128) modules also hold a function of its own for query tiles
+    /// of this many rows, `<entry>_m<rows>`, of `companion_threads` threads
+    /// (`SDPA_COMPANION_ROWS_D64`, `_D128`, `SDPA_COMPANION_THREADS_D64`, `_D128`;
+    /// [`KernelConstants::companion`]); it launches with its entry's shared memory.
+    #[serde(default)]
+    pub companion_rows: u32,
+    #[serde(default)]
+    pub companion_threads: u32,
+    #[serde(default)]
+    pub companion_rows_d128: u32,
+    #[serde(default)]
+    pub companion_threads_d128: u32,
     /// Dynamic shared memory of the D = 64 entry.
     pub smem_bytes: u32,
     /// Dynamic shared memory of the D = 128 entry.
@@ -95,6 +107,11 @@ impl KernelConstants {
             threads_d128: ptx_constant_opt(ptx, "SDPA_THREADS_D128")?.unwrap_or(0),
             narrow_rows: ptx_constant_opt(ptx, "SDPA_NARROW_ROWS_D64")?.unwrap_or(0),
             narrow_rows_d128: ptx_constant_opt(ptx, "SDPA_NARROW_ROWS_D128")?.unwrap_or(0),
+            companion_rows: ptx_constant_opt(ptx, "SDPA_COMPANION_ROWS_D64")?.unwrap_or(0),
+            companion_threads: ptx_constant_opt(ptx, "SDPA_COMPANION_THREADS_D64")?.unwrap_or(0),
+            companion_rows_d128: ptx_constant_opt(ptx, "SDPA_COMPANION_ROWS_D128")?.unwrap_or(0),
+            companion_threads_d128: ptx_constant_opt(ptx, "SDPA_COMPANION_THREADS_D128")?
+                .unwrap_or(0),
             smem_bytes: get("SDPA_SMEM_BYTES_D64")?,
             smem_bytes_d128: get("SDPA_SMEM_BYTES_D128")?,
             short_q_rows: ptx_constant_opt(ptx, "SDPA_SHORT_Q_ROWS")?.unwrap_or(0),
@@ -187,17 +204,37 @@ impl KernelConstants {
         }
     }
 
-    /// The threads of a launch of `entry` with query tiles of `rows` (fewer than its own): one
+    /// The threads of a launch of `entry` with query tiles of `rows` (fewer than its own): its
+    /// companion's where that function runs `rows` ([`KernelConstants::companion`]), else one
     /// warpgroup fewer per `SDPA_NARROW_ROWS_D<D>` rows. None where the entry runs no such
-    /// tile (it publishes no narrowing, or `rows` is not a multiple of its step below its own).
+    /// tile (no companion of those rows, and no narrowing, or `rows` not a multiple of its step
+    /// below its own).
     pub fn narrowed(&self, entry: Entry, rows: u32) -> Option<u32> {
         let step = self.narrow_step(entry);
         let own = self.block_m_of(entry);
-        if step == 0 || rows == 0 || rows >= own || !rows.is_multiple_of(step) {
+        if rows == 0 || rows >= own {
+            return None;
+        }
+        if let Some((_, threads)) = self.companion(entry).filter(|&(r, _)| r == rows) {
+            return Some(threads);
+        }
+        if step == 0 || !rows.is_multiple_of(step) {
             return None;
         }
         let fewer = (own - rows) / step * 128;
         self.threads_of(entry).checked_sub(fewer).filter(|&t| t > 0)
+    }
+
+    /// The query rows and threads of `entry`'s companion, the function of its own its module
+    /// holds for a narrower tile (`<entry>_m<rows>`), where it publishes one with fewer rows
+    /// than the entry's own.
+    pub fn companion(&self, entry: Entry) -> Option<(u32, u32)> {
+        let (rows, threads) = if entry.d == 128 {
+            (self.companion_rows_d128, self.companion_threads_d128)
+        } else {
+            (self.companion_rows, self.companion_threads)
+        };
+        (rows != 0 && threads != 0 && rows < self.block_m_of(entry)).then_some((rows, threads))
     }
 
     /// The rows of one narrowing step of `entry` (`SDPA_NARROW_ROWS_D<D>`; 0: it runs its own
@@ -461,7 +498,10 @@ impl PtxasReport {
         for line in log.lines() {
             if line.contains("Compiling entry function") || line.contains("Function properties for")
             {
-                in_entry = line.contains(entry);
+                // The exact name: an entry's is a prefix of its companion's (`<entry>_m128`),
+                // which the same module's log reports too.
+                in_entry = line.contains(&format!("'{entry}'"))
+                    || line.trim_end().ends_with(&format!(" {entry}"));
                 continue;
             }
             if !in_entry {
@@ -525,6 +565,18 @@ pub struct EntryIdentity {
     pub driver: Option<DriverResources>,
 }
 
+/// A companion of one entry (a function of its own for a narrower query tile, in the entry's
+/// module: [`KernelConstants::companion`]): its resources, gated like its entry's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CompanionIdentity {
+    pub entry: Entry,
+    /// Its query rows (its name's `_m<rows>`).
+    pub rows: u32,
+    pub ptxas: PtxasReport,
+    /// Absent when compiled without a GPU.
+    pub driver: Option<DriverResources>,
+}
+
 /// Everything that identifies one compiled variant, as recorded in build_meta.json.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VariantIdentity {
@@ -541,6 +593,9 @@ pub struct VariantIdentity {
     /// The other entries the run built (D = 128, causal), each from a module of its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entries: Vec<EntryIdentity>,
+    /// The companions of the entries built, each from its entry's module.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub companions: Vec<CompanionIdentity>,
     /// The kernel source it was built from.
     pub kernel: KernelRef,
     /// Of the PTX without line information and comments ([`ptx_code`]): equal for two
@@ -607,24 +662,42 @@ impl VariantIdentity {
             })
     }
 
-    /// The resource gates of every entry built: the base entry's under `resources.*` against
-    /// `gates.resources`, each other's under `resources.<entry>.*` (e.g.
-    /// `resources.d128_causal.regs_per_thread`) against its own limits; blocks per SM is
-    /// checked only when the driver reported it.
+    /// The resource gates of every function built: the base entry's under `resources.*` against
+    /// `gates.resources`, each other entry's under `resources.<entry>.*` (e.g.
+    /// `resources.d128_causal.regs_per_thread`) against its own limits, and each companion's
+    /// under `resources.<entry>_m<rows>.*` against its entry's; blocks per SM is checked only
+    /// when the driver reported it.
     pub fn resource_verdict(&self, all: &crate::gates::Gates) -> Verdict {
         let mut v = Verdict::default();
+        let gates_of = |e: Entry| {
+            if e == Entry::BASE {
+                &all.resources
+            } else {
+                &all.resources_by_entry[&e.suffix()]
+            }
+        };
         let built = std::iter::once(Entry::BASE).chain(self.entries.iter().map(|x| x.entry));
-        for e in built.filter_map(|e| self.entry(e)) {
+        let entries = built.filter_map(|e| self.entry(e)).map(|e| {
             let prefix = if e.entry == Entry::BASE {
                 "resources".to_string()
             } else {
                 format!("resources.{}", e.entry.suffix())
             };
-            let gates = if e.entry == Entry::BASE {
-                &all.resources
-            } else {
-                &all.resources_by_entry[&e.entry.suffix()]
-            };
+            (prefix, e)
+        });
+        let companions = self.companions.iter().filter_map(|x| {
+            let facts = self.entry(x.entry)?;
+            Some((
+                format!("resources.{}_m{}", x.entry.suffix(), x.rows),
+                EntryFacts {
+                    ptxas: &x.ptxas,
+                    driver: x.driver.as_ref(),
+                    ..facts
+                },
+            ))
+        });
+        for (prefix, e) in entries.chain(companions) {
+            let gates = gates_of(e.entry);
             if let Some(regs) = e.registers() {
                 v.add(
                     &format!("{prefix}.regs_per_thread"),
@@ -701,6 +774,38 @@ ptxas info    : Used 96 registers, used 1 barriers
         );
         assert_eq!(r.spill_bytes(), Some(28));
         assert_eq!(PtxasReport::parse(LOG, "other").registers, Some(200));
+    }
+
+    #[test]
+    fn an_entrys_report_is_not_its_companions_whose_name_it_begins() {
+        // One module's log: the companion `<entry>_m128` is reported first, then the entry.
+        let log = "ptxas info    : Compiling entry function 'k_d128_m128' for 'sm_90a'
+ptxas info    : Function properties for k_d128_m128
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers, 80 bytes smem
+ptxas info    : Compiling entry function 'k_d128' for 'sm_90a'
+ptxas info    : Function properties for k_d128
+ptxas         .     0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 128 registers, used 16 barriers, 80 bytes smem
+";
+        let entry = PtxasReport::parse(log, "k_d128");
+        assert_eq!(
+            (entry.registers, entry.spill_bytes()),
+            (Some(128), Some(16))
+        );
+        let companion = PtxasReport::parse(log, "k_d128_m128");
+        assert_eq!(
+            (companion.registers, companion.spill_bytes()),
+            (Some(168), Some(0))
+        );
+        // Reversed, the entry's figures are still its own.
+        let reversed: String = log
+            .lines()
+            .skip(4)
+            .chain(log.lines().take(4))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(PtxasReport::parse(&reversed, "k_d128").registers, Some(128));
     }
 
     #[test]
@@ -811,6 +916,48 @@ ptxas info    : Used 96 registers, used 1 barriers
                    .const .align 4 .u32 SDPA_NARROW_ROWS_D64 = 64;\n.const .align 4 .u32 SDPA_NARROW_ROWS_D128;\n";
         let read = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap();
         assert_eq!((read.narrow_rows, read.narrow_rows_d128), (64, 0));
+    }
+
+    #[test]
+    fn a_companion_runs_its_rows_with_its_own_threads_beside_any_narrowing() {
+        // Stage D's D 128 with CONSUMERS_D128=3: the entry's 192 rows (512 threads), which
+        // narrows by 64, and a companion of 128 rows whose threads the module publishes.
+        let ptx = ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n.const .align 4 .u32 SDPA_BLOCK_M_D128 = 192;\n\
+                   .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = 512;\n\
+                   .const .align 4 .u32 SDPA_THREADS_D128 = 512;\n\
+                   .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n.const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
+                   .const .align 4 .u32 SDPA_KV_STAGES = 2;\n.const .align 4 .u32 SDPA_NARROW_ROWS_D128 = 64;\n\
+                   .const .align 4 .u32 SDPA_COMPANION_ROWS_D64;\n.const .align 4 .u32 SDPA_COMPANION_THREADS_D64;\n\
+                   .const .align 4 .u32 SDPA_COMPANION_ROWS_D128 = 128;\n\
+                   .const .align 4 .u32 SDPA_COMPANION_THREADS_D128 = 320;\n";
+        let c = KernelConstants::from_ptx(ptx, "SDPA_KV_STAGES").unwrap();
+        let d128 = Entry {
+            d: 128,
+            causal: false,
+        };
+        assert_eq!(c.companion(d128), Some((128, 320)));
+        assert_eq!(c.companion(Entry::BASE), None, "D 64 publishes none");
+        // The companion's rows take its threads (320 here, to tell them from the 384 that
+        // narrowing by one warpgroup would give); other multiples of the step still narrow.
+        assert_eq!(c.narrowed(d128, 128), Some(320));
+        assert_eq!(c.narrowed(d128, 64), Some(256));
+        assert_eq!(c.query_tiles(), vec![64, 128, 192]);
+        // A companion no narrower than its entry is none.
+        let wide = KernelConstants {
+            companion_rows_d128: 192,
+            ..c
+        };
+        assert_eq!(wide.companion(d128), None);
+        assert_eq!(wide.narrowed(d128, 192), None);
+        // A module before companions (no constants) has none.
+        let before: String = ptx
+            .lines()
+            .filter(|l| !l.contains("COMPANION"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let old = KernelConstants::from_ptx(&before, "SDPA_KV_STAGES").unwrap();
+        assert_eq!(old.companion(d128), None);
+        assert_eq!(old.narrowed(d128, 128), Some(384));
     }
 
     /// A Stage C cp1 module's launch constants (2 x 2 warp grid), and those of its short queries.
@@ -1111,6 +1258,10 @@ ptxas info    : Used 96 registers, used 1 barriers
                 threads_d128: 0,
                 narrow_rows: 0,
                 narrow_rows_d128: 0,
+                companion_rows: 0,
+                companion_threads: 0,
+                companion_rows_d128: 0,
+                companion_threads_d128: 0,
                 smem_bytes: 61440,
                 smem_bytes_d128: 61440,
                 short_q_rows: 0,
@@ -1144,6 +1295,7 @@ ptxas info    : Used 96 registers, used 1 barriers
                 },
                 driver: None,
             }],
+            companions: vec![],
             kernel: KernelRef {
                 role: Default::default(),
                 source: "k.cu".into(),
@@ -1266,5 +1418,44 @@ ptxas info    : Used 96 registers, used 1 barriers
         );
         id.ptxas.spill_store_bytes = Some(8);
         assert!(!id.resource_verdict(&all).checks["resources.spill_bytes"].pass);
+    }
+
+    #[test]
+    fn a_companion_is_gated_by_its_entrys_limits_under_its_own_name() {
+        let mut all = crate::gates::GateFile::parse(
+            std::path::Path::new("gates/default.json"),
+            include_str!("../../../gates/default.json"),
+        )
+        .unwrap()
+        .gates;
+        all.resources_by_entry
+            .get_mut("d128_causal")
+            .unwrap()
+            .max_regs_per_thread = 168;
+        let mut id = identity(true, 1);
+        let d128c = id.entries[0].entry;
+        id.companions.push(CompanionIdentity {
+            entry: d128c,
+            rows: 128,
+            ptxas: PtxasReport {
+                registers: Some(168),
+                stack_frame_bytes: Some(0),
+                spill_store_bytes: Some(0),
+                spill_load_bytes: Some(0),
+            },
+            driver: None,
+        });
+        let v = id.resource_verdict(&all);
+        assert!(v.pass(), "{:?}", v.failures());
+        assert_eq!(v.checks.len(), 9, "three per function");
+        id.companions[0].ptxas.registers = Some(176);
+        id.companions[0].ptxas.spill_load_bytes = Some(4);
+        assert_eq!(
+            id.resource_verdict(&all).failures(),
+            [
+                "resources.d128_causal_m128.regs_per_thread 176 > 168",
+                "resources.d128_causal_m128.spill_bytes 4 > 0"
+            ]
+        );
     }
 }

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use super::identity::{
-    EntryIdentity, KernelConstants, PtxasReport, Toggle, VariantIdentity, ptx_code,
-    ptx_has_cp_async,
+    CompanionIdentity, EntryIdentity, KernelConstants, PtxasReport, Toggle, VariantIdentity,
+    ptx_code, ptx_has_cp_async,
 };
 use super::nvrtc::{self, Compiled};
 use super::revision;
@@ -21,6 +21,12 @@ use crate::shapes::Entry;
 /// `<prefix>_d64`, `<prefix>_d128_causal`, ... (docs/DESIGN.md "Kernel ABI").
 pub fn entry_for(prefix: &str, e: Entry) -> String {
     format!("{prefix}_{}", e.suffix())
+}
+
+/// The companion of entry `e` that runs query tiles of `rows` rows, in the entry's module:
+/// `<entry>_m<rows>` (cuda/sdpa_fp8_stage_d_wgmma.cu `COMPANION_D<D>`).
+pub fn companion_for(prefix: &str, e: Entry, rows: u32) -> String {
+    format!("{}_m{rows}", entry_for(prefix, e))
 }
 
 /// The architecture a kernel is compiled for on a GPU of architecture `gpu_arch` (`sm_90`):
@@ -282,9 +288,22 @@ pub fn build_variant(
             spec.name, src.origin
         );
     }
+    let mut companions = Vec::new();
     for (e, module) in
         std::iter::once((Entry::BASE, &compiled)).chain(others.iter().map(|(e, c)| (*e, c)))
     {
+        if let Some((rows, _)) = constants.companion(e) {
+            let name = companion_for(&src.spec.entry, e, rows);
+            if let Some(why) = companion_missing(&module.ptx, &name, e, rows) {
+                return Err(refuse(why));
+            }
+            companions.push(CompanionIdentity {
+                entry: e,
+                rows,
+                ptxas: PtxasReport::parse(&module.log, &name),
+                driver: None,
+            });
+        }
         if let Some(line) = forbidden_message(&module.log, &src.spec.ptxas_must_not_say) {
             return Err(refuse(format!(
                 "ptxas said, compiling its {} module, what cuda/kernels.toml says it must not \
@@ -338,6 +357,7 @@ pub fn build_variant(
         ptxas: PtxasReport::parse(&compiled.log, &entry_for(&src.spec.entry, Entry::BASE)),
         driver: None,
         entries: entry_ids,
+        companions,
         kernel: KernelRef {
             role: spec.role,
             source: src.origin.clone(),
@@ -422,6 +442,19 @@ fn narrow_not_run(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
                 d = entry.d,
             )
         })
+    })
+}
+
+/// Why a module that publishes a companion of `rows` rows for entry `e` is refused: it holds
+/// no function `name` (the launch would find none for the tile the manifest names).
+fn companion_missing(ptx: &str, name: &str, e: Entry, rows: u32) -> Option<String> {
+    (!ptx.contains(&format!(".entry {name}("))).then(|| {
+        format!(
+            "it publishes a companion of {rows} query rows for its {} entry \
+             (SDPA_COMPANION_ROWS_D{}), but its module has no function `{name}`",
+            e.suffix(),
+            e.d
+        )
     })
 }
 
@@ -566,12 +599,28 @@ mod tests {
         let manifest = crate::kernels::Manifest::load(&path).unwrap();
         let spec = manifest.get("stage-d").unwrap().clone();
         assert_eq!(spec.tiles.narrow(64).map(|n| n.rows), Some(64));
-        let wide = super::super::identity::per_head_dim_constants((192, 128), (512, 384));
+        assert_eq!(spec.tiles.narrow(128).map(|n| n.rows), Some(128));
+        // Today's module: D 64 narrows by 64 rows, D 128's companion runs 128.
+        let wide = KernelConstants {
+            companion_rows_d128: 128,
+            companion_threads_d128: 384,
+            ..super::super::identity::per_head_dim_constants((192, 192), (512, 512))
+        };
         let narrows = KernelConstants {
             narrow_rows: 64,
             ..wide
         };
         assert_eq!(narrow_not_run(&narrows, &spec), None);
+        // A module without the companion (a base from before it) runs D 128's 128 rows no more.
+        let no_companion = KernelConstants {
+            companion_rows_d128: 0,
+            ..narrows
+        };
+        let why = narrow_not_run(&no_companion, &spec).expect("no companion");
+        assert!(
+            why.contains("narrower D 128 query tile of 128 rows"),
+            "{why}"
+        );
         // A kernel that publishes no narrowing (a base from before it), or a step the rows are
         // no multiple of: named, and its build goes on (its tiles are the manifest's).
         assert_eq!(tiles_mismatch(&wide, &spec), None);
@@ -593,6 +642,24 @@ mod tests {
         });
         let why = narrow_not_run(&narrows, &d128).expect("D 128 publishes no narrowing");
         assert!(why.contains("narrow_d128"), "{why}");
+    }
+
+    #[test]
+    fn a_published_companion_the_module_does_not_define_is_refused_by_name() {
+        let d128 = Entry {
+            d: 128,
+            causal: true,
+        };
+        let name = companion_for("k", d128, 128);
+        assert_eq!(name, "k_d128_causal_m128");
+        let ptx = ".visible .entry k_d128_causal(\n.param .u64 a\n)\n";
+        let why = companion_missing(ptx, &name, d128, 128).unwrap();
+        assert!(
+            why.contains("`k_d128_causal_m128`") && why.contains("SDPA_COMPANION_ROWS_D128"),
+            "{why}"
+        );
+        let both = format!("{ptx}.visible .entry k_d128_causal_m128(\n.param .u64 a\n)\n");
+        assert_eq!(companion_missing(&both, &name, d128, 128), None);
     }
 
     #[test]
@@ -671,7 +738,9 @@ mod tests {
                 .spec
         };
         // A revision whose stage-d had two consumers at D 64 too: its tiles are its own.
-        let two = manifest.replacen("block_m = 192\nblock_m_d128 = 128", "block_m = 128", 1);
+        let two = manifest
+            .replacen("block_m = 192\nblock_m_d128 = 192", "block_m = 128", 1)
+            .replacen("narrow_d128 = { rows = 128, cta_time = 0.71 }\n", "", 1);
         assert_ne!(two, manifest);
         commit(Some(&two), "// two consumers");
         let old = at("HEAD");

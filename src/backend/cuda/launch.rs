@@ -199,7 +199,6 @@ impl DeviceProblem {
         which: TileChoice,
     ) -> Result<bool, DriverError> {
         let geometry = self.geometry(variant)?;
-        let function = self.function(variant);
         let consts = &variant.identity.constants;
         let tile = match which {
             TileChoice::Chosen => geometry.tile,
@@ -208,6 +207,7 @@ impl DeviceProblem {
                 None => return Ok(false),
             },
         };
+        let function = self.function(variant, tile.rows);
         let (grid_dim, block_dim) = launch_dims(tile, self.shape, geometry.kv_ctas);
         let cfg = LaunchConfig {
             grid_dim,
@@ -246,11 +246,13 @@ impl DeviceProblem {
         unsafe { args.launch(cfg) }.map(|_| true)
     }
 
-    /// The function of this problem's entry (D, causal) in `variant` (`CudaBackend::load`
-    /// refused a problem whose entry was not built).
-    fn function<'v>(&self, variant: &'v LoadedVariant) -> &'v CudaFunction {
+    /// The function of this problem's entry (D, causal) in `variant` that runs query tiles of
+    /// `rows` rows: the entry's companion of those rows, or the entry's own
+    /// ([`LoadedVariant::function`]; `CudaBackend::load` refused a problem whose entry was not
+    /// built).
+    fn function<'v>(&self, variant: &'v LoadedVariant, rows: u32) -> &'v CudaFunction {
         variant
-            .entry(self.entry)
+            .function(self.entry, rows)
             .expect("the entry of the problem was built")
     }
 
@@ -259,8 +261,10 @@ impl DeviceProblem {
     /// its registers set), worked out at its first launch of this problem (not in every timed
     /// launch).
     fn geometry(&mut self, variant: &LoadedVariant) -> Result<Geometry, DriverError> {
-        let function = self.function(variant);
-        let key = function.cu_function() as CUfunctionKey;
+        let entry_fn = variant
+            .entry(self.entry)
+            .expect("the entry of the problem was built");
+        let key = entry_fn.cu_function() as CUfunctionKey;
         if let Some((_, g)) = self.geometries.iter().find(|(k, _)| *k == key) {
             return Ok(*g);
         }
@@ -269,14 +273,14 @@ impl DeviceProblem {
         let shape = self.shape;
         let kv_ctas = consts.kv_ctas(self.entry, shape);
         let smem_bytes = consts.launch_smem_bytes(self.entry, shape, sms);
-        let (tile, other) =
-            plan_tiles(consts, self.entry, shape, kv_ctas, narrow, sms, |threads| {
-                function.occupancy_max_active_blocks_per_multiprocessor(
-                    threads,
+        let (tile, other) = plan_tiles(consts, self.entry, shape, kv_ctas, narrow, sms, |tile| {
+            self.function(variant, tile.rows)
+                .occupancy_max_active_blocks_per_multiprocessor(
+                    tile.threads,
                     smem_bytes as usize,
                     None,
                 )
-            })?;
+        })?;
         crate::trace::mark(|| {
             format!(
                 "launch {}: {} query rows a CTA, {} threads, {} bytes of shared memory, \
@@ -382,9 +386,10 @@ impl QueryTile {
 }
 
 /// The query tile a launch of `entry` on `q` runs, and the other one it may run (None where it
-/// runs one): the entry's own, or the manifest's narrower tile where the entry runs it, the
-/// driver holds at least one of its CTAs an SM (`occupancy` of a CTA of so many threads: an
-/// error is the launch's), and its CTAs end sooner ([`QueryTile::choose`]).
+/// runs one): the entry's own, or the manifest's narrower tile where the entry runs it (its
+/// companion's function, or its own with fewer threads), the driver holds at least one of its
+/// CTAs an SM (`occupancy` of a tile's CTA in the function that runs it: an error is the
+/// launch's), and its CTAs end sooner ([`QueryTile::choose`]).
 fn plan_tiles(
     consts: &KernelConstants,
     entry: crate::shapes::Entry,
@@ -392,18 +397,18 @@ fn plan_tiles(
     kv_ctas: u32,
     narrow: Option<NarrowTile>,
     sms: u32,
-    occupancy: impl Fn(u32) -> Result<u32, DriverError>,
+    occupancy: impl Fn(QueryTile) -> Result<u32, DriverError>,
 ) -> Result<(QueryTile, Option<QueryTile>), DriverError> {
     let own = QueryTile::own(consts, entry);
     let Some((narrower, cta_time)) = narrow.and_then(|n| QueryTile::narrow(consts, entry, n))
     else {
         return Ok((own, None));
     };
-    let narrow_fits = occupancy(narrower.threads)?;
+    let narrow_fits = occupancy(narrower)?;
     if narrow_fits == 0 {
         return Ok((own, None));
     }
-    let own_slots = sms * occupancy(own.threads)?.max(1);
+    let own_slots = sms * occupancy(own)?.max(1);
     let ctas = (q.b * q.h) as u32 * kv_ctas;
     let tile = QueryTile::choose(
         (own, own_slots),
@@ -512,11 +517,11 @@ mod tests {
             sq,
             sk: sq,
         };
-        let two_narrow_an_sm = |threads| Ok(if threads == 256 { 2 } else { 1 });
+        let two_narrow_an_sm = |t: QueryTile| Ok(if t.threads == 256 { 2 } else { 1 });
         let (own, narrow) = (tile(192, 512), tile(64, 256));
         let d64 = Entry::BASE;
         // Mission: the narrow tile, the own one the other; 4x16x4096: the reverse.
-        let plan = |q, occupancy: &dyn Fn(u32) -> Result<u32, DriverError>| {
+        let plan = |q, occupancy: &dyn Fn(QueryTile) -> Result<u32, DriverError>| {
             plan_tiles(&c, d64, q, 1, n, 132, occupancy).unwrap()
         };
         assert_eq!(plan(q(1, 8, 512), &two_narrow_an_sm), (narrow, Some(own)));
@@ -537,7 +542,7 @@ mod tests {
         );
         // A narrow CTA no SM can hold is never launched, not even as the other tile.
         assert_eq!(
-            plan(q(1, 8, 512), &|t| Ok(u32::from(t != 256))),
+            plan(q(1, 8, 512), &|t| Ok(u32::from(t.threads != 256))),
             (own, None)
         );
         // The driver's error is the launch's.
@@ -605,6 +610,60 @@ mod tests {
             QueryTile::narrow(&narrows, d128, n),
             None,
             "D 128 narrows not"
+        );
+    }
+
+    #[test]
+    fn a_companion_runs_its_entrys_narrower_tile_with_its_own_threads() {
+        // Stage D's D 128: the entry's 192 rows (512 threads) and its companion's 128 (384),
+        // a function of its own; here the entry itself does not narrow.
+        let c = KernelConstants {
+            companion_rows_d128: 128,
+            companion_threads_d128: 384,
+            ..super::super::identity::per_head_dim_constants((192, 192), (512, 512))
+        };
+        let d128 = Entry {
+            d: 128,
+            causal: false,
+        };
+        let n = Some(NarrowTile {
+            rows: 128,
+            cta_time: 0.7,
+        });
+        let q = |b, h, sq| LaunchShape {
+            b,
+            h,
+            hkv: h,
+            sq,
+            sk: sq,
+        };
+        let asked = std::cell::RefCell::new(Vec::new());
+        let one_an_sm = |t: QueryTile| {
+            asked.borrow_mut().push(t);
+            Ok(1)
+        };
+        let (own, companion) = (tile(192, 512), tile(128, 384));
+        assert_eq!(c.narrow_step(d128), 0);
+        // 1x16x4096: 22 x 16 = 352 wide CTAs (3 waves of 132) against 512 narrow ones (4 waves
+        // of 0.7): the companion. 4x16x8192: 43 x 64 = 2752 (21 waves) against 4096 (32 x 0.7 =
+        // 22.4): the entry's own.
+        let plan = |q| plan_tiles(&c, d128, q, 1, n, 132, one_an_sm).unwrap();
+        assert_eq!(plan(q(1, 16, 4096)), (companion, Some(own)));
+        assert_eq!(plan(q(4, 16, 8192)), (own, Some(companion)));
+        assert!(
+            asked.borrow().iter().all(|t| *t == own || *t == companion),
+            "the driver is asked of the two tiles only: {:?}",
+            asked.borrow()
+        );
+        // Without the companion an entry that does not narrow runs its own tile alone.
+        let alone = KernelConstants {
+            companion_rows_d128: 0,
+            companion_threads_d128: 0,
+            ..c
+        };
+        assert_eq!(
+            plan_tiles(&alone, d128, q(1, 16, 4096), 1, n, 132, |_| Ok(1)).unwrap(),
+            (own, None)
         );
     }
 }

@@ -56,6 +56,8 @@ pub struct LoadedVariant {
     pub options: Vec<String>,
     /// The entries built (the base entry first), each with its function.
     functions: Vec<(Entry, CudaFunction)>,
+    /// The companions loaded: an entry's function of its own for query tiles of so many rows.
+    companions: Vec<(Entry, u32, CudaFunction)>,
     /// The GPU's SMs (whether a short query's packs fit one CTA an SM: `launch_smem_bytes`).
     pub sms: u32,
     _modules: Vec<Arc<CudaModule>>,
@@ -65,6 +67,16 @@ impl LoadedVariant {
     /// The function of entry `e`, where it was built.
     pub fn entry(&self, e: Entry) -> Option<&CudaFunction> {
         self.functions.iter().find(|(x, _)| *x == e).map(|(_, f)| f)
+    }
+
+    /// The function a launch of entry `e` with query tiles of `rows` rows runs: the entry's
+    /// companion of those rows where it has one, else the entry's own function.
+    pub fn function(&self, e: Entry, rows: u32) -> Option<&CudaFunction> {
+        self.companions
+            .iter()
+            .find(|(x, r, _)| *x == e && *r == rows)
+            .map(|(_, _, f)| f)
+            .or_else(|| self.entry(e))
     }
 }
 

@@ -7,7 +7,7 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
-use cudarc::driver::{CudaContext, DriverError};
+use cudarc::driver::{CudaContext, CudaFunction, DriverError};
 use cudarc::nvrtc::Ptx;
 
 use super::device::{self, DeviceInfo};
@@ -221,6 +221,7 @@ fn load_variant(
     let sms = sms.max(1);
     let c = identity.constants;
     let mut functions = Vec::new();
+    let mut companions = Vec::new();
     let mut modules = Vec::new();
     for (e, built) in std::iter::once((Entry::BASE, compiled.cubin))
         .chain(others.into_iter().map(|(e, c)| (e, c.cubin)))
@@ -233,31 +234,35 @@ fn load_variant(
         } else {
             c.smem_bytes
         };
-        let function = module
-            .load_function(&kernel::entry_for(&kernel.entry, e))
-            .map_err(|err| refuse("the entry point is missing", err))?;
-        function
-            .set_attribute(
-                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                c.max_smem_bytes(e) as i32,
-            )
-            .map_err(|err| refuse("the device refused the kernel's shared memory size", err))?;
-        let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
-        let resources = (|| -> Result<DriverResources, DriverError> {
-            Ok(DriverResources {
-                registers_per_thread: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-                static_smem_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-                dynamic_smem_bytes: smem_bytes,
-                local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-                threads_per_block: c.threads_of(e),
-                max_blocks_per_sm: function.occupancy_max_active_blocks_per_multiprocessor(
-                    c.threads_of(e),
-                    smem_bytes as usize,
-                    None,
-                )?,
-            })
-        })()
-        .map_err(|err| refuse("querying its resources failed", err))?;
+        // The entry's function, and its companion's where it has one (in the same module,
+        // launched with the entry's shared memory: kernel.rs checked that the module holds it).
+        let load = |name: &str, threads: u32| {
+            let function = module
+                .load_function(name)
+                .map_err(|err| refuse(&format!("the function `{name}` is missing"), err))?;
+            function
+                .set_attribute(
+                    FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    c.max_smem_bytes(e) as i32,
+                )
+                .map_err(|err| refuse("the device refused the kernel's shared memory size", err))?;
+            let resources = driver_resources(&function, threads, smem_bytes)
+                .map_err(|err| refuse("querying its resources failed", err))?;
+            Ok::<_, BackendError>((function, resources))
+        };
+        if let Some((rows, threads)) = c.companion(e) {
+            let (function, resources) =
+                load(&kernel::companion_for(&kernel.entry, e, rows), threads)?;
+            if let Some(x) = identity
+                .companions
+                .iter_mut()
+                .find(|x| x.entry == e && x.rows == rows)
+            {
+                x.driver = Some(resources);
+            }
+            companions.push((e, rows, function));
+        }
+        let (function, resources) = load(&kernel::entry_for(&kernel.entry, e), c.threads_of(e))?;
         if e == Entry::BASE {
             identity.driver = Some(resources);
         } else if let Some(x) = identity.entries.iter_mut().find(|x| x.entry == e) {
@@ -271,7 +276,30 @@ fn load_variant(
         kernel,
         options: compiled.options,
         functions,
+        companions,
         sms,
         _modules: modules,
+    })
+}
+
+/// What the driver reports of a loaded function launched with `threads` threads and
+/// `smem_bytes` of dynamic shared memory.
+fn driver_resources(
+    function: &CudaFunction,
+    threads: u32,
+    smem_bytes: u32,
+) -> Result<DriverResources, DriverError> {
+    let attr = |a: FnAttr| function.get_attribute(a).map(|v| v.max(0) as u32);
+    Ok(DriverResources {
+        registers_per_thread: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+        static_smem_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+        dynamic_smem_bytes: smem_bytes,
+        local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        threads_per_block: threads,
+        max_blocks_per_sm: function.occupancy_max_active_blocks_per_multiprocessor(
+            threads,
+            smem_bytes as usize,
+            None,
+        )?,
     })
 }
