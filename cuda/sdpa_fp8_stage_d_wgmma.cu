@@ -44,11 +44,12 @@
 //     D 128 tile took 2,900 cycles where it takes 2,460 with them). Three consumers (the
 //     entries of both head dims) run without turns (docs/PERF.md change 22: 12-17% faster than two with turns at
 //     4x16x4096x64 on an H100, but up to 25% slower on problems of less than one wave of CTAs,
-//     which change 23 launches with one consumer a CTA instead: BLOCK_M above), and at D 64 start
-//     out of step: consumer c waits c x STAGGER_D64 (500) cycles once Q has landed, so that their
-//     exponentials and GEMMs do not all fall on the same cycles (change 24: 3-6% faster at
-//     4x16x4096x64 and 1x16x4096x64 over 32 tiles a CTA, the same bits; that they stay apart
-//     is inferred from the time, not traced).
+//     which change 23 launches with one consumer a CTA instead: BLOCK_M above), and start
+//     out of step: consumer c waits c x STAGGER_D<D> (500 at D 64, 800 at D 128) cycles once Q
+//     has landed, so that their exponentials and GEMMs do not all fall on the same cycles
+//     (change 24: 3-6% faster at 4x16x4096x64 and 1x16x4096x64 over 32 tiles a CTA, the same
+//     bits; change 28 at D 128: 1-3%; that they stay apart is inferred from the time, not
+//     traced).
 //     Without turns, a consumer whose rows all lie past S_q only releases each stage.
 //   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
 //   writes f16(O · v_scale / l), zero where l = 0.
@@ -121,10 +122,12 @@
 //                   and 3 (published as SDPA_TWO_TURNS_D64 and _D128, which are 0 unless the
 //                   entry has three consumers).
 //   STAGGER_D64, STAGGER_D128 = cycles  where consumers take no turns, consumer c starts c x
-//                   STAGGER_D<D> cycles after the first (defaults 500 and 0; published as
+//                   STAGGER_D<D> cycles after the first (defaults 500 and 800; published as
 //                   SDPA_STAGGER_D64 and _D128); a consumer with no rows never waits. At D 64,
 //                   0 is 1.5-6% slower on problems of many 192-row CTAs (4x16x4096x64: 4-6%),
-//                   300, 500 and 800 alike (docs/PERF.md change 24).
+//                   300, 500 and 800 alike (docs/PERF.md change 24). At D 128 (the 192-row
+//                   entry of change 27; the companion takes turns), 800 is 0.6-3% faster than
+//                   0 on an H200, 600 0.3-2.3% on both GPUs (docs/PERF.md change 28).
 //   SDPA_D=64|128, SDPA_CAUSAL=0|1   the entry this module holds (unset: all four).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds.
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
@@ -214,7 +217,7 @@
 #define STAGGER_D64 500
 #endif
 #ifndef STAGGER_D128
-#define STAGGER_D128 0
+#define STAGGER_D128 800
 #endif
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
