@@ -162,8 +162,9 @@
 #ifndef V_SWIZZLE
 #define V_SWIZZLE 1
 #endif
-// Consumer warpgroups per head dim (BLOCK_M = 64 x consumers): three at D 64, two at D 128,
-// where three would spill (the switches' notes above). The single switches of stop 43 are gone:
+// Consumer warpgroups of each head dim's entries (BLOCK_M = 64 x consumers): three at both, D
+// 128's with P·V in halves of D, where a whole Ô would spill (the switches' notes above), and a
+// two-consumer companion at D 128 (COMPANION_D128). The single switches of stop 43 are gone:
 // refused, so that an A/B of one of them cannot time two identical kernels.
 #if defined(PINGPONG) || defined(CONSUMERS)
 #error "PINGPONG and CONSUMERS are per head dim now: PINGPONG_D64, PINGPONG_D128, CONSUMERS_D64, CONSUMERS_D128"

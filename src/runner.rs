@@ -1166,8 +1166,9 @@ mod tests {
             query_rows: 64,
             threads: 256,
             grid: [2, 4, 1],
+            function: Some("k_d64_m64".into()),
         };
-        fake.timed_launch = Some(launch);
+        fake.timed_launch = Some(launch.clone());
         let work = Work {
             shapes: &[shape(77)],
             seeds: &[0],
@@ -1178,6 +1179,11 @@ mod tests {
         assert_eq!(out.measurements[0].launch, Some(launch));
         let json = serde_json::to_value(&out.measurements[0]).unwrap();
         assert_eq!(json["launch"]["query_rows"], 64, "{json}");
+        assert_eq!(json["launch"]["function"], "k_d64_m64", "{json}");
+        // A record from before the function was recorded still reads.
+        let old: crate::schema::LaunchRecord =
+            serde_json::from_str(r#"{"query_rows":64,"threads":256,"grid":[2,4,1]}"#).unwrap();
+        assert_eq!(old.function, None);
     }
 
     struct NoProgress;

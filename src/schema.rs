@@ -438,13 +438,16 @@ pub struct Measurement {
     pub launch: Option<LaunchRecord>,
 }
 
-/// One kernel launch's geometry: query rows and threads of a CTA, and the grid (query tiles,
-/// B·H, KV split).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// One kernel launch's geometry: query rows and threads of a CTA, the grid (query tiles, B·H,
+/// KV split), and the function that ran (an entry, or its companion: docs/DESIGN.md "Kernel
+/// ABI"; absent in records written before stop 48).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchRecord {
     pub query_rows: u32,
     pub threads: u32,
     pub grid: [u32; 3],
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
 }
 
 /// The verdict on one shape: candidate against baseline, pooled over seeds.

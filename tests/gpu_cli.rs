@@ -239,21 +239,45 @@ fn stage_d_times_narrow_ctas_on_few_ctas_and_192_on_many_and_checks_both_tiles_g
     // end before 16 of 128 (cuda/kernels.toml tiles.narrow_d128).
     let perf = read_json(&dir.join("perf.json"));
     for m in perf["measurements"].as_array().unwrap() {
+        // The function too: the D 128 entry also runs 128 rows with 384 threads (one
+        // warpgroup fewer) and gives the same bits, so only its name tells the companion.
         let want = match m["shape"].as_str().unwrap() {
-            "mission" => (64, 256, 8),
-            "4x16x4096x64" | "4x16x4096x128" => (192, 512, 22),
-            _ => (128, 384, 1),
+            "mission" => (64, 256, 8, "sdpa_fp8_stage_d_wgmma_d64"),
+            "4x16x4096x64" => (192, 512, 22, "sdpa_fp8_stage_d_wgmma_d64"),
+            "4x16x4096x128" => (192, 512, 22, "sdpa_fp8_stage_d_wgmma_d128"),
+            _ => (128, 384, 1, "sdpa_fp8_stage_d_wgmma_d128_causal_m128"),
         };
         let l = &m["launch"];
         assert_eq!(
             (
                 l["query_rows"].as_u64().unwrap(),
                 l["threads"].as_u64().unwrap(),
-                l["grid"][0].as_u64().unwrap()
+                l["grid"][0].as_u64().unwrap(),
+                l["function"].as_str().unwrap()
             ),
             want,
             "{m}"
         );
+    }
+    // Each variant recorded both D 128 companions' resources as the driver reports them: 384
+    // threads at 168 registers (the entries: 512 at 128), no local memory.
+    let meta = read_json(&dir.join("build_meta.json"));
+    for v in meta["backend_details"]["variants"].as_array().unwrap() {
+        let companions = v["identity"]["companions"].as_array().unwrap();
+        assert_eq!(companions.len(), 2, "{v}");
+        for c in companions {
+            let d = &c["driver"];
+            assert_eq!(
+                (
+                    c["rows"].as_u64(),
+                    d["threads_per_block"].as_u64(),
+                    d["registers_per_thread"].as_u64(),
+                    d["local_bytes"].as_u64()
+                ),
+                (Some(128), Some(384), Some(168), Some(0)),
+                "{c}"
+            );
+        }
     }
     // Each row also ran the tile not chosen, with the same bits: at D 128 the other function.
     let correctness = read_json(&dir.join("correctness.json"));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kernel variants of Stage D side by side, on a GPU machine with nvcc, from anywhere:
-#   scripts/stage_d/variants.sh MODE NAME=DEFINES...   e.g.  perf base= pp=-DPINGPONG_D128=1
+#   scripts/stage_d/variants.sh MODE NAME=DEFINES...   e.g.  perf base= st0=-DSTAGGER_D128=0
 # Builds scripts/stage_d/probe.cu once per variant (in parallel, into $OUT), then runs MODE
 # (check, perf, quick) of each in turn; logs under $OUT (or /tmp/stage_d_variants), a TFLOP/s
 # table last (quick and check time nothing: their table says PASS or FAIL). Each cell is one

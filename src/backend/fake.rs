@@ -78,7 +78,7 @@ impl Backend for FakeDevice {
         self.cpu.launch_poisoned(v)
     }
     fn timed_launch(&mut self, _: usize) -> Option<crate::schema::LaunchRecord> {
-        self.timed_launch
+        self.timed_launch.clone()
     }
     fn other_geometries(&mut self, v: usize) -> Result<Vec<Vec<f16>>, BackendError> {
         let Some(flips) = self.other_geometry_flips.clone() else {

@@ -873,7 +873,8 @@ ptxas info    : Used 128 registers, used 16 barriers, 80 bytes smem
 
     #[test]
     fn a_module_that_publishes_a_d128_geometry_gives_each_head_dim_its_own_rows_and_threads() {
-        // Three consumer warpgroups at D 64 (192 rows, 512 threads), two at D 128.
+        // A module whose head dims differ: 192 rows (512 threads) at D 64, 128 (384) at D 128
+        // (Stage D from stop 44 to stop 47).
         let c = per_head_dim_constants((192, 128), (512, 384));
         for causal in [false, true] {
             let (d64, d128) = (Entry { d: 64, causal }, Entry { d: 128, causal });

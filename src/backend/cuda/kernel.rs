@@ -434,10 +434,12 @@ fn narrow_not_run(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
             format!(
                 "cuda/kernels.toml gives `{}` a narrower D {d} query tile of {} rows \
                  (tiles.narrow_d{d}), which the kernel does not run (it publishes \
-                 SDPA_NARROW_ROWS_D{d} = {} beside its own {} rows)",
+                 SDPA_NARROW_ROWS_D{d} = {} and SDPA_COMPANION_ROWS_D{d} = {} beside its own \
+                 {} rows)",
                 spec.name,
                 n.rows,
                 c.narrow_step(entry),
+                c.companion(entry).map_or(0, |(rows, _)| rows),
                 c.block_m_of(entry),
                 d = entry.d,
             )

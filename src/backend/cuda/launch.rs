@@ -185,6 +185,7 @@ impl DeviceProblem {
             query_rows: g.tile.rows,
             threads: block.0,
             grid: [grid.0, grid.1, grid.2],
+            function: Some(variant.function_name(self.entry, g.tile.rows)),
         })
     }
 
@@ -284,12 +285,13 @@ impl DeviceProblem {
         crate::trace::mark(|| {
             format!(
                 "launch {}: {} query rows a CTA, {} threads, {} bytes of shared memory, \
-                 the keys of a query tile over {} CTAs",
+                 the keys of a query tile over {} CTAs, function {}",
                 self.entry.suffix(),
                 tile.rows,
                 tile.threads,
                 smem_bytes,
-                kv_ctas
+                kv_ctas,
+                variant.function_name(self.entry, tile.rows)
             )
         });
         let g = Geometry {
@@ -609,7 +611,7 @@ mod tests {
         assert_eq!(
             QueryTile::narrow(&narrows, d128, n),
             None,
-            "D 128 narrows not"
+            "this module's D 128 entry publishes no narrowing"
         );
     }
 

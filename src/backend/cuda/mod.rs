@@ -72,11 +72,23 @@ impl LoadedVariant {
     /// The function a launch of entry `e` with query tiles of `rows` rows runs: the entry's
     /// companion of those rows where it has one, else the entry's own function.
     pub fn function(&self, e: Entry, rows: u32) -> Option<&CudaFunction> {
+        self.companion(e, rows)
+            .map(|(_, _, f)| f)
+            .or_else(|| self.entry(e))
+    }
+
+    /// The name of the function [`LoadedVariant::function`] gives (for the launch's record).
+    pub fn function_name(&self, e: Entry, rows: u32) -> String {
+        match self.companion(e, rows) {
+            Some(_) => kernel::companion_for(&self.kernel.entry, e, rows),
+            None => kernel::entry_for(&self.kernel.entry, e),
+        }
+    }
+
+    fn companion(&self, e: Entry, rows: u32) -> Option<&(Entry, u32, CudaFunction)> {
         self.companions
             .iter()
             .find(|(x, r, _)| *x == e && *r == rows)
-            .map(|(_, _, f)| f)
-            .or_else(|| self.entry(e))
     }
 }
 
