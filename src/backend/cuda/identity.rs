@@ -298,6 +298,17 @@ pub(super) fn per_head_dim_constants(rows: (u32, u32), threads: (u32, u32)) -> K
     KernelConstants::from_ptx(&ptx, "SDPA_KV_STAGES").unwrap()
 }
 
+/// Stage D's module since stop 48, as far as its query tiles go: 192 rows and 512 threads at
+/// both head dims, and at D 128 a companion of 128 rows and 384 threads.
+#[cfg(test)]
+pub(super) fn stage_d_constants() -> KernelConstants {
+    KernelConstants {
+        companion_rows_d128: 128,
+        companion_threads_d128: 384,
+        ..per_head_dim_constants((192, 192), (512, 512))
+    }
+}
+
 /// What a launch's geometry depends on: the problem's batch, heads, query rows and keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchShape {

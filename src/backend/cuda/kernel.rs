@@ -453,9 +453,10 @@ fn companion_missing(ptx: &str, name: &str, e: Entry, rows: u32) -> Option<Strin
     (!ptx.contains(&format!(".entry {name}("))).then(|| {
         format!(
             "it publishes a companion of {rows} query rows for its {} entry \
-             (SDPA_COMPANION_ROWS_D{}), but its module has no function `{name}`",
+             (SDPA_COMPANION_ROWS_D{d}), but its module has no function `{name}`; define that \
+             function in the module, or publish SDPA_COMPANION_ROWS_D{d} = 0",
             e.suffix(),
-            e.d
+            d = e.d
         )
     })
 }
@@ -603,11 +604,7 @@ mod tests {
         assert_eq!(spec.tiles.narrow(64).map(|n| n.rows), Some(64));
         assert_eq!(spec.tiles.narrow(128).map(|n| n.rows), Some(128));
         // Today's module: D 64 narrows by 64 rows, D 128's companion runs 128.
-        let wide = KernelConstants {
-            companion_rows_d128: 128,
-            companion_threads_d128: 384,
-            ..super::super::identity::per_head_dim_constants((192, 192), (512, 512))
-        };
+        let wide = super::super::identity::stage_d_constants();
         let narrows = KernelConstants {
             narrow_rows: 64,
             ..wide

@@ -464,6 +464,17 @@ mod tests {
         QueryTile { rows, threads }
     }
 
+    /// A problem of `b` x `h` heads (H_kv = H), `sq` query rows and as many keys.
+    fn q(b: usize, h: usize, sq: usize) -> LaunchShape {
+        LaunchShape {
+            b,
+            h,
+            hkv: h,
+            sq,
+            sk: sq,
+        }
+    }
+
     /// Stage D at D 64: its own 192 rows (512 threads, one CTA an SM) or 64 (256 threads, two
     /// an SM: the driver's occupancy of those launches), a narrow CTA 0.8 of a wide one's time.
     fn stage_d_d64(b: usize, h: usize, sq: usize) -> QueryTile {
@@ -512,13 +523,6 @@ mod tests {
             rows: 64,
             cta_time: 0.8,
         });
-        let q = |b, h, sq| LaunchShape {
-            b,
-            h,
-            hkv: h,
-            sq,
-            sk: sq,
-        };
         let two_narrow_an_sm = |t: QueryTile| Ok(if t.threads == 256 { 2 } else { 1 });
         let (own, narrow) = (tile(192, 512), tile(64, 256));
         let d64 = Entry::BASE;
@@ -619,11 +623,7 @@ mod tests {
     fn a_companion_runs_its_entrys_narrower_tile_with_its_own_threads() {
         // Stage D's D 128: the entry's 192 rows (512 threads) and its companion's 128 (384),
         // a function of its own; here the entry itself does not narrow.
-        let c = KernelConstants {
-            companion_rows_d128: 128,
-            companion_threads_d128: 384,
-            ..super::super::identity::per_head_dim_constants((192, 192), (512, 512))
-        };
+        let c = super::super::identity::stage_d_constants();
         let d128 = Entry {
             d: 128,
             causal: false,
@@ -632,13 +632,6 @@ mod tests {
             rows: 128,
             cta_time: 0.7,
         });
-        let q = |b, h, sq| LaunchShape {
-            b,
-            h,
-            hkv: h,
-            sq,
-            sk: sq,
-        };
         let asked = std::cell::RefCell::new(Vec::new());
         let one_an_sm = |t: QueryTile| {
             asked.borrow_mut().push(t);
