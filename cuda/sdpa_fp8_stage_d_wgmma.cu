@@ -32,7 +32,8 @@
 //     fence the async proxy and arrive on the tile's vt_full barrier.
 //   WG 1 .. CONSUMERS, consumers (setmaxnreg.inc): per KV tile, S = Q Kᵀ (D/32 wgmma m64n128k32,
 //     both operands from shared memory), mask (only in the tiles that need it: change 19), online
-//     softmax in f32 (base 2, the scale fused into the exponent's fma), P rounded to e4m3
+//     softmax in f32 (base 2, the scale fused into the exponent's fma; the row maxima as integers
+//     in the entries without turns: INT_ROWMAX), P rounded to e4m3
 //     (cvt.rn.satfinite) straight into wgmma A fragments, then Ô = P̂ Vᵀ (BLOCK_N/32 wgmma
 //     m64nDk32, A from registers) into a per-tile accumulator that is added to O in f32 (the
 //     tensor cores' FP8 accumulation keeps fewer than 24 bits: SageAttention2, arXiv 2411.10958,
@@ -87,6 +88,13 @@
 //                   per 16 bytes; 0 the 32-bit words of transpose_v, 14. The same Vt bytes, so
 //                   the same output bits; 1 is 17-20% faster at D 128, 10% at D 64 and causal on
 //                   an H100 (docs/PERF.md change 18). 1 needs V_SWIZZLE=1.
+//   INT_ROWMAX=0|1  1, the default: in the entries without turns of their own (D 64's, D 128's
+//                   192-row entry but its causal one), a row's maximum over a tile's scores is
+//                   taken as signed integers by three-input maxima (row_maxima_int: VIMNMX3,
+//                   half of fmaxf's instructions), with fmaxf's where a thread's scores of the
+//                   row are all negative: the same bits. 2-5% faster st2 and 0-3% st3 on those
+//                   entries on an H100, 3% slower in the D 128 companion (turns), and the D 128
+//                   causal entry's st3 build spills with it (docs/PERF.md "Stage D, change 29").
 //   TRANSPOSE_LANE_ORDER=0|1  (with TRANSPOSE_LDSM=0) 1: each lane takes the V transpose's four loads
 //                   and four stores in a lane-dependent order, which makes both conflict-free
 //                   (transpose_v); 0, the default: every lane in the same order, 2-way. 1 is
@@ -220,6 +228,9 @@
 #ifndef STAGGER_D128
 #define STAGGER_D128 800
 #endif
+#ifndef INT_ROWMAX
+#define INT_ROWMAX 1
+#endif
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
 #endif
@@ -286,6 +297,10 @@ struct Tiles {
     static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_BYTES % 1024 == 0, "align");
     static_assert(!PV_HALVES || PINGPONG == 0,
                   "an entry of P·V in halves takes no turns of its own");
+    // The row maxima as integers (INT_ROWMAX, row_maxima below) in the entries without turns of
+    // their own; the D 128 companion, with turns, measured 3% slower with them (docs/PERF.md
+    // "Stage D, change 29").
+    static constexpr bool INT_MAX = INT_ROWMAX && PINGPONG == 0;
 };
 // A companion launches with its entry's shared memory (the host's one figure a head dim), so
 // it must need no more, and it runs fewer rows than the entry.
@@ -633,6 +648,43 @@ __device__ __forceinline__ void turn_pass(const Turns& tn, TurnStep step, bool l
         asm volatile("bar.arrive %0, 256;" ::"r"(tn.next) : "memory");
 }
 
+// The thread's maximum of a row's 32 scores (sc[4n + 2r], sc[4n + 2r + 1]) by fmaxf.
+__device__ __forceinline__ float row_max_f(const float (&sc)[S_REGS], int r) {
+    float mx = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < BLOCK_N / 8; ++n)
+        mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+    return mx;
+}
+// The same maxima of both rows, the same bits, as signed integers: a tree of three-input maxima
+// (VIMNMX3, depth 4: 32, 11, 4, 2, 1), half of row_max_f's instructions. A float's bits order as
+// a signed integer like the float itself among non-negative floats, and every negative float
+// lies below every non-negative one, so where a row's maximum is not negative the integer
+// maximum is its bits; where some thread's is negative (all its scores of the row below zero,
+// or -0), the warp takes row_max_f's.
+__device__ __forceinline__ void row_maxima_int(const float (&sc)[S_REGS], float (&row_mx)[2]) {
+    static_assert(BLOCK_N == 128, "the tree is of 32 scores a row");
+    int mi[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        auto v = [&](int i) { return __float_as_int(sc[4 * (i >> 1) + 2 * r + (i & 1)]); };
+        int w[11];
+#pragma unroll
+        for (int k = 0; k < 10; ++k) w[k] = __vimax3_s32(v(3 * k), v(3 * k + 1), v(3 * k + 2));
+        w[10] = max(v(30), v(31));
+        const int x0 = __vimax3_s32(w[0], w[1], w[2]), x1 = __vimax3_s32(w[3], w[4], w[5]),
+                  x2 = __vimax3_s32(w[6], w[7], w[8]), x3 = max(w[9], w[10]);
+        mi[r] = max(__vimax3_s32(x0, x1, x2), x3);
+        row_mx[r] = __int_as_float(mi[r]);
+    }
+#ifndef MUTANT_INT_MAX_NO_FALLBACK
+    if (__any_sync(0xffffffff, (mi[0] | mi[1]) < 0)) {
+        row_mx[0] = row_max_f(sc, 0);
+        row_mx[1] = row_max_f(sc, 1);
+    }
+#endif
+}
+
 // Mask one tile's S (f32, as the wgmma left it) and run the online softmax (m, l and alpha =
 // exp2(m_old - m_new) per row of the thread's two), leaving P in sc (p_fragments rounds it to
 // e4m3 A fragments). The scale
@@ -643,7 +695,7 @@ __device__ __forceinline__ void turn_pass(const Turns& tn, TurnStep step, bool l
 // MASK: the tile holds a key past S_k or above the diagonal for some row of the CTA (a
 // compile-time choice: a run-time one is if-converted by ptxas into a select and a compare
 // per element on every tile, 19% of the loop's instructions at D 128).
-template <int D, bool CAUSAL, bool MASK>
+template <int D, bool CAUSAL, bool MASK, bool INT_MAX>
 __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, int row0, int Sk,
                                              int diag, float qk_scale, float (&m)[2],
                                              float (&l)[2], float (&alpha)[2]) {
@@ -660,13 +712,14 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
         }
         sc[i] = x;
     }
+    // INT_MAX: the row maxima as integers (row_maxima_int), in the tiles without a mask.
+    constexpr bool INT = INT_MAX && !MASK;
+    float row_mx[2];
+    if constexpr (INT) row_maxima_int(sc, row_mx);
     // Online softmax, per row r of the two.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float mx = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < BLOCK_N / 8; ++n)
-            mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+        float mx = INT ? row_mx[r] : row_max_f(sc, r);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         mx = fmaxf(m[r], mx * qk_scale); // the scale is positive: the scaled maximum
@@ -796,11 +849,14 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         mbar_wait(&bars.vt_full[j % KV_STAGES], (j / KV_STAGES) & 1);
         return WgmmaDesc{vt_desc0.lo + (((j % KV_STAGES) * T::VT_BYTES) >> 4), vt_desc0.hi};
     };
+    // The integer row maxima (T::INT_MAX) but in the D 128 causal entry, whose st3 build
+    // spills a register with them (NVRTC 13.0: 4 bytes; docs/PERF.md change 29).
+    constexpr bool INT_MAX = T::INT_MAX && !(D == 128 && CAUSAL);
     auto softmax = [&](float (&sc)[S_REGS], int j, bool masked, float (&alpha)[2]) {
         if (masked)
-            softmax_tile<D, CAUSAL, true>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
+            softmax_tile<D, CAUSAL, true, INT_MAX>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
         else
-            softmax_tile<D, CAUSAL, false>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
+            softmax_tile<D, CAUSAL, false, INT_MAX>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
     };
     // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1). With PV_HALVES, Ô
     // of the half `half` of the dims: O's accumulators 32 half .. (its 8-column groups 8 half ..).

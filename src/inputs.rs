@@ -115,6 +115,12 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
             };
             k[..d].iter_mut().zip(&u).for_each(|(x, ui)| *x = c * ui);
         }
+        Dist::Negative => {
+            let u = shared_query_direction(shape, rng, q);
+            for row in k.chunks_mut(d) {
+                row.iter_mut().zip(&u).for_each(|(x, ui)| *x -= 2.0 * ui);
+            }
+        }
         Dist::HugeV => {
             // Four distinct rows (all of them when S_k <= 4), each scaled once: a row scaled
             // twice would reach 10^6, past f16's largest value, which no f16 output can hold.
@@ -287,6 +293,35 @@ mod tests {
         };
         assert!((sd(&a.q) - 3.0).abs() < 0.1 && (sd(&a.k) - 3.0).abs() < 0.1);
         assert!((sd(&a.v) - 1.0).abs() < 0.05);
+    }
+
+    #[test]
+    fn negative_draws_make_every_score_of_a_row_negative_at_both_head_dims() {
+        // Stage D's integer row maximum falls back to fmaxf only where a thread's scores of
+        // a row are all negative: this distribution must make them so (every score, here).
+        for d in [64, 128] {
+            let mut sh = Shape::new("t", 1, 4, 300, d);
+            sh.hkv = 2;
+            sh.dist = Dist::Negative;
+            for seed in 0..3 {
+                let a = generate(&sh, seed);
+                let (g, rows) = (sh.group(), sh.s);
+                for h in 0..sh.h {
+                    let kh = h / g;
+                    for i in 0..rows {
+                        let q = &a.q[(h * rows + i) * d..][..d];
+                        for j in 0..sh.sk {
+                            let k = &a.k[(kh * sh.sk + j) * d..][..d];
+                            let score: f32 = q.iter().zip(k).map(|(x, y)| x * y).sum();
+                            assert!(
+                                score < 0.0,
+                                "D {d} seed {seed} head {h} ({i}, {j}): {score}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Pins the input stream: if a dependency upgrade changes the draws, every saved

@@ -198,10 +198,16 @@ pub enum Dist {
     /// a typical key's: the other weights land around 2^-6 of the largest, E4M3's smallest
     /// normal, where a P rounded to e4m3 (FP8 attention's second GEMM) turns subnormal.
     PEdge,
+    /// Every query gets +u and every key −2u (u a shared random direction): every score sits
+    /// about 2|u|² ≈ 2D·qk² below zero, 6.5 times the normal part's spread (√(6D)·qk²) at
+    /// D = 64, so a row's scores are all negative. Catches a row maximum started from 0 instead of −∞, and
+    /// an integer maximum of the scores' bits that does not fall back where they are all
+    /// negative (Stage D's `row_maxima_int`, cuda/sdpa_fp8_stage_d_wgmma.cu).
+    Negative,
 }
 
 impl Dist {
-    pub const ALL: [Dist; 10] = [
+    pub const ALL: [Dist; 11] = [
         Dist::Normal,
         Dist::Outliers,
         Dist::ConstantRows,
@@ -212,6 +218,7 @@ impl Dist {
         Dist::HugeV,
         Dist::Flat,
         Dist::PEdge,
+        Dist::Negative,
     ];
 
     pub fn is_normal(&self) -> bool {
@@ -230,6 +237,7 @@ impl Dist {
             Dist::HugeV => "huge_v",
             Dist::Flat => "flat",
             Dist::PEdge => "p_edge",
+            Dist::Negative => "negative",
         }
     }
 
