@@ -33,7 +33,7 @@
 //   WG 1 .. CONSUMERS, consumers (setmaxnreg.inc): per KV tile, S = Q Kᵀ (D/32 wgmma m64n128k32,
 //     both operands from shared memory), mask (only in the tiles that need it: change 19), online
 //     softmax in f32 (base 2, the scale fused into the exponent's fma; the row maxima as integers
-//     in the entries without turns: INT_ROWMAX), P rounded to e4m3
+//     in the entries without turns but D 128's causal one: INT_ROWMAX), P rounded to e4m3
 //     (cvt.rn.satfinite) straight into wgmma A fragments, then Ô = P̂ Vᵀ (BLOCK_N/32 wgmma
 //     m64nDk32, A from registers) into a per-tile accumulator that is added to O in f32 (the
 //     tensor cores' FP8 accumulation keeps fewer than 24 bits: SageAttention2, arXiv 2411.10958,
@@ -91,10 +91,11 @@
 //   INT_ROWMAX=0|1  1, the default: in the entries without turns of their own (D 64's, D 128's
 //                   192-row entry but its causal one), a row's maximum over a tile's scores is
 //                   taken as signed integers by three-input maxima (row_maxima_int: VIMNMX3,
-//                   half of fmaxf's instructions), with fmaxf's where a thread's scores of the
-//                   row are all negative: the same bits. 2-5% faster st2 and 0-3% st3 on those
-//                   entries on an H100, 3% slower in the D 128 companion (turns), and the D 128
-//                   causal entry's st3 build spills with it (docs/PERF.md "Stage D, change 29").
+//                   half of fmaxf's instructions), by three-input minima where a thread's
+//                   scores of the row are all negative: the same bits. 1-5% faster st2 and 0-7%
+//                   st3 on those entries on both GPUs, 3% slower in the D 128 companion (turns),
+//                   and the D 128 causal entry's st3 build spills with it (docs/PERF.md "Stage D,
+//                   change 29").
 //   TRANSPOSE_LANE_ORDER=0|1  (with TRANSPOSE_LDSM=0) 1: each lane takes the V transpose's four loads
 //                   and four stores in a lane-dependent order, which makes both conflict-free
 //                   (transpose_v); 0, the default: every lane in the same order, 2-way. 1 is
@@ -297,7 +298,7 @@ struct Tiles {
     static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_BYTES % 1024 == 0, "align");
     static_assert(!PV_HALVES || PINGPONG == 0,
                   "an entry of P·V in halves takes no turns of its own");
-    // The row maxima as integers (INT_ROWMAX, row_maxima below) in the entries without turns of
+    // The row maxima as integers (INT_ROWMAX, row_maxima_int below) in the entries without turns of
     // their own; the D 128 companion, with turns, measured 3% slower with them (docs/PERF.md
     // "Stage D, change 29").
     static constexpr bool INT_MAX = INT_ROWMAX && PINGPONG == 0;
@@ -656,31 +657,41 @@ __device__ __forceinline__ float row_max_f(const float (&sc)[S_REGS], int r) {
         mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
     return mx;
 }
-// The same maxima of both rows, the same bits, as signed integers: a tree of three-input maxima
+// The same maxima of both rows, the same bits, as signed integers: trees of three-input maxima
 // (VIMNMX3, depth 4: 32, 11, 4, 2, 1), half of row_max_f's instructions. A float's bits order as
-// a signed integer like the float itself among non-negative floats, and every negative float
-// lies below every non-negative one, so where a row's maximum is not negative the integer
-// maximum is its bits; where some thread's is negative (all its scores of the row below zero,
-// or -0), the warp takes row_max_f's.
-__device__ __forceinline__ void row_maxima_int(const float (&sc)[S_REGS], float (&row_mx)[2]) {
+// a signed integer like the float itself among non-negative floats, every negative float's bits
+// lie below every non-negative one's, and among negative floats the order is reversed. So where
+// a thread's maximum of a row's bits is not negative, it is the float maximum; where it is (all
+// its scores of the row below zero, or -0), the float maximum is the least of the bits, which
+// the warp then takes by the same tree of minima (the fallback: the cost of both trees, about
+// row_max_f's). The scores are sums of e4m3 products: never NaN, infinite or subnormal (a
+// masked -inf is only in the tiles with a mask, which take row_max_f).
+template <bool MIN>
+__device__ __forceinline__ int row_tree(const float (&sc)[S_REGS], int r) {
     static_assert(BLOCK_N == 128, "the tree is of 32 scores a row");
+    auto v = [&](int i) { return __float_as_int(sc[4 * (i >> 1) + 2 * r + (i & 1)]); };
+    auto m3 = [](int a, int b, int c) { return MIN ? __vimin3_s32(a, b, c) : __vimax3_s32(a, b, c); };
+    auto m2 = [](int a, int b) { return MIN ? min(a, b) : max(a, b); };
+    int w[11];
+#pragma unroll
+    for (int k = 0; k < 10; ++k) w[k] = m3(v(3 * k), v(3 * k + 1), v(3 * k + 2));
+    w[10] = m2(v(30), v(31));
+    const int x0 = m3(w[0], w[1], w[2]), x1 = m3(w[3], w[4], w[5]), x2 = m3(w[6], w[7], w[8]),
+              x3 = m2(w[9], w[10]);
+    return m2(m3(x0, x1, x2), x3);
+}
+__device__ __forceinline__ void row_maxima_int(const float (&sc)[S_REGS], float (&row_mx)[2]) {
     int mi[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        auto v = [&](int i) { return __float_as_int(sc[4 * (i >> 1) + 2 * r + (i & 1)]); };
-        int w[11];
-#pragma unroll
-        for (int k = 0; k < 10; ++k) w[k] = __vimax3_s32(v(3 * k), v(3 * k + 1), v(3 * k + 2));
-        w[10] = max(v(30), v(31));
-        const int x0 = __vimax3_s32(w[0], w[1], w[2]), x1 = __vimax3_s32(w[3], w[4], w[5]),
-                  x2 = __vimax3_s32(w[6], w[7], w[8]), x3 = max(w[9], w[10]);
-        mi[r] = max(__vimax3_s32(x0, x1, x2), x3);
+        mi[r] = row_tree<false>(sc, r);
         row_mx[r] = __int_as_float(mi[r]);
     }
 #ifndef MUTANT_INT_MAX_NO_FALLBACK
     if (__any_sync(0xffffffff, (mi[0] | mi[1]) < 0)) {
-        row_mx[0] = row_max_f(sc, 0);
-        row_mx[1] = row_max_f(sc, 1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (mi[r] < 0) row_mx[r] = __int_as_float(row_tree<true>(sc, r));
     }
 #endif
 }

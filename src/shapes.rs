@@ -200,7 +200,8 @@ pub enum Dist {
     PEdge,
     /// Every query gets +u and every key −2u (u a shared random direction): every score sits
     /// about 2|u|² ≈ 2D·qk² below zero, 6.5 times the normal part's spread (√(6D)·qk²) at
-    /// D = 64, so a row's scores are all negative. Catches a row maximum started from 0 instead of −∞, and
+    /// D = 64 (|u|² itself varies by about ±18% a K/V head there), so a row's scores are all
+    /// negative, all but certainly. Catches a row maximum started from 0 instead of −∞, and
     /// an integer maximum of the scores' bits that does not fall back where they are all
     /// negative (Stage D's `row_maxima_int`, cuda/sdpa_fp8_stage_d_wgmma.cu).
     Negative,

@@ -154,19 +154,19 @@ fn the_device_references_equal_the_hosts_on_the_configurations_under_both_models
     let mut shapes = common::catalog()
         .select("cfg-chunk,cfg-decode,cfg-tall")
         .unwrap();
-    for (i, text) in [
-        "1x4x77x128:hkv=2:causal",
-        "2x8x1x64:sk=300:hkv=1",
-        "1x2x113x64:sk=203:causal:qk=3",
-        "1x2x239x128:sk=1",
-        "1x4x129x128:hkv=1:causal:qk=20",
-        "2x4x16x128:sk=1000:hkv=2:causal",
-    ]
-    .iter()
-    .enumerate()
-    {
+    // Each with a distribution of its own, named (a position in Dist::ALL would move with
+    // every distribution added).
+    for (text, dist) in [
+        ("1x4x77x128:hkv=2:causal", Dist::Normal),
+        ("2x8x1x64:sk=300:hkv=1", Dist::Spike),
+        ("1x2x113x64:sk=203:causal:qk=3", Dist::Sink),
+        ("1x2x239x128:sk=1", Dist::PEdge),
+        ("1x4x129x128:hkv=1:causal:qk=20", Dist::ConstantRows),
+        ("2x4x16x128:sk=1000:hkv=2:causal", Dist::Fa3Outliers),
+        ("1x4x300x128:hkv=2", Dist::Negative),
+    ] {
         shapes.push(Shape {
-            dist: Dist::ALL[(3 * i) % Dist::ALL.len()],
+            dist,
             ..Shape::parse_inline(text).unwrap().unwrap()
         });
     }
