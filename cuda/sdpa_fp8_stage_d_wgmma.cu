@@ -92,10 +92,11 @@
 //                   192-row entry but its causal one), a row's maximum over a tile's scores is
 //                   taken as signed integers by three-input maxima (row_maxima_int: VIMNMX3,
 //                   half of fmaxf's instructions), by three-input minima where a thread's
-//                   scores of the row are all negative: the same bits. 1-5% faster st2 and 0-7%
-//                   st3 on those entries on both GPUs, 3% slower in the D 128 companion (turns),
-//                   and the D 128 causal entry's st3 build spills with it (docs/PERF.md "Stage D,
-//                   change 29").
+//                   scores of the row are all negative: the same bits. Against 0 on an H100:
+//                   3-5% faster on those entries where no thread of a warp has a row all below
+//                   zero, 2-5% slower where half of them do (dist=negative); 3% slower in the
+//                   D 128 companion (turns), and the D 128 causal entry's st3 build spills with
+//                   it (docs/PERF.md "Stage D, change 29").
 //   TRANSPOSE_LANE_ORDER=0|1  (with TRANSPOSE_LDSM=0) 1: each lane takes the V transpose's four loads
 //                   and four stores in a lane-dependent order, which makes both conflict-free
 //                   (transpose_v); 0, the default: every lane in the same order, 2-way. 1 is

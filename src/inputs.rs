@@ -116,7 +116,11 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
             k[..d].iter_mut().zip(&u).for_each(|(x, ui)| *x = c * ui);
         }
         Dist::Negative => {
+            // Even query rows +u (every score negative), odd ones −u (every score positive).
             let u = shared_query_direction(shape, rng, q);
+            for row in q.chunks_mut(d).skip(1).step_by(2) {
+                row.iter_mut().zip(&u).for_each(|(x, ui)| *x -= 2.0 * ui);
+            }
             for row in k.chunks_mut(d) {
                 row.iter_mut().zip(&u).for_each(|(x, ui)| *x -= 2.0 * ui);
             }
@@ -296,9 +300,10 @@ mod tests {
     }
 
     #[test]
-    fn negative_draws_make_every_score_of_a_row_negative_at_both_head_dims() {
-        // Stage D's integer row maximum falls back to fmaxf only where a thread's scores of
-        // a row are all negative: this distribution must make them so (every score, here).
+    fn negative_draws_make_even_rows_scores_all_negative_and_odd_rows_all_positive() {
+        // Stage D's integer row maximum falls back to minima only where a thread's scores of a
+        // row are all negative: this distribution must make them so in the even rows, and not
+        // in the odd ones, so that in a warp some threads fall back and some do not.
         for d in [64, 128] {
             let mut sh = Shape::new("t", 1, 4, 300, d);
             sh.hkv = 2;
@@ -313,8 +318,14 @@ mod tests {
                         for j in 0..sh.sk {
                             let k = &a.k[(kh * sh.sk + j) * d..][..d];
                             let score: f32 = q.iter().zip(k).map(|(x, y)| x * y).sum();
+                            // Rows counted through the K/V head's query heads.
+                            let sign = if ((h % g) * rows + i) % 2 == 0 {
+                                -1.0
+                            } else {
+                                1.0
+                            };
                             assert!(
-                                score < 0.0,
+                                sign * score > 0.0,
                                 "D {d} seed {seed} head {h} ({i}, {j}): {score}"
                             );
                         }
