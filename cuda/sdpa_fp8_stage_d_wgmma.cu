@@ -299,10 +299,6 @@ struct Tiles {
     static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_BYTES % 1024 == 0, "align");
     static_assert(!PV_HALVES || PINGPONG == 0,
                   "an entry of P·V in halves takes no turns of its own");
-    // The row maxima as integers (INT_ROWMAX, row_maxima_int below) in the entries without turns of
-    // their own; the D 128 companion, with turns, measured 3% slower with them (docs/PERF.md
-    // "Stage D, change 29").
-    static constexpr bool INT_MAX = INT_ROWMAX && PINGPONG == 0;
 };
 // A companion launches with its entry's shared memory (the host's one figure a head dim), so
 // it must need no more, and it runs fewer rows than the entry.
@@ -861,9 +857,11 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         mbar_wait(&bars.vt_full[j % KV_STAGES], (j / KV_STAGES) & 1);
         return WgmmaDesc{vt_desc0.lo + (((j % KV_STAGES) * T::VT_BYTES) >> 4), vt_desc0.hi};
     };
-    // The integer row maxima (T::INT_MAX) but in the D 128 causal entry, whose st3 build
-    // spills a register with them (NVRTC 13.0: 4 bytes; docs/PERF.md change 29).
-    constexpr bool INT_MAX = T::INT_MAX && !(D == 128 && CAUSAL);
+    // The row maxima as integers (INT_ROWMAX, row_maxima_int) in the functions without turns of
+    // their own but the D 128 causal entry: the D 128 companion, with turns, measured 3% slower
+    // with them, and the causal entry's st3 build spills a register with them (NVRTC 13.0: 4
+    // bytes; docs/PERF.md "Stage D, change 29").
+    constexpr bool INT_MAX = INT_ROWMAX && T::PINGPONG == 0 && !(D == 128 && CAUSAL);
     auto softmax = [&](float (&sc)[S_REGS], int j, bool masked, float (&alpha)[2]) {
         if (masked)
             softmax_tile<D, CAUSAL, true, INT_MAX>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);

@@ -198,12 +198,13 @@ pub enum Dist {
     /// a typical key's: the other weights land around 2^-6 of the largest, E4M3's smallest
     /// normal, where a P rounded to e4m3 (FP8 attention's second GEMM) turns subnormal.
     PEdge,
-    /// Every query gets +u and every key −2u (u a shared random direction): every score sits
-    /// about 2|u|² ≈ 2D·qk² below zero, 6.5 times the normal part's spread (√(6D)·qk²) at
-    /// D = 64 (|u|² itself varies by about ±18% a K/V head there), so a row's scores are all
-    /// negative, all but certainly. Catches a row maximum started from 0 instead of −∞, and
-    /// an integer maximum of the scores' bits that does not fall back where they are all
-    /// negative (Stage D's `row_maxima_int`, cuda/sdpa_fp8_stage_d_wgmma.cu).
+    /// Every key gets −2u, and every query +u in even rows, −u in odd ones (u a shared random
+    /// direction, rows counted through the query heads of a K/V head): an even row's scores sit
+    /// about 2|u|² ≈ 2D·qk² below zero and an odd row's as far above, 6.5 times the normal
+    /// part's spread (√(6D)·qk²) at D = 64 (|u|² itself varies by about ±18% a K/V head there),
+    /// so each row's scores have one sign, all but certainly. A warp's threads hold rows of one
+    /// parity each, so in Stage D's `row_maxima_int` (cuda/sdpa_fp8_stage_d_wgmma.cu) half of
+    /// them fall back and half do not. Also catches a row maximum started from 0 instead of −∞.
     Negative,
 }
 
