@@ -3,8 +3,9 @@
 // O = softmax(softmax_scale · Q Kᵀ + mask) V for Q of shape [B, H, S_q, D] and K, V of shape
 // [B, H_kv, S_k, D] (row-major), given as FP8 E4M3 codes with one f32 scale per (batch, head)
 // per tensor (K and V per K/V head). O is f16 [B, H, S_q, D]. D is 64 or 128, with or without
-// the causal mask: one instantiation each (sdpa_body<D, CAUSAL>), entries
-// sdpa_fp8_stage_c_mma_d64, _d64_causal, _d128 and _d128_causal.
+// the causal mask: one instantiation each (sdpa_entry<D, CAUSAL>), entries
+// sdpa_fp8_stage_c_mma_d64, _d64_causal, _d128 and _d128_causal, and the D = 128 entries'
+// companions _d128_m32 and _d128_causal_m32 ("Warps" below).
 // GQA/MQA: query head h reads K/V head h / (H / H_kv). Any S_q, S_k >= 1 work: keys past S_k
 // are masked, rows past S_q are neither read nor written.
 // Causal (causal != 0) is bottom-right aligned: query i sees keys j <= i + S_k - S_q. A warp
@@ -51,7 +52,7 @@
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
 //
-// Launch: grid (ceil(S_q / BLOCK_M), B*H, C), C = 1 but for split KV (below), THREADS threads,
+// Launch: grid (ceil(S_q / tile rows), B*H, C), C = 1 but for split KV (below), THREADS threads,
 // SDPA_SMEM_BYTES_D<D> of dynamic
 // shared memory (a short GQA/MQA query at D = 128: SDPA_SMEM_BYTES_D128_SHORT, where the
 // build has a deeper body and the device allows it; "Short queries" below). The host reads the SDPA_* constants below from the module instead of
@@ -89,6 +90,19 @@
 // of BLOCK_N = 64 keys, so one CTA step brings STEP_KEYS = 64·K keys into shared memory and
 // each warp eats one tile of it. Splitting the keys shortens each warp's serial chain K-fold
 // and puts K times more warps on the SMs; the splits are merged once, at the end.
+// D = 128, queries longer than SHORT_Q_ROWS (D128_WARP_ROWS=32, the default): each warp owns
+// 32 rows, two MMA blocks (MB = 2: rows [32·(w % R), +32), query tiles of SDPA_BLOCK_M_D128 =
+// 32·R rows), so every K and V fragment it decodes (and every ldmatrix) feeds two MMAs, one per
+// block: per 16 rows and 64 keys the loop issues about 860 instructions where 16-row warps
+// issue about 1,160 (NVRTC 13.0's SASS, docs/PERF.md change 30). Per row every operation and
+// its order are those of a 16-row warp, so the output bits are the same. At 255 registers
+// (128 O accumulators and 64 scores a lane) the body keeps nothing else across the loop: the
+// running (m, l) live in shared memory between tiles, Q's fragments are parked once per row
+// warp (split 0 writes them, every split reads them after the loop's first barrier), and the
+// lane's addresses are computed again from %tid where used. Each D = 128 module also holds a
+// companion `<entry>_m32` (WIDE = false: 16-row warps, 32-row tiles, the code of the entries
+// before change 30), which the host launches where its CTAs end sooner (problems of few CTAs,
+// decode: cuda/kernels.toml `narrow_d128`); short queries run one block a warp in either.
 //
 // K and V stay FP8 codes in shared memory; each warp decodes them on the way into its MMA
 // fragments (every E4M3 value is an f16, so decoding is exact). Per tile, in registers
@@ -98,8 +112,9 @@
 //      that puts a lane's four fragment codes side by side: MMA k-index 2q, 2q+1, 2q+8, 2q+9
 //      <-> dims 4q .. 4q+3 of the 16-dim chunk, for Q (its A fragment, from global memory) and
 //      K alike, so each k-step still sums the same 16 products. One ldmatrix of K codes (as
-//      b16) gives a key block's fragments for all 4 k-steps: 2 cvt e4m3x2 -> f16x2 each, the
-//      second reading the register's upper half in place (no shift).
+//      b16) gives a key block's fragments for 4 k-steps (two blocks a warp: 4 key blocks'
+//      fragments of one k-step): 2 cvt e4m3x2 -> f16x2 each, the second reading the
+//      register's upper half in place (no shift).
 //   3. Online softmax in base 2 on the accumulators: s = acc · qk_scale, m_new = max(m, rowmax),
 //      alpha = exp2(m - m_new), P = f16(exp2(s - m_new)) (ex2.approx.ftz: the same f16 bits as
 //      exp2f); each lane of a row's quad keeps its own partial sum l_q = fma(l_q, alpha, sum
@@ -122,20 +137,23 @@
 // of D bytes and no padding; the 16-byte chunk c of row r lives at chunk c ^ swz(r), with
 // swz(r) = (r >> 1) & 3 at D = 64 (two rows per 128-byte line) and r & 7 at D = 128, so the 8
 // rows one ldmatrix matrix reads hit 8 different bank groups (conflict-free). At D = 128 a key
-// block's K fragments take two ldmatrix (chunks 0-3, 4-7: offset XOR 64) and P·V four chunk
-// pairs (offset XOR 32·c2, c2 < 4). Then
+// block's K fragments take two ldmatrix (chunks 0-3, 4-7: offset XOR 64; two blocks a warp:
+// k-step kk's chunk at offset XOR 16·kk) and P·V four chunk pairs (offset XOR 32·c2, c2 < 4). Then
 // each warp's Q fragments (decoded once, read back per tile, so they hold no registers across
 // the P·V half of the loop: at 128 registers that is what keeps the kernel free of spills).
 //   offset                 region                              bytes (R = K = 2)  D=64   D=128
 //   s·STAGE_BYTES          stage s: K codes [STEP_KEYS][D]                         8192   16384
 //   + STEP_CODE_BYTES               V codes [STEP_KEYS][D]                         8192   16384
 //   OFF_Q = STAGES·STAGE_BYTES  Q fragments [warp][k-step][lane] uint4  NUM_WARPS·D·32 8192 16384
+//     (two blocks a warp: [row warp][block][k-step][lane], ROW_WARPS·2·D·32 = 16384 at D = 128)
+//   OFF_STATE (D = 128, two blocks)  (m, l) [warp][block][lane] float4  NUM_WARPS·2·512    -   4096
 //   stages: 1 (USE_CP_ASYNC=0), CP_STAGES (USE_CP_ASYNC=1), SHORT_Q_STAGES (cp1, short queries)
 //   total (R = K = 2): D=64: 24576 (cp0), 40960 (cp1, 2 stages);
-//                      D=128: 49152 (cp0), 81920 (cp1, 2 stages), 147456 (cp1, short: 4 stages).
+//                      D=128: 53248 (cp0), 86016 (cp1, 2 stages), 147456 (cp1, short: 4 stages);
+//                      the companions launch with their entry's (they need 49152 and 81920).
 //   After the last step the splits' (m, l, O) are parked from offset 0 for the merge
-//   (PARK_BYTES: 9216 at D = 64, 17408 at D = 128 for R = K = 2; SMEM_BYTES grows to fit it
-//   for larger grids). A split launch's last CTA instead holds the merge's weights and row sums
+//   (PARK_BYTES: 9216 at D = 64, 17408 at D = 128 for R = K = 2, 34816 with two blocks a warp;
+//   SMEM_BYTES grows to fit it for larger grids; each thread reads its own (m, l) before). A split launch's last CTA instead holds the merge's weights and row sums
 //   there: BLOCK_M x (2 x C x KV_SPLIT + 1) floats, at most 32,896 bytes (a static_assert).
 //
 // Resources per entry (the resource gates, gates/default.json "resources" and
@@ -145,8 +163,10 @@
 //   d64_causal   the same plus the diagonal mask's two row limits and column indices in the
 //                score phase: at 128 registers it spilled 16 (cp0) and 28 (cp1) bytes, so it
 //                is allowed 168 (3 CTAs per SM).
-//   d128, d128_causal  64 O accumulators: 255 registers (2 CTAs per SM, which 80 KB of shared
-//                memory for cp1 allows anyway), up to 96 KB of shared memory. A short GQA/MQA
+//   d128, d128_causal  128 O accumulators and 64 scores a lane (two blocks): 247-254 of 255
+//                registers (2 CTAs per SM, which 84 KB of shared memory for cp1 allows
+//                anyway), up to 96 KB of shared memory; their companions (one block: 64 O
+//                accumulators) 182-228. A short GQA/MQA
 //                query whose CTAs fit one an SM launches with 144 KB: its packs are few (one
 //                per K/V head), so it is the pipeline's depth, not the CTAs per SM, that feeds
 //                them.
@@ -180,6 +200,13 @@
 // queries"), where the host launches with SDPA_SMEM_BYTES_D128_SHORT of shared memory.
 #ifndef SHORT_Q_STAGES
 #define SHORT_Q_STAGES 4
+#endif
+// Rows a warp owns at D = 128 (the header's "Warps"): 32, or 16 for A/Bs.
+#ifndef D128_WARP_ROWS
+#define D128_WARP_ROWS 32
+#endif
+#if D128_WARP_ROWS != 16 && D128_WARP_ROWS != 32
+#error "D128_WARP_ROWS must be 16 or 32"
 #endif
 #define SHORT_Q_ROWS 16 // S_q at or below which a query is short
 // Split KV (the header's "Short queries"): a short query at D = 128 whose CTAs are few has its
@@ -224,13 +251,19 @@ typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
 #define BLOCK_N 64 // keys per tile (one warp's share of a step)
 constexpr int NUM_WARPS = ROW_WARPS * KV_SPLIT;
 constexpr int THREADS = 32 * NUM_WARPS;
-constexpr int BLOCK_M = 16 * ROW_WARPS;
 constexpr int STEP_KEYS = BLOCK_N * KV_SPLIT;
 constexpr int STAGES = USE_CP_ASYNC ? CP_STAGES : 1;
+// The 16-row MMA blocks a warp owns: two (32 rows) in the D = 128 bodies of queries longer
+// than SHORT_Q_ROWS (the header's "Warps"), one everywhere else. BLOCK_M follows.
+template <int D>
+constexpr int WARP_MB = D == 128 ? D128_WARP_ROWS / 16 : 1;
+template <int MB>
+constexpr int BLOCK_M_OF = 16 * MB * ROW_WARPS;
+constexpr int BLOCK_M = BLOCK_M_OF<1>;
 
-// Everything that depends on the head dimension D: the tiles' sizes, the shared-memory layout
-// (the header's table) and the swizzle.
-template <int D, int ST = STAGES>
+// Everything that depends on the head dimension D and the warp's rows: the tiles' sizes, the
+// shared-memory layout (the header's table) and the swizzle.
+template <int D, int ST = STAGES, int MB = 1>
 struct Geo {
     static constexpr int HEAD_DIM = D;
     static constexpr int CHUNKS_PER_ROW = D / 16;
@@ -238,15 +271,24 @@ struct Geo {
     static constexpr int CHUNKS_PER_THREAD = STEP_CODE_BYTES / 16 / THREADS;
     static constexpr int STAGE_BYTES = 2 * STEP_CODE_BYTES;  // K codes, then V codes
     static constexpr int OFF_Q = ST * STAGE_BYTES;           // each warp's Q fragments
-    static constexpr int Q_FRAG_BYTES = D / 16 * 4 * 4 * 32; // per warp: D/4 registers x 32 lanes
-    // A parked split: per lane D/2 O values, then m[2], l[2]; stored lane-major (conflict-free).
-    static constexpr int PARK_FLOATS = (D / 2 + 4) * 32;
+    static constexpr int Q_FRAG_BYTES = MB * D / 16 * 4 * 4 * 32; // per warp: MB·D/4 registers x 32 lanes
+    // A parked split: per lane and MMA block D/2 O values, then m[2], l[2]; stored lane-major
+    // (conflict-free).
+    static constexpr int PARK_FLOATS = MB * (D / 2 + 4) * 32;
     static constexpr int PARK_BYTES = (KV_SPLIT - 1) * ROW_WARPS * PARK_FLOATS * 4;
     // After the loop nothing in shared memory is live (Q fragments included), so the parking
     // may use all of it; large grids (4 x 2 and up) need more than one stage.
-    static constexpr int SMEM_BYTES = OFF_Q + NUM_WARPS * Q_FRAG_BYTES > PARK_BYTES
-                                          ? OFF_Q + NUM_WARPS * Q_FRAG_BYTES
-                                          : PARK_BYTES;
+    // Q's parked fragments: one copy per warp, or with two blocks one per row warp, which its
+    // KV splits share (split 0 writes it): 96 KB at D = 128 with cp.async would not leave
+    // room for the static shared memory within the resource gate's limit.
+    static constexpr int Q_PARKS = MB == 1 ? NUM_WARPS : ROW_WARPS;
+    // With two blocks each lane's running (m, l) of its four rows, one float4 per block, live
+    // in shared memory between tiles (lane-major: conflict-free), so that the Q·Kᵀ half of the
+    // loop, where O and S take 192 of the 255 registers, holds none of them.
+    static constexpr int OFF_STATE = OFF_Q + Q_PARKS * Q_FRAG_BYTES;
+    static constexpr int STATE_BYTES = MB == 1 ? 0 : NUM_WARPS * MB * 32 * 16;
+    static constexpr int SMEM_BYTES = OFF_STATE + STATE_BYTES > PARK_BYTES ? OFF_STATE + STATE_BYTES
+                                                                            : PARK_BYTES;
     static_assert(STEP_CODE_BYTES % (16 * THREADS) == 0, "each thread moves whole 16-byte chunks");
     // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled code tile.
     static __device__ __forceinline__ int swizzled(int row, int chunk) {
@@ -263,11 +305,20 @@ constexpr int SHORT_STAGES = USE_CP_ASYNC ? SHORT_Q_STAGES : 1;
 
 // Read by the host after loading the module: launch geometry and identity of this build.
 extern "C" __constant__ int SDPA_BLOCK_M = BLOCK_M;
+// D = 128's query tile: its launch grid and the sampled check's tiles (a short query, one
+// query tile either way, runs the 16-row body in it).
+extern "C" __constant__ int SDPA_BLOCK_M_D128 = BLOCK_M_OF<WARP_MB<128>>;
 extern "C" __constant__ int SDPA_BLOCK_N = BLOCK_N;
 extern "C" __constant__ int SDPA_KV_SPLIT = KV_SPLIT;
 extern "C" __constant__ int SDPA_THREADS = THREADS;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = Geo<64>::SMEM_BYTES;
-extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = Geo<128>::SMEM_BYTES;
+// Both D = 128 bodies of this depth run in a launch of it (the entry's short queries and its
+// companion have one block a warp), so it gets the larger of their layouts (the two-block one
+// in the default grid; a grid of KV_SPLIT >= 3 parks more Q with one block a warp).
+constexpr int SMEM_D128 = Geo<128, STAGES, WARP_MB<128>>::SMEM_BYTES > Geo<128, STAGES, 1>::SMEM_BYTES
+                              ? Geo<128, STAGES, WARP_MB<128>>::SMEM_BYTES
+                              : Geo<128, STAGES, 1>::SMEM_BYTES;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = SMEM_D128;
 // Whether this build has the deeper body at all: more stages than the entries' own, within
 // the 227 KB a block may have on sm_90 (a grid such as KV_SPLIT=4 would need more: no deep body).
 constexpr bool HAS_DEEP = SHORT_STAGES > STAGES && Geo<128, SHORT_STAGES>::SMEM_BYTES <= 232448;
@@ -349,22 +400,45 @@ __device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
     return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
 }
 
+// ---- where a CTA and a warp are: read again where used, not held across the loop ----------
+// At 128 registers (D = 64) nothing beyond the original S may stay live across the KV loop,
+// so these are re-read from %ctaid / %tid (volatile: never hoisted) and recomputed from the
+// kernel's parameters, which live in the constant bank, wherever they are needed.
+
+__device__ __forceinline__ int ctaid_x() {
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ int ctaid_y() {
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ int tid_x() {
+    int r;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
+    return r;
+}
+
 // ---- K/V steps: codes -> the code tiles of a stage -----------------------------------------
 
 // Chunk i of a thread within a step of codes: 16 codes of row `row`, 16-byte chunk `chunk`.
 struct Chunk {
     int row, chunk;
 };
-template <int D>
+// REREAD: the thread's index read again from %tid (volatile), so that nothing derived from
+// it stays live across the loop (the two-block D = 128 body, at 255 registers, spilled them).
+template <int D, bool REREAD = false>
 __device__ __forceinline__ Chunk chunk_of(int i) {
-    const int c = threadIdx.x + i * THREADS;
+    const int c = (REREAD ? tid_x() : (int)threadIdx.x) + i * THREADS;
     return {c / Geo<D>::CHUNKS_PER_ROW, c % Geo<D>::CHUNKS_PER_ROW};
 }
 
 #if USE_CP_ASYNC
 // Starts the copy of one step of K and V codes into a stage; rows >= valid are zero-filled by
 // the copy (no bytes read), so a short last step never leaves an earlier step's codes behind.
-template <int D>
+template <int D, bool REREAD = false>
 __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
                                                 const u8* __restrict__ v_bh, int kv0, int valid,
                                                 u8* stage) {
@@ -379,7 +453,7 @@ __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
     constexpr bool FIXED_STRIDE =
         D == 128 && THREADS % G::CHUNKS_PER_ROW == 0 && THREADS / G::CHUNKS_PER_ROW % 8 == 0;
     if (FIXED_STRIDE && valid == STEP_KEYS) {
-        const Chunk c0 = chunk_of<D>(0);
+        const Chunk c0 = chunk_of<D, REREAD>(0);
         const size_t src0 = (size_t)(kv0 + c0.row) * D + c0.chunk * 16;
         const int dst0 = G::swizzled(c0.row, c0.chunk);
 #pragma unroll
@@ -392,7 +466,7 @@ __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
     }
 #pragma unroll
     for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) {
-        const Chunk ch = chunk_of<D>(i);
+        const Chunk ch = chunk_of<D, REREAD>(i);
         const bool live = ch.row < valid;
         const size_t src = live ? (size_t)(kv0 + ch.row) * D + ch.chunk * 16 : 0;
         const int dst = G::swizzled(ch.row, ch.chunk);
@@ -402,14 +476,14 @@ __device__ __forceinline__ void copy_step_async(const u8* __restrict__ k_bh,
 }
 #else
 // Loads one step of K and V codes from global memory into a stage (rows >= valid are zero).
-template <int D>
+template <int D, bool REREAD = false>
 __device__ __forceinline__ void load_step(const u8* __restrict__ k_bh, const u8* __restrict__ v_bh,
                                           int kv0, int valid, u8* stage) {
     using G = Geo<D>;
     uint4 kc[G::CHUNKS_PER_THREAD], vc[G::CHUNKS_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) { // all loads first: one memory latency, not N
-        const Chunk ch = chunk_of<D>(i);
+        const Chunk ch = chunk_of<D, REREAD>(i);
         kc[i] = vc[i] = make_uint4(0, 0, 0, 0);
         if (ch.row < valid) {
             const size_t src = (size_t)(kv0 + ch.row) * D + ch.chunk * 16;
@@ -419,7 +493,7 @@ __device__ __forceinline__ void load_step(const u8* __restrict__ k_bh, const u8*
     }
 #pragma unroll
     for (int i = 0; i < G::CHUNKS_PER_THREAD; ++i) {
-        const Chunk ch = chunk_of<D>(i);
+        const Chunk ch = chunk_of<D, REREAD>(i);
         const int dst = G::swizzled(ch.row, ch.chunk);
         *reinterpret_cast<uint4*>(stage + dst) = kc[i];
         *reinterpret_cast<uint4*>(stage + G::STEP_CODE_BYTES + dst) = vc[i];
@@ -446,39 +520,18 @@ __device__ __forceinline__ int row_keys(int row, bool causal, int diag, int Sk) 
 #endif
 }
 
-// ---- where a CTA and a warp are: read again where used, not held across the loop ----------
-// At 128 registers (D = 64) nothing beyond the original S may stay live across the KV loop,
-// so these are re-read from %ctaid / %tid (volatile: never hoisted) and recomputed from the
-// kernel's parameters, which live in the constant bank, wherever they are needed.
-
-__device__ __forceinline__ int ctaid_x() {
-    int r;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ int ctaid_y() {
-    int r;
-    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ int tid_x() {
-    int r;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
-    return r;
-}
-
 // The first query row of this CTA: causal CTAs run heaviest first (the last query tiles
 // see the most keys), so their tiles are taken in reverse.
-template <bool CAUSAL>
+template <bool CAUSAL, int MB = 1>
 __device__ __forceinline__ int cta_row0() {
     const int tile = CAUSAL ? (int)gridDim.x - 1 - ctaid_x() : ctaid_x();
-    return tile * BLOCK_M;
+    return tile * BLOCK_M_OF<MB>;
 }
-// The first of this warp's 16 rows: in a CTA that packs query heads (`pack_of`) every row warp
-// runs rows 0 .. S_q - 1 of its own head.
-template <bool CAUSAL>
+// The first of this warp's 16·MB rows: in a CTA that packs query heads (`pack_of`) every row
+// warp runs rows 0 .. S_q - 1 of its own head.
+template <bool CAUSAL, int MB = 1>
 __device__ __forceinline__ int warp_row0(bool packed) {
-    return cta_row0<CAUSAL>() + (packed ? 0 : ((tid_x() >> 5) % ROW_WARPS) * 16);
+    return cta_row0<CAUSAL, MB>() + (packed ? 0 : ((tid_x() >> 5) % ROW_WARPS) * 16 * MB);
 }
 // Row i sees keys j <= i + diag.
 __device__ __forceinline__ int diagonal(int Sq, int Sk) {
@@ -568,14 +621,14 @@ __device__ __forceinline__ int row_in_head(int pack, int g, int i) {
     return heads_per_warp(pack) == 2 ? g : g + 8 * i;
 }
 // Keys this CTA loads: all S_k, or up to its last row's last visible key.
-template <bool CAUSAL>
+template <bool CAUSAL, int MB = 1>
 __device__ __forceinline__ int cta_keys(int Sq, int Sk) {
-    return CAUSAL ? keys_seen(min(cta_row0<CAUSAL>() + BLOCK_M, Sq), diagonal(Sq, Sk), Sk) : Sk;
+    return CAUSAL ? keys_seen(min(cta_row0<CAUSAL, MB>() + BLOCK_M_OF<MB>, Sq), diagonal(Sq, Sk), Sk) : Sk;
 }
 // Keys this warp runs: all S_k, or up to its last row's last visible key.
-template <bool CAUSAL>
+template <bool CAUSAL, int MB = 1>
 __device__ __forceinline__ int warp_keys(int Sq, int Sk, bool packed) {
-    int keys = CAUSAL ? keys_seen(min(warp_row0<CAUSAL>(packed) + 16, Sq), diagonal(Sq, Sk), Sk) : Sk;
+    int keys = CAUSAL ? keys_seen(min(warp_row0<CAUSAL, MB>(packed) + 16 * MB, Sq), diagonal(Sq, Sk), Sk) : Sk;
 #ifdef MUTANT_CAUSAL_SKIP_EARLY
     if (CAUSAL) keys = max(0, keys - BLOCK_N); // the diagonal's last tile skipped
 #endif
@@ -755,10 +808,15 @@ __device__ __forceinline__ void split_kv_end(const float (&o)[D / 8][4], const f
 // ST: the cp.async pipeline's stages; SPLIT: whether the launch deals the query tile's KV
 // steps to gridDim.z CTAs (`split_kv_end`). A launch that does not split runs a body with no
 // trace of it: C = 1 and zc = 0 are constants there.
-template <int D, bool CAUSAL, int ST, bool SPLIT>
+// MB: the 16-row MMA blocks a warp owns (WARP_MB; a short query's body has one, and only it
+// packs heads or splits KV).
+template <int D, bool CAUSAL, int ST, bool SPLIT, int MB = 1>
 __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
-    using G = Geo<D, ST>;
-    constexpr bool CAN_PACK = can_pack<D, CAUSAL>();
+    using G = Geo<D, ST, MB>;
+    static_assert(MB == 1 || (D == 128 && !SPLIT), "two MMA blocks a warp: D = 128, no split KV");
+    static_assert(D != 128 || ST != STAGES || G::SMEM_BYTES <= SMEM_D128,
+                  "a D = 128 launch of this depth gives every body its layout");
+    constexpr bool CAN_PACK = can_pack<D, CAUSAL>() && MB == 1;
     extern __shared__ __align__(128) u8 smem[];
 
     const int warp = threadIdx.x >> 5;
@@ -767,7 +825,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     const int qd = lane & 3; // fragment column pair 2qd, 2qd + 1
     const int split = warp / ROW_WARPS;
     if ((int)blockIdx.y >= B * H) return;
-    const int pack = pack_of<D, CAUSAL>(blockIdx.y, B * H, H, Hkv, Sq);
+    const int pack = MB == 1 ? pack_of<D, CAUSAL>(blockIdx.y, B * H, H, Hkv, Sq) : 1;
     const int y0 = blockIdx.y - blockIdx.y % pack;
     if ((int)blockIdx.y != y0) return; // its head runs in the CTA at y0
     const bool packed = pack > 1;
@@ -782,7 +840,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     __syncthreads();
 #endif
     const int bkv = kv_head(bh, H, Hkv);
-    const int q0 = warp_row0<CAUSAL>(packed); // this warp's first row
+    const int q0 = warp_row0<CAUSAL, MB>(packed); // this warp's first row
 
 #ifdef MUTANT_I32_HEAD_OFFSET
     const int q_off = (int)((unsigned)bh * (unsigned)Sq * D); // wraps past 2^31
@@ -810,8 +868,8 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     // from shared memory (at 128 registers a causal loop cannot hold them).
     __shared__ int keys_shared[1 + NUM_WARPS];
     if constexpr (CAUSAL) {
-        if (threadIdx.x == 0) keys_shared[0] = cta_keys<CAUSAL>(Sq, Sk);
-        if (lane == 0) keys_shared[1 + warp] = warp_keys<CAUSAL>(Sq, Sk, packed);
+        if (threadIdx.x == 0) keys_shared[0] = cta_keys<CAUSAL, MB>(Sq, Sk);
+        if (lane == 0) keys_shared[1 + warp] = warp_keys<CAUSAL, MB>(Sq, Sk, packed);
         __syncthreads();
     }
 #define CTA_KEYS (CAUSAL ? keys_shared[0] : cta_keys<CAUSAL>(Sq, Sk))
@@ -829,12 +887,18 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
 #endif
     }
 
-    // Per lane: rows g (index 0) and g + 8 (index 1) of the warp's 16.
-    float o[D / 8][4];
+    // Per lane and MMA block mb (rows 16mb .. 16mb + 15 of the warp's): rows g (index 0) and
+    // g + 8 (index 1).
+    float o[MB][D / 8][4];
+    float m_run[MB][2], l_run[MB][2]; // l: this lane's share of the row sums
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m_run[2] = {M_NONE, M_NONE};
-    float l_run[2] = {0.0f, 0.0f}; // this lane's share of the row sums
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[mb][n][0] = o[mb][n][1] = o[mb][n][2] = o[mb][n][3] = 0.0f;
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) m_run[mb][0] = m_run[mb][1] = M_NONE;
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) l_run[mb][0] = l_run[mb][1] = 0.0f;
 
     const unsigned smem_addr = (unsigned)__cvta_generic_to_shared(smem);
     // The swizzle of a row depends on its index mod 8 only, so a lane's ldmatrix offsets are
@@ -859,15 +923,20 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         const int keys_cta = CTA_KEYS;
         const int kv_first = (zc + st * kv_ctas) * STEP_KEYS;
         if (kv_first < keys_cta)
-            copy_step_async<D>(k_bh, v_bh, kv_first, min(STEP_KEYS, keys_cta - kv_first), smem + st * G::STAGE_BYTES);
+            copy_step_async<D, MB != 1>(k_bh, v_bh, kv_first, min(STEP_KEYS, keys_cta - kv_first), smem + st * G::STAGE_BYTES);
         __pipeline_commit();
     }
 #endif
 
-    // Q: this warp's 16 rows as A fragments, decoded from global memory. k-step kk,
+    // Q: this warp's 16·MB rows as A fragments, decoded from global memory. k-step kk,
     // lane q: one 4-byte load of dims 16kk + 4q .. +3 per row (MMA k-indices 2q, 2q+1, 2q+8,
     // 2q+9: the header's order), the low pair to a0 (a1), the high pair to a2 (a3).
-    {
+    // With two blocks split 0 parks its row warp's fragments for every split (they read them
+    // after the loop's first barrier).
+    const int q_slot = MB == 1 ? warp : warp % ROW_WARPS;
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+        if (MB > 1 && split != 0) break;
         const size_t q_pair = (size_t)(heads_per_warp(pack) - 1) * Sq * D;
         unsigned qa[D / 16][4];
 #pragma unroll
@@ -875,7 +944,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 // Row i of a head pair is the second head's (q_pair on), else this head's.
-                const int row = q0 + row_in_head(pack, g, i);
+                const int row = q0 + 16 * mb + row_in_head(pack, g, i);
                 unsigned codes = 0;
 #ifdef MUTANT_Q_READ_PAST_END
                 // Reads query row S_q too (its scores go nowhere: the output does not change).
@@ -887,14 +956,23 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                 qa[kk][i + 2] = decode2_e4m3_hi(codes);
             }
         }
-        // Parked in shared memory and read back per tile (16 B per lane and k-step,
+        // Parked in shared memory and read back per tile (16 B per lane, block and k-step,
         // lane-major: conflict-free), so they hold no registers across the P·V half.
-        uint4* q_park = reinterpret_cast<uint4*>(smem + G::OFF_Q) + warp * (D / 16) * 32 + lane;
+        uint4* q_park = reinterpret_cast<uint4*>(smem + G::OFF_Q) + (q_slot * MB + mb) * (D / 16) * 32 + lane;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             q_park[kk * 32] = make_uint4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
     }
-    const uint4* q_park = reinterpret_cast<const uint4*>(smem + G::OFF_Q) + warp * (D / 16) * 32 + lane;
+    const uint4* q_park = reinterpret_cast<const uint4*>(smem + G::OFF_Q) + q_slot * MB * (D / 16) * 32 + lane;
+    // Two blocks: (m, l) of block mb at state(mb) between tiles (Geo::OFF_STATE), the lane's
+    // address from %tid.
+    auto state = [&](int mb) {
+        return reinterpret_cast<float4*>(smem + G::OFF_STATE) + ((tid_x() >> 5) * MB + mb) * 32 + (tid_x() & 31);
+    };
+    if constexpr (MB > 1) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) *state(mb) = make_float4(M_NONE, M_NONE, 0.0f, 0.0f);
+    }
 
     for (int n = 0; (zc + n * kv_ctas) * STEP_KEYS < CTA_KEYS; ++n) {
         const int j = zc + n * kv_ctas; // the step of the query tile's keys
@@ -915,7 +993,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
             const int keys_cta = CTA_KEYS;
             const int kv_ahead = (zc + ahead * kv_ctas) * STEP_KEYS;
             if (kv_ahead < keys_cta)
-                copy_step_async<D>(k_bh, v_bh, kv_ahead, min(STEP_KEYS, keys_cta - kv_ahead),
+                copy_step_async<D, MB != 1>(k_bh, v_bh, kv_ahead, min(STEP_KEYS, keys_cta - kv_ahead),
                                    smem + (ahead % ST) * G::STAGE_BYTES);
             __pipeline_commit(); // one group per iteration keeps the count uniform
         }
@@ -925,7 +1003,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         const int cur = n % ST;
 #endif
 #else
-        load_step<D>(k_bh, v_bh, j * STEP_KEYS, min(STEP_KEYS, CTA_KEYS - j * STEP_KEYS), smem);
+        load_step<D, MB != 1>(k_bh, v_bh, j * STEP_KEYS, min(STEP_KEYS, CTA_KEYS - j * STEP_KEYS), smem);
         const int cur = 0;
 #ifndef MUTANT_NO_DEQUANT_BARRIER
         __syncthreads(); // every thread's codes of this step are in shared memory
@@ -936,134 +1014,264 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         const int t = j * KV_SPLIT + split; // this warp's tile
         const int kv0 = t * BLOCK_N;
         if (kv0 < WARP_KEYS) {
-            // 2. S = Q Kᵀ: 8 key blocks x D/16 k-steps. One ldmatrix per key block and chunk
-            //    group of 4: matrix kk is its 8 keys x chunk 4cg + kk, so a lane gets dims
-            //    16(4cg + kk) + 4q .. +3 of key g: b0, b1.
-            float s[BLOCK_N / 8][4];
+            // 2. S = Q Kᵀ: 8 key blocks x D/16 k-steps, per MMA block.
+            float s[MB][BLOCK_N / 8][4];
 #pragma unroll
-            for (int nb = 0; nb < BLOCK_N / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-            unsigned qa[D / 16][4];
+            for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const uint4 f = q_park[kk * 32];
-                qa[kk][0] = f.x, qa[kk][1] = f.y, qa[kk][2] = f.z, qa[kk][3] = f.w;
-            }
+                for (int nb = 0; nb < BLOCK_N / 8; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
+            if constexpr (MB == 1) {
+                // One ldmatrix per key block and chunk group of 4: matrix kk is its 8 keys x
+                // chunk 4cg + kk, so a lane gets dims 16(4cg + kk) + 4q .. +3 of key g: b0, b1.
+                unsigned qa[D / 16][4];
 #pragma unroll
-            for (int nb = 0; nb < BLOCK_N / 8; ++nb) {
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    const uint4 f = q_park[kk * 32];
+                    qa[kk][0] = f.x, qa[kk][1] = f.y, qa[kk][2] = f.z, qa[kk][3] = f.w;
+                }
 #pragma unroll
-                for (int cg = 0; cg < D / 64; ++cg) {
-                    unsigned kc[4];
+                for (int nb = 0; nb < BLOCK_N / 8; ++nb) {
+#pragma unroll
+                    for (int cg = 0; cg < D / 64; ++cg) {
+                        unsigned kc[4];
 #ifdef MUTANT_D128_HALF_STRIDE
-                    const int group_off = 0; // every chunk group read from the first half
+                        const int group_off = 0; // every chunk group read from the first half
 #else
-                    const int group_off = cg * 64;
+                        const int group_off = cg * 64;
 #endif
-                    ldmatrix_x4(kc, (k_lane + stage_off + nb * 8 * D) ^ group_off);
+                        ldmatrix_x4(kc, (k_lane + stage_off + nb * 8 * D) ^ group_off);
 #pragma unroll
-                    for (int kk = 0; kk < 4; ++kk)
-                        mma16816(s[nb], qa[4 * cg + kk], decode2_e4m3(kc[kk]), decode2_e4m3_hi(kc[kk]));
+                        for (int kk = 0; kk < 4; ++kk)
+                            mma16816(s[0][nb], qa[4 * cg + kk], decode2_e4m3(kc[kk]), decode2_e4m3_hi(kc[kk]));
+                    }
+                }
+            } else {
+                // Two MMA blocks: k-step by k-step, both blocks' Q fragments of it, then one
+                // ldmatrix per group of 4 key blocks (matrix i: key block 4ng + i x chunk kk),
+                // each key block's fragments decoded once for both blocks. Every score still
+                // sums its k-steps in order 0 .. D/16 - 1, as with one block.
+                // Matrix i of a K ldmatrix: key lane % 8 + 8·(lane / 8) of the group, chunk 0 of
+                // its swizzle, with a k-step's chunk XORed in (16·kk); from %tid, as the loop has
+                // no register to hold it across the P·V half.
+                const int tid = tid_x(), ln = tid & 31;
+                const unsigned k_group = smem_addr + (tid >> 5) / ROW_WARPS * BLOCK_N * D + (ln >> 3) * 8 * D +
+                                         G::swizzled(ln & 7, 0);
+#ifdef MUTANT_Q_PARK_OTHER_ROWS
+                const int q_rows = ((tid >> 5) + (tid >> 5) / ROW_WARPS) % ROW_WARPS; // split 1: the other row warp's Q
+#else
+                const int q_rows = (tid >> 5) % ROW_WARPS; // the row warp's Q, which split 0 parked
+#endif
+                const uint4* q_row = reinterpret_cast<const uint4*>(smem + G::OFF_Q) + q_rows * MB * (D / 16) * 32 + ln;
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    unsigned qa[MB][4];
+#pragma unroll
+                    for (int mb = 0; mb < MB; ++mb) {
+                        const uint4 f = q_row[(mb * (D / 16) + kk) * 32];
+                        qa[mb][0] = f.x, qa[mb][1] = f.y, qa[mb][2] = f.z, qa[mb][3] = f.w;
+                    }
+#ifdef MUTANT_D128_HALF_STRIDE
+                    const int chunk = kk % 4; // every k-step read from the first half's chunks
+#else
+                    const int chunk = kk;
+#endif
+#pragma unroll
+                    for (int ng = 0; ng < BLOCK_N / 32; ++ng) {
+                        unsigned kc[4];
+                        ldmatrix_x4(kc, (k_group + stage_off + ng * 32 * D) ^ (chunk << 4));
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const unsigned b0 = decode2_e4m3(kc[i]), b1 = decode2_e4m3_hi(kc[i]);
+#pragma unroll
+                            for (int mb = 0; mb < MB; ++mb) mma16816(s[mb][4 * ng + i], qa[mb], b0, b1);
+                        }
+                    }
                 }
             }
 
             // 3. Online softmax (base 2). Keys past S_k, or past what a row sees under the
             //    causal mask, score -inf, so their P is exactly 0.
 #pragma unroll
-            for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+            for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nb][e] = __fmul_rn(s[nb][e], qk_scale[e >> 1]);
+                for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mb][nb][e] = __fmul_rn(s[mb][nb][e], qk_scale[e >> 1]);
             // Only a tile that some row of the warp does not see whole pays for the mask: the
             // last tile (partial) or, causal, one the diagonal crosses (the warp's first row
             // sees least). Row r sees keys below row_keys(r).
             if constexpr (CAUSAL) {
                 const int diag = diagonal(Sq, Sk);
                 const int pk = CAN_PACK ? pack_shared : 1;
-                const int w0 = warp_row0<CAUSAL>(pk > 1);
+                const int w0 = warp_row0<CAUSAL, MB>(pk > 1);
                 if (kv0 + BLOCK_N > row_keys(w0, true, diag, Sk)) {
-                    const int lim[2] = {row_keys(w0 + row_in_head(pk, g, 0), true, diag, Sk),
-                                        row_keys(w0 + row_in_head(pk, g, 1), true, diag, Sk)};
+                    if constexpr (MB == 1) {
+                        const int lim[2] = {row_keys(w0 + row_in_head(pk, g, 0), true, diag, Sk),
+                                            row_keys(w0 + row_in_head(pk, g, 1), true, diag, Sk)};
 #pragma unroll
-                    for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+                        for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim[e >> 1]) s[nb][e] = NEG_INF;
+                            for (int e = 0; e < 4; ++e)
+                                if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim[e >> 1]) s[0][nb][e] = NEG_INF;
+                    } else {
+                        // Two blocks (255 registers): per row the keys it sees past this lane's
+                        // first column, against constant offsets, the lane from %tid.
+                        const int ln = tid_x() & 31;
+                        const int col0 = kv0 + 2 * (ln & 3);
+#pragma unroll
+                        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                            for (int i = 0; i < 2; ++i) {
+                                const int rel = row_keys(w0 + 16 * mb + (ln >> 2) + 8 * i, true, diag, Sk) - col0;
+#pragma unroll
+                                for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                                    for (int e1 = 0; e1 < 2; ++e1)
+                                        if (nb * 8 + e1 >= rel) s[mb][nb][2 * i + e1] = NEG_INF;
+                            }
+                    }
                 }
             } else {
                 const int lim = row_keys(0, false, 0, Sk); // S_k (or past it: a planted bug)
                 if (kv0 + BLOCK_N > lim) {
 #pragma unroll
-                    for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+                    for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim) s[nb][e] = NEG_INF;
+                        for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                if (kv0 + nb * 8 + 2 * qd + (e & 1) >= lim) s[mb][nb][e] = NEG_INF;
                 }
             }
-            float tile_max[2] = {NEG_INF, NEG_INF};
+            float alpha[MB][2];
+            if constexpr (MB > 1) {
 #pragma unroll
-            for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+                for (int mb = 0; mb < MB; ++mb) {
+                    const float4 st = *state(mb);
+                    m_run[mb][0] = st.x, m_run[mb][1] = st.y, l_run[mb][0] = st.z, l_run[mb][1] = st.w;
+                }
+            }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nb][e]);
-            float alpha[2];
+            for (int mb = 0; mb < MB; ++mb) {
+                float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-                tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-                const float m_new = fmaxf(m_run[i], tile_max[i]); // M_NONE while no key is seen
+                for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[mb][nb][e]);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+                    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+                    const float m_new = fmaxf(m_run[mb][i], tile_max[i]); // M_NONE while no key is seen
 #ifdef MUTANT_NO_RESCALE
-                alpha[i] = 1.0f;
+                    alpha[mb][i] = 1.0f;
 #else
-                alpha[i] = exp2f(m_run[i] - m_new);
+                    alpha[mb][i] = exp2f(m_run[mb][i] - m_new);
 #endif
-                m_run[i] = m_new;
+                    m_run[mb][i] = m_new;
+                }
             }
             // 4. O *= alpha, then O += P V, one k-step of 16 keys at a time (so only that
             //    k-step's P is live). P comes straight from the score accumulators as the A
             //    fragment: key block 2kk gives a0 (row g), a1 (row g+8); block 2kk+1 gives a2, a3.
             //    ldmatrix.trans (b16) matrix i: keys 16kk + (i & 1)·8, chunk 2c2 + (i >> 1); a
             //    lane gets keys 2q, 2q+1 (+8) x dims 2g, 2g+1; prmt sorts them per dim into
-            //    b0, b1 of the chunk's even-dim MMA (o[2c]) and odd-dim MMA (o[2c + 1]).
+            //    b0, b1 of the chunk's even-dim MMA (o[2c]) and odd-dim MMA (o[2c + 1]), each
+            //    decoded once for every MMA block.
+            auto rescale_o = [&] {
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[n][0] = __fmul_rn(o[n][0], alpha[0]);
-                o[n][1] = __fmul_rn(o[n][1], alpha[0]);
-                o[n][2] = __fmul_rn(o[n][2], alpha[1]);
-                o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int n = 0; n < D / 8; ++n) {
+                        o[mb][n][0] = __fmul_rn(o[mb][n][0], alpha[mb][0]);
+                        o[mb][n][1] = __fmul_rn(o[mb][n][1], alpha[mb][0]);
+                        o[mb][n][2] = __fmul_rn(o[mb][n][2], alpha[mb][1]);
+                        o[mb][n][3] = __fmul_rn(o[mb][n][3], alpha[mb][1]);
+                    }
+            };
+            if constexpr (MB == 1) rescale_o();
+            float part[MB][2]; // this lane's P sums, key blocks in order
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) part[mb][0] = part[mb][1] = 0.0f;
+            // P of a k-step: key block 2kk + hh, fragment row i (each row's part summed in
+            // key order, as the emulation does).
+            auto p_of = [&](unsigned (&pa)[MB][4], int kk) {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int nb = 2 * kk + hh;
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            const __half p0 = __float2half_rn(exp2_for_p(s[mb][nb][2 * i] - m_run[mb][i]));
+                            const __half p1 = __float2half_rn(exp2_for_p(s[mb][nb][2 * i + 1] - m_run[mb][i]));
+                            part[mb][i] += __half2float(p0);
+                            part[mb][i] += __half2float(p1);
+                            pa[mb][hh * 2 + i] = pack_half2(p0, p1);
+                        }
+                    }
+            };
+            // With two MMA blocks every k-step's P first (32 registers of f16 where the scores
+            // took 64), then the row sums and O's rescale, so that the scores, alpha and the
+            // sums are dead before P·V (the same operations on the same values as with one).
+            unsigned p_all[MB == 1 ? 1 : BLOCK_N / 16][MB][4];
+            if constexpr (MB > 1) {
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk) p_of(p_all[kk], kk);
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) l_run[mb][i] = __fmaf_rn(l_run[mb][i], alpha[mb][i], part[mb][i]);
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) *state(mb) = make_float4(m_run[mb][0], m_run[mb][1], l_run[mb][0], l_run[mb][1]);
+                rescale_o();
             }
-            float part[2] = {0.0f, 0.0f}; // this lane's P sums, key blocks in order
+            // With two blocks (255 registers) V's lane address is computed again from %tid.
+            unsigned v_base = v_lane;
+            if constexpr (MB > 1) {
+                const int tid = tid_x(), ln = tid & 31;
+                v_base = smem_addr + G::STEP_CODE_BYTES + (tid >> 5) / ROW_WARPS * BLOCK_N * D +
+                         G::swizzled((ln & 7) + ((ln >> 3) & 1) * 8, ln >> 4);
+            }
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                unsigned pa[4];
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int nb = 2 * kk + hh;
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) {
-                        const __half p0 = __float2half_rn(exp2_for_p(s[nb][2 * i] - m_run[i]));
-                        const __half p1 = __float2half_rn(exp2_for_p(s[nb][2 * i + 1] - m_run[i]));
-                        part[i] += __half2float(p0);
-                        part[i] += __half2float(p1);
-                        pa[hh * 2 + i] = pack_half2(p0, p1);
-                    }
-                }
+                unsigned (&pa)[MB][4] = p_all[MB == 1 ? 0 : kk];
+                if constexpr (MB == 1) p_of(pa, kk);
 #pragma unroll
                 for (int c2 = 0; c2 < D / 32; ++c2) {
                     unsigned vc[4];
-                    ldmatrix_x4_trans(vc, (v_lane + stage_off + kk * 16 * D) ^ (c2 * 32));
+                    ldmatrix_x4_trans(vc, (v_base + stage_off + kk * 16 * D) ^ (c2 * 32));
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
                         const int c = 2 * c2 + hh;
                         const unsigned even = prmt(vc[2 * hh], vc[2 * hh + 1], 0x6420);
                         const unsigned odd = prmt(vc[2 * hh], vc[2 * hh + 1], 0x7531);
-                        mma16816(o[2 * c], pa, decode2_e4m3(even), decode2_e4m3_hi(even));
-                        mma16816(o[2 * c + 1], pa, decode2_e4m3(odd), decode2_e4m3_hi(odd));
+                        const unsigned e0 = decode2_e4m3(even), e1 = decode2_e4m3_hi(even);
+#pragma unroll
+                        for (int mb = 0; mb < MB; ++mb) mma16816(o[mb][2 * c], pa[mb], e0, e1);
+                        const unsigned o0 = decode2_e4m3(odd), o1 = decode2_e4m3_hi(odd);
+#pragma unroll
+                        for (int mb = 0; mb < MB; ++mb) mma16816(o[mb][2 * c + 1], pa[mb], o0, o1);
                     }
                 }
             }
+            if constexpr (MB == 1) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i) l_run[i] = __fmaf_rn(l_run[i], alpha[i], part[i]);
+                for (int i = 0; i < 2; ++i) l_run[0][i] = __fmaf_rn(l_run[0][i], alpha[0][i], part[0][i]);
+            }
         }
 #if !USE_CP_ASYNC
         __syncthreads(); // every warp is done with the stage before the next step's stores
 #endif
+    }
+    if constexpr (MB > 1) {
+        // Each thread's own (m, l), read before the barrier after which other warps may park
+        // over them (grids whose PARK_BYTES reach OFF_STATE).
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+            const float4 st = *state(mb);
+            m_run[mb][0] = st.x, m_run[mb][1] = st.y, l_run[mb][0] = st.z, l_run[mb][1] = st.w;
+        }
     }
 #if USE_CP_ASYNC
     __pipeline_wait_prior(0); // only empty groups remain; none may land in the parking area
@@ -1072,14 +1280,16 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
 
     // Row sums over the quad: (l_0 + l_1) + (l_2 + l_3), the same on every lane.
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
-        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
-    }
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            l_run[mb][i] += __shfl_xor_sync(0xffffffffu, l_run[mb][i], 1);
+            l_run[mb][i] += __shfl_xor_sync(0xffffffffu, l_run[mb][i], 2);
+        }
 
     // Split KV: the query tile's other CTAs hold the rest of its keys.
     if constexpr (SPLIT) {
-        split_kv_end<D, CAUSAL>(o, m_run, l_run, out, work, B * H, Sq, v_scale_shared,
+        split_kv_end<D, CAUSAL>(o[0], m_run[0], l_run[0], out, work, B * H, Sq, v_scale_shared,
                                 CAN_PACK ? pack_shared : 1);
         return;
     }
@@ -1088,52 +1298,59 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
 #if KV_SPLIT > 1
     float* park = reinterpret_cast<float*>(smem);
     const int rw = warp % ROW_WARPS;
-    constexpr int PM = D / 2; // parked O values per lane; m at PM, l at PM + 2
+    constexpr int PB = D / 2 + 4; // parked floats per lane and MMA block: O, then m[2], l[2]
+    constexpr int PM = D / 2;     // m at PM, l at PM + 2
     if (split > 0) {
         float* mine = park + ((split - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + lane;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32] = o[n][e];
-        mine[PM * 32] = m_run[0];
-        mine[(PM + 1) * 32] = m_run[1];
-        mine[(PM + 2) * 32] = l_run[0];
-        mine[(PM + 3) * 32] = l_run[1];
+            for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) mine[(mb * PB + n * 4 + e) * 32] = o[mb][n][e];
+            mine[(mb * PB + PM) * 32] = m_run[mb][0];
+            mine[(mb * PB + PM + 1) * 32] = m_run[mb][1];
+            mine[(mb * PB + PM + 2) * 32] = l_run[mb][0];
+            mine[(mb * PB + PM + 3) * 32] = l_run[mb][1];
+        }
     }
     __syncthreads();
     if (split > 0) return;
-    float m_all[2] = {m_run[0], m_run[1]};
 #pragma unroll
-    for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
-        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + lane;
-        m_all[0] = fmaxf(m_all[0], theirs[PM * 32]);
-        m_all[1] = fmaxf(m_all[1], theirs[(PM + 1) * 32]);
-    }
-    // A split that saw no key has m = M_NONE: its weight exp2(M_NONE - M) is 0 (1 when no
-    // split saw one: then every l and O is 0 and the row is written as zeros below).
-    float f[2]; // split 0's weight exp2(m_0 - M)
+    for (int mb = 0; mb < MB; ++mb) {
+        float m_all[2] = {m_run[mb][0], m_run[mb][1]};
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        f[i] = exp2f(m_run[i] - m_all[i]);
-        l_run[i] = __fmul_rn(l_run[i], f[i]);
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[n][e] = __fmul_rn(o[n][e], f[e >> 1]);
-#pragma unroll
-    for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
-        const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + lane;
-        float a[2];
+        for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
+            const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + mb * PB * 32 + lane;
+            m_all[0] = fmaxf(m_all[0], theirs[PM * 32]);
+            m_all[1] = fmaxf(m_all[1], theirs[(PM + 1) * 32]);
+        }
+        // A split that saw no key has m = M_NONE: its weight exp2(M_NONE - M) is 0 (1 when no
+        // split saw one: then every l and O is 0 and the row is written as zeros below).
+        float f[2]; // split 0's weight exp2(m_0 - M)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            a[i] = exp2f(theirs[(PM + i) * 32] - m_all[i]);
-            l_run[i] = __fmaf_rn(theirs[(PM + 2 + i) * 32], a[i], l_run[i]);
+            f[i] = exp2f(m_run[mb][i] - m_all[i]);
+            l_run[mb][i] = __fmul_rn(l_run[mb][i], f[i]);
         }
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) o[n][e] = __fmaf_rn(theirs[(n * 4 + e) * 32], a[e >> 1], o[n][e]);
+            for (int e = 0; e < 4; ++e) o[mb][n][e] = __fmul_rn(o[mb][n][e], f[e >> 1]);
+#pragma unroll
+        for (int k2 = 1; k2 < KV_SPLIT; ++k2) {
+            const float* theirs = park + ((k2 - 1) * ROW_WARPS + rw) * G::PARK_FLOATS + mb * PB * 32 + lane;
+            float a[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                a[i] = exp2f(theirs[(PM + i) * 32] - m_all[i]);
+                l_run[mb][i] = __fmaf_rn(theirs[(PM + 2 + i) * 32], a[i], l_run[mb][i]);
+            }
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[mb][n][e] = __fmaf_rn(theirs[(n * 4 + e) * 32], a[e >> 1], o[mb][n][e]);
+        }
     }
 #endif
 
@@ -1142,30 +1359,32 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     const int pack_out = CAN_PACK ? pack_shared : 1;
     __half* out_bh = out + (size_t)row_head(pack_out, ctaid_y(), 0) * Sq * D;
     const size_t out_pair = (size_t)(heads_per_warp(pack_out) - 1) * Sq * D; // row i's head
-    const int q0_out = warp_row0<CAUSAL>(pack_out > 1);
-    // Per row (g, g + 8) and 16-dim chunk c a lane holds dims
-    // 16c + 4q .. +3 as (o[2c][.], o[2c+1][.], o[2c][. + 1], o[2c+1][. + 1]): one 8-byte store.
+    const int q0_out = warp_row0<CAUSAL, MB>(pack_out > 1);
+    // Per row (g, g + 8) of block mb and 16-dim chunk c a lane holds dims 16c + 4q .. +3 as
+    // (o[mb][2c][.], o[mb][2c+1][.], o[mb][2c][. + 1], o[mb][2c+1][. + 1]): one 8-byte store.
     // A row that saw no key has l = 0 and is written as zeros.
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#ifdef MUTANT_STORE_ROW_OFF_BY_ONE
-        const int row = q0_out + row_in_head(pack_out, g, i) + 1;
-#else
-        const int row = q0_out + row_in_head(pack_out, g, i);
-#endif
-        if (row < Sq) {
-            const float scale = l_run[i] == 0.0f ? 0.0f : v_sc / l_run[i];
-            uint2* dst = reinterpret_cast<uint2*>(out_bh + i * out_pair + (size_t)row * D + 4 * qd);
+    for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-            for (int c = 0; c < D / 16; ++c) {
-                const __half d0 = __float2half_rn(__fmul_rn(o[2 * c][2 * i], scale));
-                const __half d1 = __float2half_rn(__fmul_rn(o[2 * c + 1][2 * i], scale));
-                const __half d2 = __float2half_rn(__fmul_rn(o[2 * c][2 * i + 1], scale));
-                const __half d3 = __float2half_rn(__fmul_rn(o[2 * c + 1][2 * i + 1], scale));
-                dst[c * 4] = make_uint2(pack_half2(d0, d1), pack_half2(d2, d3));
+        for (int i = 0; i < 2; ++i) {
+#ifdef MUTANT_STORE_ROW_OFF_BY_ONE
+            const int row = q0_out + 16 * mb + row_in_head(pack_out, g, i) + 1;
+#else
+            const int row = q0_out + 16 * mb + row_in_head(pack_out, g, i);
+#endif
+            if (row < Sq) {
+                const float scale = l_run[mb][i] == 0.0f ? 0.0f : v_sc / l_run[mb][i];
+                uint2* dst = reinterpret_cast<uint2*>(out_bh + i * out_pair + (size_t)row * D + 4 * qd);
+#pragma unroll
+                for (int c = 0; c < D / 16; ++c) {
+                    const __half d0 = __float2half_rn(__fmul_rn(o[mb][2 * c][2 * i], scale));
+                    const __half d1 = __float2half_rn(__fmul_rn(o[mb][2 * c + 1][2 * i], scale));
+                    const __half d2 = __float2half_rn(__fmul_rn(o[mb][2 * c][2 * i + 1], scale));
+                    const __half d3 = __float2half_rn(__fmul_rn(o[mb][2 * c + 1][2 * i + 1], scale));
+                    dst[c * 4] = make_uint2(pack_half2(d0, d1), pack_half2(d2, d3));
+                }
             }
         }
-    }
 #ifdef MUTANT_K_READ_PAST_END
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         (void)*(volatile const u8*)(k_bh + (size_t)Sk * D); // past the last head's K
@@ -1203,7 +1422,10 @@ __device__ __forceinline__ void sdpa_split_or_not(SDPA_BODY_PARAMS) {
     }
     sdpa_body<D, CAUSAL, ST, false>(SDPA_PASS);
 }
-template <int D, bool CAUSAL>
+// WIDE: queries longer than SHORT_Q_ROWS run the body of WARP_MB<D> blocks a warp (the
+// entries); the D = 128 companions run one block a warp everywhere (16-row warps, 32-row
+// query tiles).
+template <int D, bool CAUSAL, bool WIDE = true>
 __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
     if constexpr (D == 128 && HAS_DEEP) {
         if (deep_pipeline<D>(Sq)) {
@@ -1217,6 +1439,15 @@ __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
     // (the host then launches them deep) knows the deep body ran.
     if (D == 128 && Sq <= SHORT_Q_ROWS && Hkv < H) __trap();
 #endif
+    // Queries longer than SHORT_Q_ROWS at D = 128: warps of 32 rows (their query tiles are
+    // SDPA_BLOCK_M_D128 rows; a short query's one tile holds its rows either way).
+    if constexpr (WIDE && WARP_MB<D> > 1) {
+        if (Sq > SHORT_Q_ROWS) {
+            if (gridDim.z > 1) __trap(); // the host splits short queries only
+            sdpa_body<D, CAUSAL, STAGES, false, WARP_MB<D>>(SDPA_PASS);
+            return;
+        }
+    }
     sdpa_split_or_not<D, CAUSAL, STAGES>(SDPA_PASS);
 }
 
@@ -1235,8 +1466,9 @@ __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
 #define D64_BOUNDS __launch_bounds__(THREADS, 65536 / (THREADS * 128))
 #define D64_CAUSAL_BOUNDS __launch_bounds__(THREADS, 3)
 #define D128_BOUNDS __launch_bounds__(THREADS, 2)
-#define ENTRY(NAME, BOUNDS, DIM, CAUSAL_) \
-    extern "C" __global__ void BOUNDS NAME(SDPA_ARGS) { sdpa_entry<DIM, CAUSAL_>(SDPA_PASS); }
+#define ENTRY_OF(NAME, BOUNDS, DIM, CAUSAL_, WIDE) \
+    extern "C" __global__ void BOUNDS NAME(SDPA_ARGS) { sdpa_entry<DIM, CAUSAL_, WIDE>(SDPA_PASS); }
+#define ENTRY(NAME, BOUNDS, DIM, CAUSAL_) ENTRY_OF(NAME, BOUNDS, DIM, CAUSAL_, true)
 
 #if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 1
 ENTRY(sdpa_fp8_stage_c_mma_d64, D64_BOUNDS, 64, false)
@@ -1250,5 +1482,24 @@ ENTRY(sdpa_fp8_stage_c_mma_d128, D128_BOUNDS, 128, false)
 #if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 0
 ENTRY(sdpa_fp8_stage_c_mma_d128_causal, D128_BOUNDS, 128, true)
 #endif
+
+// The D = 128 companions (the header's "Warps"): the entries' code with 16-row warps, for
+// problems whose 64-row CTAs would be too few to fill the GPU. The host launches one where
+// its waves of CTAs end sooner (cuda/kernels.toml `narrow_d128`, src/backend/cuda/launch.rs
+// `plan_tiles`), with its entry's shared memory; both compute every row by the same steps.
+// The name carries the rows (`<entry>_m<rows>`), so only the default grid (2 row warps) has
+// them; another grid's launches all take the entry's own tile.
+#if D128_WARP_ROWS > 16 && ROW_WARPS == 2
+static_assert(BLOCK_M == 32, "the companions' names say 32 rows");
+extern "C" __constant__ int SDPA_COMPANION_ROWS_D128 = BLOCK_M;
+extern "C" __constant__ int SDPA_COMPANION_THREADS_D128 = THREADS;
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 1
+ENTRY_OF(sdpa_fp8_stage_c_mma_d128_m32, D128_BOUNDS, 128, false, false)
+#endif
+#if (SDPA_D == 0 || SDPA_D == 128) && SDPA_CAUSAL != 0
+ENTRY_OF(sdpa_fp8_stage_c_mma_d128_causal_m32, D128_BOUNDS, 128, true, false)
+#endif
+#endif
 #undef CTA_KEYS
 #undef WARP_KEYS
+

@@ -551,15 +551,18 @@ impl KernelSpec {
                             } else {
                                 self.tiles.block_m
                             };
+                            // Below the manifest's own tile where it names one; else the
+                            // module's, checked when it loads (backend/cuda/kernel.rs
+                            // `narrow_not_run`: a warning, the launch then takes its own).
                             query_tile(n.rows)
-                                && own.is_some_and(|m| n.rows < m)
+                                && own.is_none_or(|m| n.rows < m)
                                 && n.cta_time > 0.0
                                 && n.cta_time <= 1.0
                         })
                     }),
                 "tiles.narrow_d64 / tiles.narrow_d128",
-                "rows: a multiple of 16 below the head dim's block_m; cta_time: in (0, 1], a \
-                 narrower CTA's time relative to a CTA of block_m rows"
+                "rows: a multiple of 16 below the head dim's block_m (where given); cta_time: \
+                 in (0, 1], a narrower CTA's time relative to a CTA of its entry's own rows"
                     .into(),
             ),
             (

@@ -69,7 +69,8 @@ fn a_kernel_that_does_not_compile_exits_4_with_the_nvrtc_log() {
 /// `ptx_must_hold`, on a branch never taken) as the real kernel, but it stores to a wild
 /// address.
 const FAULTING_KERNEL: &str = r#"
-extern "C" __constant__ int SDPA_BLOCK_M = 64;
+extern "C" __constant__ int SDPA_BLOCK_M = 32;
+extern "C" __constant__ int SDPA_BLOCK_M_D128 = 64;
 extern "C" __constant__ int SDPA_BLOCK_N = 64;
 extern "C" __constant__ int SDPA_KV_SPLIT = 1;
 extern "C" __constant__ int SDPA_THREADS = 128;

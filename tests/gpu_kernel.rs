@@ -363,12 +363,33 @@ fn variant_identity_proves_which_variant_is_which() {
             assert_ne!(e.ptx_sha256, id.ptx_sha256);
         }
         assert!(id.constants.smem_bytes_d128 > id.constants.smem_bytes);
+        // Each D 128 module also holds its 32-row companion (16-row warps; the entry's warps
+        // own 32 rows of its 64), launched with the entry's shared memory.
+        let companions: Vec<(String, u32)> = id
+            .companions
+            .iter()
+            .map(|c| (c.entry.suffix(), c.rows))
+            .collect();
+        assert_eq!(
+            companions,
+            [("d128".into(), 32), ("d128_causal".into(), 32)]
+        );
+        for c in &id.companions {
+            let r = c
+                .driver
+                .as_ref()
+                .expect("each companion's driver resources");
+            assert_eq!(
+                (r.dynamic_smem_bytes, r.local_bytes),
+                (id.constants.smem_bytes_d128, 0)
+            );
+        }
         let v = id.resource_verdict(&g);
         assert!(v.pass(), "{}: {:?}", id.name, v.failures());
         assert_eq!(
             v.checks.len(),
-            16,
-            "registers, smem, spills and occupancy are all checked, per entry"
+            24,
+            "registers, smem, spills and occupancy are all checked, per entry and companion"
         );
     }
     let details = b.details();

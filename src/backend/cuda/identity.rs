@@ -972,7 +972,9 @@ ptxas info    : Used 128 registers, used 16 barriers, 80 bytes smem
         assert_eq!(old.narrowed(d128, 128), Some(384));
     }
 
-    /// A Stage C cp1 module's launch constants (2 x 2 warp grid), and those of its short queries.
+    /// A Stage C cp1 module's launch constants (2 x 2 warp grid; its D 128 figures from before
+    /// change 30's 64-row tiles, which the launch logic under test does not depend on), and those
+    /// of its short queries.
     const STAGE_C_PTX: &str = ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n\
                    .const .align 4 .u32 SDPA_BLOCK_N = 64;\n.const .align 4 .b32 SDPA_THREADS = 128;\n\
                    .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 40960;\n\

@@ -439,7 +439,8 @@ fn launch_dims(
 /// The query rows at or below which a launch may split (Stage C's `SDPA_SHORT_Q_ROWS`), and the
 /// most bytes of parked states a split workspace holds: a split aims for at most 256 working
 /// CTAs (`SDPA_SPLIT_KV_CTAS`, `_CTAS_8`), so packs × C <= 256, each pack at most 32 query
-/// rows (BLOCK_M) of 2C slots of D + 4 floats at D = 128: 256 × 32 × 2 × 132 × 4 bytes
+/// rows (a split query is short, run by 16-row warps: two row warps' rows) of 2C slots of D + 4
+/// floats at D = 128: 256 × 32 × 2 × 132 × 4 bytes
 /// (8.7 MB). For the memory check before a problem loads, and a bound for the default build's
 /// constants only (a `--define` of a larger target, another KV split or wider packs may need
 /// more); the workspace itself is sized exactly, and where its allocation fails the launch
