@@ -969,6 +969,13 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     auto state = [&](int mb) {
         return reinterpret_cast<float4*>(smem + G::OFF_STATE) + ((tid_x() >> 5) * MB + mb) * 32 + (tid_x() & 31);
     };
+    auto load_state = [&] {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+            const float4 st = *state(mb);
+            m_run[mb][0] = st.x, m_run[mb][1] = st.y, l_run[mb][0] = st.z, l_run[mb][1] = st.w;
+        }
+    };
     if constexpr (MB > 1) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) *state(mb) = make_float4(M_NONE, M_NONE, 0.0f, 0.0f);
@@ -1144,13 +1151,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                 }
             }
             float alpha[MB][2];
-            if constexpr (MB > 1) {
-#pragma unroll
-                for (int mb = 0; mb < MB; ++mb) {
-                    const float4 st = *state(mb);
-                    m_run[mb][0] = st.x, m_run[mb][1] = st.y, l_run[mb][0] = st.z, l_run[mb][1] = st.w;
-                }
-            }
+            if constexpr (MB > 1) load_state();
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {
                 float tile_max[2] = {NEG_INF, NEG_INF};
@@ -1264,15 +1265,9 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         __syncthreads(); // every warp is done with the stage before the next step's stores
 #endif
     }
-    if constexpr (MB > 1) {
-        // Each thread's own (m, l), read before the barrier after which other warps may park
-        // over them (grids whose PARK_BYTES reach OFF_STATE).
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-            const float4 st = *state(mb);
-            m_run[mb][0] = st.x, m_run[mb][1] = st.y, l_run[mb][0] = st.z, l_run[mb][1] = st.w;
-        }
-    }
+    // Each thread's own (m, l), read before the barrier after which other warps may park over
+    // them (grids whose PARK_BYTES reach OFF_STATE).
+    if constexpr (MB > 1) load_state();
 #if USE_CP_ASYNC
     __pipeline_wait_prior(0); // only empty groups remain; none may land in the parking area
 #endif

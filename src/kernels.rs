@@ -785,6 +785,25 @@ mod tests {
     }
 
     #[test]
+    fn a_narrow_tile_is_held_below_the_manifests_block_m_only_where_it_names_one() {
+        // Stage C names no block_m (its module publishes its tiles, which follow the build's
+        // grid): its 32-row D 128 companion tile is left to the module's check at load.
+        let m = Manifest::parse(Path::new("k.toml"), &edited("", "")).unwrap();
+        let stage_c = m.kernels.iter().find(|k| k.name == "stage-c").unwrap();
+        assert_eq!(stage_c.tiles.block_m, None);
+        assert_eq!(stage_c.tiles.narrow(128).map(|n| n.rows), Some(32));
+        // Where the manifest names the tile, a narrower one must lie below it.
+        let pinned = edited(
+            "narrow_d128 = { rows = 32, cta_time = 0.64 }",
+            "block_m = 32\nblock_m_d128 = 32\nnarrow_d128 = { rows = 32, cta_time = 0.64 }",
+        );
+        let err = Manifest::parse(Path::new("k.toml"), &pinned)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tiles.narrow_d128"), "{err}");
+    }
+
+    #[test]
     fn a_broken_manifest_is_refused_naming_the_key() {
         let cases = [
             ("default = \"stage-c\"", "default = \"stage-z\"", "default"),
