@@ -11,6 +11,9 @@
 //   EMU_MMA_K        depth of one tensor-core step of both products (16 or 32)
 //   EMU_P_E4M3       P rounded to e4m3 before P·V (else f16)
 //   EMU_L_F32P       the row sum adds the f32 P (else the rounded P)
+//   EMU_L_MMA        the manifest's `row_sum = "mma"`: l is one more column of P·V, of ones
+//                    (l·alpha then each step's Σ p̂ added, or Ô's way with EMU_PV_PER_TILE;
+//                    FP22 with EMU_FP22), not four lanes' partial sums
 //   EMU_PV_PER_TILE  a tile's P·V into a tile accumulator Ô, then O = fma(O, alpha, Ô)
 //                    (else O·alpha, then each step added into O)
 //   EMU_FP22         each step aligned and truncated to 13 fraction bits as Hopper's FP8
@@ -27,8 +30,10 @@
 //   softmax  m' = max(m, max_j s_j) (fused: max(m, (max_j s_j) · qk_scale)), base = m' (0
 //            while no key has a finite score), alpha = exp2(m − base), p_j = exp2(s_j − base)
 //            (fused: exp2(fma(s_j, qk_scale, −base)), -inf staying -inf), p̂_j = P's rounding,
-//            l_q = fma(l_q, alpha, Σ of lane q's p (or p̂) in block order), q < 4 (a quad)
-//   P·V      per MMA_K-key step, into O or Ô as above, f32 or FP22
+//            l_q = fma(l_q, alpha, Σ of lane q's p (or p̂) in block order), q < 4 (a quad),
+//            but with EMU_L_MMA (below, in P·V's steps)
+//   P·V      per MMA_K-key step, into O or Ô as above, f32 or FP22 (EMU_L_MMA: l as one
+//            more column, of ones, in l_0; l_1 .. l_3 stay 0)
 // A tile the row sees no key of is skipped: it would leave the state's bits as they are (the
 // host's reasoning, src/emulation/mod.rs). A split ends with l = (l_0 + l_1) + (l_2 + l_3);
 // the splits merge as the kernel's split 0 does; out = f16(o · (v_scale / l)), a NaN written as
@@ -74,6 +79,9 @@
 #ifndef EMU_L_F32P
 #define EMU_L_F32P 0
 #endif
+#ifndef EMU_L_MMA
+#define EMU_L_MMA 0
+#endif
 #ifndef EMU_PV_PER_TILE
 #define EMU_PV_PER_TILE 0
 #endif
@@ -113,6 +121,7 @@ extern "C" __constant__ int EMU_KV_TILE = KT;
 extern "C" __constant__ int EMU_STEP = MMA_K;
 extern "C" __constant__ int EMU_P_IS_E4M3 = EMU_P_E4M3;
 extern "C" __constant__ int EMU_L_FROM_F32_P = EMU_L_F32P;
+extern "C" __constant__ int EMU_L_IS_MMA = EMU_L_MMA;
 extern "C" __constant__ int EMU_PV_IS_PER_TILE = EMU_PV_PER_TILE;
 extern "C" __constant__ int EMU_ACC_IS_FP22 = EMU_FP22;
 extern "C" __constant__ int EMU_SCORE_IS_FUSED = EMU_FUSED_SCALE;
@@ -227,14 +236,36 @@ __device__ __forceinline__ void load_tile(const float* tab, const unsigned char*
 }
 
 // The P·V steps of one tile into the accumulator column `o` (stride ROWS): weights from the
-// row's column of `sp`, values from the tile.
-__device__ __forceinline__ void pv_steps(const float* sp, const float* vt, float* o, int r) {
+// row's column of `sp`, values from the tile; with EMU_L_MMA also P·1 into `l`.
+__device__ __forceinline__ void pv_steps(const float* sp, const float* vt, float* o, int r,
+                                         float& l) {
     for (int ks = 0; ks < KT; ks += MMA_K) {
         float p[MMA_K];
 #pragma unroll
         for (int j = 0; j < MMA_K; ++j) {
             p[j] = sp[(ks + j) * ROWS + r];
         }
+#if EMU_L_MMA
+        {
+#if EMU_FP22
+            float ones[MMA_K];
+#pragma unroll
+            for (int j = 0; j < MMA_K; ++j) {
+                ones[j] = 1.0f;
+            }
+            l = fp22_step(l, p, ones, 1);
+#else
+            float part = 0.0f;
+#pragma unroll
+            for (int j = 0; j < MMA_K; ++j) {
+                part = __fadd_rn(part, p[j]);  // p · 1, exact
+            }
+            l = __fadd_rn(l, part);
+#endif
+        }
+#else
+        (void)l;
+#endif
         const float* v = vt + ks * D;
         for (int x = 0; x < D; ++x) {
 #if EMU_FP22
@@ -335,7 +366,8 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
 #if EMU_FUSED_SCALE
             tile_max = __fmul_rn(tile_max, qk);
 #endif
-            // 2. Online softmax in base 2: the f32 P, its row sum per quad lane, P rounded.
+            // 2. Online softmax in base 2: the f32 P, its row sum per quad lane (but with
+            //    EMU_L_MMA: in P·V's steps), P rounded.
             const float m_new = fmaxf(m, tile_max);
             const float base = m_new == neg_inf ? 0.0f : m_new;
             const float alpha = exp2_portable(__fsub_rn(m, base));
@@ -348,6 +380,7 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
                 sp[j * ROWS + r] = exp2_portable(__fsub_rn(sp[j * ROWS + r], base));
 #endif
             }
+#if !EMU_L_MMA
 #pragma unroll
             for (int lane = 0; lane < QUAD; ++lane) {
                 float part = 0.0f;
@@ -360,6 +393,7 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
                 }
                 l_quad[lane] = fmaf(l_quad[lane], alpha, part);
             }
+#endif
             for (int j = 0; j < KT; ++j) {
                 sp[j * ROWS + r] = round_p(sp[j * ROWS + r], tab);
             }
@@ -369,15 +403,19 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
             for (int x = 0; x < D; ++x) {
                 ot[x * ROWS + r] = 0.0f;
             }
-            pv_steps(sp, vt, ot + r, r);
+            float lt = 0.0f;
+            pv_steps(sp, vt, ot + r, r, lt);
             for (int x = 0; x < D; ++x) {
                 so[x * ROWS + r] = fmaf(so[x * ROWS + r], alpha, ot[x * ROWS + r]);
             }
+            if (EMU_L_MMA) l_quad[0] = fmaf(l_quad[0], alpha, lt);
 #else
             for (int x = 0; x < D; ++x) {
                 so[x * ROWS + r] = __fmul_rn(so[x * ROWS + r], alpha);
             }
-            pv_steps(sp, vt, so + r, r);
+            float l_run = __fmul_rn(l_quad[0], alpha);
+            pv_steps(sp, vt, so + r, r, l_run);
+            if (EMU_L_MMA) l_quad[0] = l_run;
 #endif
         }
         if (mine) {

@@ -115,21 +115,26 @@
 //      b16) gives a key block's fragments for 4 k-steps (two blocks a warp: 4 key blocks'
 //      fragments of one k-step): 2 cvt e4m3x2 -> f16x2 each, the second reading the
 //      register's upper half in place (no shift).
-//   3. Online softmax in base 2 on the accumulators: s = acc · qk_scale, m_new = max(m, rowmax),
-//      alpha = exp2(m - m_new), P = f16(exp2(s - m_new)) (ex2.approx.ftz: the same f16 bits as
-//      exp2f); each lane of a row's quad keeps its own partial sum l_q = fma(l_q, alpha, sum
-//      of its 16 P values).
+//   3. Online softmax in base 2 on the unscaled accumulators, the scale fused into the
+//      exponent (cuda/kernels.toml `score = "fused"`): m_new = max(m, rowmax(acc) · qk_scale),
+//      alpha = exp2(m - m_new), P = f16(exp2(fma(acc, qk_scale, -m_new))) (ex2.approx.ftz: the
+//      same f16 bits as exp2f). The row sum is P·1 on the tensor cores (`row_sum = "mma"`):
+//      l *= alpha, then per k-step one m16n8k16 of the step's P against a B of ones, whose
+//      every column is the row's sum, on every lane of the quad. Against the scaled scores
+//      and four lanes' f32 partial sums of before, 64 FMUL, 64 FADD and 64 conversions fewer
+//      a tile (32 rows, 64 keys) for 8 HMMA: 3-8% faster (docs/PERF.md change 31).
 //   4. O *= alpha; O += P V with P straight from the accumulators as A fragments. V codes
 //      come by ldmatrix.trans (b16: a lane gets keys 2q, 2q+1 x dims 2g, 2g+1) and one prmt
 //      per fragment sorts the bytes into keys 2q, 2q+1, 2q+8, 2q+9 of dim 2g (or 2g+1): the
 //      two MMAs of a 16-dim chunk c own its even and odd dims, so a lane's accumulators hold
 //      dims 16c + 4q .. 16c + 4q + 3 of rows g and g + 8.
-// End: l = (l_0 + l_1) + (l_2 + l_3) over the quad; splits 1..K-1 park (m, l, O) in shared
+// End: splits 1..K-1 park (m, l, O) in shared
 // memory; split 0 merges: M = max m_k, a_k = exp2(m_k - M), O = O_0·a_0 then fma(O_k, a_k, O),
 // likewise l; stores f16(O · (v_scale / l)), four adjacent dims per 8-byte store.
 //
 // Scales: codes are decoded exactly and the scales applied in f32 where it is cheapest:
-//   qk_scale = (q_scale * k_scale) * (softmax_scale * log2 e) on the scores, v_scale at the end.
+//   qk_scale = (q_scale * k_scale) * (softmax_scale * log2 e) in the exponent's fma (and on
+//   each tile's row maximum), v_scale at the end.
 // src/emulation/mod.rs mirrors every step above in the same precisions and order (and
 // cuda/emulation_f32.cu mirrors it, bit for bit); keep them in step.
 //
@@ -163,10 +168,10 @@
 //   d64_causal   the same plus the diagonal mask's two row limits and column indices in the
 //                score phase: at 128 registers it spilled 16 (cp0) and 28 (cp1) bytes, so it
 //                is allowed 168 (3 CTAs per SM).
-//   d128, d128_causal  128 O accumulators and 64 scores a lane (two blocks): 247-254 of 255
+//   d128, d128_causal  128 O accumulators and 64 scores a lane (two blocks): 246-255 of 255
 //                registers (2 CTAs per SM, which 84 KB of shared memory for cp1 allows
 //                anyway), up to 96 KB of shared memory; their companions (one block: 64 O
-//                accumulators) 182-228. A short GQA/MQA
+//                accumulators) 178-226. A short GQA/MQA
 //                query whose CTAs fit one an SM launches with 144 KB: its packs are few (one
 //                per K/V head), so it is the pipeline's depth, not the CTAs per SM, that feeds
 //                them.
@@ -890,7 +895,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     // Per lane and MMA block mb (rows 16mb .. 16mb + 15 of the warp's): rows g (index 0) and
     // g + 8 (index 1).
     float o[MB][D / 8][4];
-    float m_run[MB][2], l_run[MB][2]; // l: this lane's share of the row sums
+    float m_run[MB][2], l_run[MB][2]; // l: the row sums (every lane of the quad the same)
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
@@ -1096,14 +1101,9 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                 }
             }
 
-            // 3. Online softmax (base 2). Keys past S_k, or past what a row sees under the
-            //    causal mask, score -inf, so their P is exactly 0.
-#pragma unroll
-            for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-                for (int nb = 0; nb < BLOCK_N / 8; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[mb][nb][e] = __fmul_rn(s[mb][nb][e], qk_scale[e >> 1]);
+            // 3. Online softmax (base 2) on the unscaled scores (the scale is fused into the
+            //    exponent's fma below). Keys past S_k, or past what a row sees under the causal
+            //    mask, score -inf, so their P is exactly 0.
             // Only a tile that some row of the warp does not see whole pays for the mask: the
             // last tile (partial) or, causal, one the diagonal crosses (the warp's first row
             // sees least). Row r sees keys below row_keys(r).
@@ -1163,6 +1163,9 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                 for (int i = 0; i < 2; ++i) {
                     tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
                     tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+                    // The scale is positive, so the scaled maximum is the maximum scaled (-inf
+                    // stays -inf).
+                    tile_max[i] = __fmul_rn(tile_max[i], qk_scale[i]);
                     const float m_new = fmaxf(m_run[mb][i], tile_max[i]); // M_NONE while no key is seen
 #ifdef MUTANT_NO_RESCALE
                     alpha[mb][i] = 1.0f;
@@ -1191,11 +1194,31 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                     }
             };
             if constexpr (MB == 1) rescale_o();
-            float part[MB][2]; // this lane's P sums, key blocks in order
+            // Row sums on the tensor cores, as O's: l · alpha, then each k-step's P against a B
+            // of ones (every column of the 16 x 8 result is its row's sum, on each lane of the
+            // quad), so l is P·1 in the precision and order of P·V.
+            float l_acc[MB][4];
+            auto rescale_l = [&] {
 #pragma unroll
-            for (int mb = 0; mb < MB; ++mb) part[mb][0] = part[mb][1] = 0.0f;
-            // P of a k-step: key block 2kk + hh, fragment row i (each row's part summed in
-            // key order, as the emulation does).
+                for (int mb = 0; mb < MB; ++mb) {
+                    l_acc[mb][0] = l_acc[mb][1] = __fmul_rn(l_run[mb][0], alpha[mb][0]);
+                    l_acc[mb][2] = l_acc[mb][3] = __fmul_rn(l_run[mb][1], alpha[mb][1]);
+                }
+            };
+            auto sum_rows = [&](const unsigned (&pa)[MB][4], int kk) {
+#ifdef MUTANT_ROW_SUM_SKIP_STEP
+                if (kk == BLOCK_N / 16 - 1) return; // the tile's last k-step never reaches l
+#endif
+                (void)kk;
+                constexpr unsigned ONES = 0x3C003C00u; // f16 1.0, 1.0
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) mma16816(l_acc[mb], pa[mb], ONES, ONES);
+            };
+            auto end_l = [&] {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) l_run[mb][0] = l_acc[mb][0], l_run[mb][1] = l_acc[mb][2];
+            };
+            // P of a k-step: key block 2kk + hh, fragment row i.
             auto p_of = [&](unsigned (&pa)[MB][4], int kk) {
 #pragma unroll
                 for (int mb = 0; mb < MB; ++mb)
@@ -1204,10 +1227,8 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                         const int nb = 2 * kk + hh;
 #pragma unroll
                         for (int i = 0; i < 2; ++i) {
-                            const __half p0 = __float2half_rn(exp2_for_p(s[mb][nb][2 * i] - m_run[mb][i]));
-                            const __half p1 = __float2half_rn(exp2_for_p(s[mb][nb][2 * i + 1] - m_run[mb][i]));
-                            part[mb][i] += __half2float(p0);
-                            part[mb][i] += __half2float(p1);
+                            const __half p0 = __float2half_rn(exp2_for_p(__fmaf_rn(s[mb][nb][2 * i], qk_scale[i], -m_run[mb][i])));
+                            const __half p1 = __float2half_rn(exp2_for_p(__fmaf_rn(s[mb][nb][2 * i + 1], qk_scale[i], -m_run[mb][i])));
                             pa[mb][hh * 2 + i] = pack_half2(p0, p1);
                         }
                     }
@@ -1219,10 +1240,10 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
             if constexpr (MB > 1) {
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_N / 16; ++kk) p_of(p_all[kk], kk);
+                rescale_l();
 #pragma unroll
-                for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) l_run[mb][i] = __fmaf_rn(l_run[mb][i], alpha[mb][i], part[mb][i]);
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk) sum_rows(p_all[kk], kk);
+                end_l();
 #pragma unroll
                 for (int mb = 0; mb < MB; ++mb) *state(mb) = make_float4(m_run[mb][0], m_run[mb][1], l_run[mb][0], l_run[mb][1]);
                 rescale_o();
@@ -1234,10 +1255,14 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                 v_base = smem_addr + G::STEP_CODE_BYTES + (tid >> 5) / ROW_WARPS * BLOCK_N * D +
                          G::swizzled((ln & 7) + ((ln >> 3) & 1) * 8, ln >> 4);
             }
+            if constexpr (MB == 1) rescale_l();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
                 unsigned (&pa)[MB][4] = p_all[MB == 1 ? 0 : kk];
-                if constexpr (MB == 1) p_of(pa, kk);
+                if constexpr (MB == 1) {
+                    p_of(pa, kk);
+                    sum_rows(pa, kk);
+                }
 #pragma unroll
                 for (int c2 = 0; c2 < D / 32; ++c2) {
                     unsigned vc[4];
@@ -1256,10 +1281,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                     }
                 }
             }
-            if constexpr (MB == 1) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) l_run[0][i] = __fmaf_rn(l_run[0][i], alpha[0][i], part[0][i]);
-            }
+            if constexpr (MB == 1) end_l();
         }
 #if !USE_CP_ASYNC
         __syncthreads(); // every warp is done with the stage before the next step's stores
@@ -1273,14 +1295,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
 #endif
     __syncthreads();          // every warp is done with the last stage (and Q) before parking
 
-    // Row sums over the quad: (l_0 + l_1) + (l_2 + l_3), the same on every lane.
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            l_run[mb][i] += __shfl_xor_sync(0xffffffffu, l_run[mb][i], 1);
-            l_run[mb][i] += __shfl_xor_sync(0xffffffffu, l_run[mb][i], 2);
-        }
+    // Every lane of a row's quad holds the row's whole sum (the MMA against ones).
 
     // Split KV: the query tile's other CTAs hold the rest of its keys.
     if constexpr (SPLIT) {

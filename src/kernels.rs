@@ -174,7 +174,7 @@ pub struct Numerics {
     pub p_precision: PPrecision,
     /// Depth of one tensor-core step of Q·Kᵀ and P·V (16: mma m16n8k16; 32: wgmma k32 at FP8).
     pub mma_k: usize,
-    /// Whether the row sum l adds the rounded P or the f32 P before rounding.
+    /// Whether the row sum l adds the rounded P or the f32 P before rounding, and where.
     pub row_sum: RowSum,
     /// How a tile's P·V reaches O.
     pub pv: PvAccumulation,
@@ -183,6 +183,21 @@ pub struct Numerics {
     /// How the softmax scale meets the scores (default `scaled`).
     #[serde(default)]
     pub score: ScoreScale,
+}
+
+impl Numerics {
+    /// Whether these numerics, with tiles of `block_n` keys, are Stage C's (what
+    /// `emulation::Algorithm::STAGE_C` holds; a unit test pins the two together), the only
+    /// ones Stage C's step-for-step error model bounds.
+    pub fn is_stage_c(&self, block_n: u32) -> bool {
+        block_n == 64
+            && self.mma_k == 16
+            && self.p_precision == PPrecision::F16
+            && self.row_sum == RowSum::Mma
+            && self.pv == PvAccumulation::Running
+            && self.accumulator == Accumulator::F32
+            && self.score == ScoreScale::Fused
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
@@ -216,10 +231,14 @@ pub enum PPrecision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RowSum {
-    /// l sums P as rounded to `p_precision` (the weights P·V used).
+    /// l sums P as rounded to `p_precision` (the weights P·V used), each of the four lanes of
+    /// a row's quad its own share in f32, the shares added at the end.
     RoundedP,
-    /// l sums the f32 P before rounding (FlashAttention-3's FP8 path).
+    /// l sums the f32 P before rounding (FlashAttention-3's FP8 path), as `RoundedP` does.
     F32P,
+    /// l is P·1 on the tensor cores: the rounded P against a column of ones, in the steps,
+    /// precision and accumulation (`pv`, `accumulator`) of P·V, as one more column of O.
+    Mma,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
@@ -460,7 +479,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 17] = [
+        let checks: [(bool, &'static str, String); 18] = [
             (
                 !self.name.is_empty()
                     && self
@@ -528,6 +547,15 @@ impl KernelSpec {
                     && (self.tiles.block_n as usize).is_multiple_of(self.numerics.mma_k),
                 "numerics.mma_k",
                 "16 or 32, dividing tiles.block_n".into(),
+            ),
+            (
+                self.numerics.row_sum != RowSum::Mma || self.numerics.is_stage_c(self.tiles.block_n),
+                "numerics.row_sum",
+                "\"mma\" only with Stage C's other numerics (block_n 64, mma_k 16, p_precision \
+                 f16, pv running, accumulator f32, score fused): only Stage C's own error model \
+                 (src/reference/bound.rs) bounds l summed on the tensor cores; the FP8 \
+                 implementation model that bounds any other kernel assumes l summed in f32"
+                    .into(),
             ),
             (
                 self.tiles.block_m.is_none_or(query_tile),
@@ -641,12 +669,14 @@ mod tests {
             (d.numerics.p_precision, d.numerics.row_sum, d.numerics.pv),
             (PPrecision::E4m3, RowSum::F32P, PvAccumulation::PerTile)
         );
-        // Stage D fuses the scale into its exponent (change 20); Stage C, which does not
-        // list `score`, keeps the default.
+        // Both fuse the scale into the exponent (Stage D change 20, Stage C change 31); Stage
+        // C sums l on the tensor cores (change 31), Stage D from the f32 P.
         assert_eq!(
             (d.numerics.score, c.numerics.score),
-            (ScoreScale::Fused, ScoreScale::Scaled)
+            (ScoreScale::Fused, ScoreScale::Fused)
         );
+        assert_eq!(c.numerics.row_sum, RowSum::Mma);
+        assert!(c.numerics.is_stage_c(c.tiles.block_n) && !d.numerics.is_stage_c(d.tiles.block_n));
         assert!(d.resources.is_some() && c.resources.is_none());
         // Each way ptxas says it repaired a wgmma pipeline: an accumulator read early shows as
         // C7514/C7517 without turns after P·V's issue and as C7518 with them (change 21).
@@ -870,7 +900,13 @@ mod tests {
             ),
             ("runner = \"checked\"\n", "runner = \"probe\"\n", "probe"),
             ("mma_k = 16", "mma_k = 24", "mma_k"),
-            ("row_sum = \"rounded-p\"", "row_sum = \"p\"", "f32-p"),
+            ("row_sum = \"mma\"", "row_sum = \"p\"", "f32-p"),
+            // l on the tensor cores beside Stage D's FP8 numerics: no model bounds it.
+            (
+                "row_sum = \"f32-p\"",
+                "row_sum = \"mma\"",
+                "only Stage C's own error model",
+            ),
             ("score = \"fused\"", "score = \"fma\"", "scaled"),
             ("kv_split = 2", "kv_split = 0", "kv_split"),
             (

@@ -364,8 +364,8 @@ fn variant_identity_proves_which_variant_is_which() {
         }
         assert!(id.constants.smem_bytes_d128 > id.constants.smem_bytes);
         // Each D 128 module also holds its 32-row companion: the 16-row-warp code, a function
-        // of its own with fewer registers than its entry's 32-row warps (182-228 against
-        // 247-254 on an H100, docs/PERF.md change 30), spill-free.
+        // of its own with fewer registers than its entry's 32-row warps (178-226 against
+        // 246-255 with NVRTC 13.0 since change 31, docs/PERF.md), spill-free.
         let companions: Vec<(String, u32)> = id
             .companions
             .iter()

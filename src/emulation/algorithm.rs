@@ -33,10 +33,10 @@ impl Algorithm {
         block_n: super::KV_TILE,
         mma_k: 16,
         p: PPrecision::F16,
-        row_sum: RowSum::RoundedP,
+        row_sum: RowSum::Mma,
         pv: PvAccumulation::Running,
         accumulator: Accumulator::F32,
-        score: ScoreScale::Scaled,
+        score: ScoreScale::Fused,
     };
 
     /// The algorithm of a manifest kernel, with the KV split of its default build
@@ -80,10 +80,10 @@ impl Algorithm {
     }
 
     /// One line for reports, e.g. `128-key tiles, k32 steps (FP22), fused scale, P e4m3, l from
-    /// f32 P, per-tile P·V, 1 split`.
+    /// f32 P, per-tile P·V, 1 split` (`l as P·1` where the row sum is a column of the MMA).
     pub fn describe(&self) -> String {
         format!(
-            "{}-key tiles, k{} steps{}{}, P {}, l from {} P, {} P·V, {} split{}",
+            "{}-key tiles, k{} steps{}{}, P {}, l {}, {} P·V, {} split{}",
             self.block_n,
             self.mma_k,
             match self.accumulator {
@@ -99,8 +99,9 @@ impl Algorithm {
                 PPrecision::E4m3 => "e4m3",
             },
             match self.row_sum {
-                RowSum::RoundedP => "rounded",
-                RowSum::F32P => "f32",
+                RowSum::RoundedP => "from rounded P",
+                RowSum::F32P => "from f32 P",
+                RowSum::Mma => "as P·1",
             },
             match self.pv {
                 PvAccumulation::Running => "running",

@@ -2,8 +2,9 @@
 //! scores in `mma_k`-deep steps kept in f32 or, on FP8 tensor cores, aligned and truncated to
 //! FP22 ([`fp22_step`]), online softmax in base 2 (the scale applied to the scores, or fused
 //! into the exponent's fma), P rounded to its precision, the
-//! row sum over four lanes' partial sums as the kernels' quads keep them, and P·V either into
-//! O as it runs or into a tile accumulator added as fma(O, alpha, Ô). On Stage C's algorithm it
+//! row sum over four lanes' partial sums as the kernels' quads keep them (or, `row_sum =
+//! "mma"`, as one more column of P·V against ones), and P·V either into O as it runs or into a
+//! tile accumulator added as fma(O, alpha, Ô). On Stage C's algorithm it
 //! gives the bits of the vectorized path (`general_path_is_stage_c_bit_for_bit`).
 
 use super::exp2::exp2;
@@ -128,21 +129,38 @@ impl<const D: usize> Running<D> {
             *x = alg.round_p(*x);
         }
         let summed = match alg.row_sum {
-            RowSum::RoundedP => &rounded,
+            RowSum::RoundedP | RowSum::Mma => &rounded,
             RowSum::F32P => &p,
         };
-        for (lane, lq) in self.l_quad.iter_mut().enumerate() {
-            let mut part = 0f32;
-            for block in summed[..n].chunks(2 * QUAD) {
-                part += block[2 * lane];
-                part += block[2 * lane + 1];
+        if alg.row_sum != RowSum::Mma {
+            for (lane, lq) in self.l_quad.iter_mut().enumerate() {
+                let mut part = 0f32;
+                for block in summed[..n].chunks(2 * QUAD) {
+                    part += block[2 * lane];
+                    part += block[2 * lane + 1];
+                }
+                *lq = lq.mul_add(alpha, part);
             }
-            *lq = lq.mul_add(alpha, part);
         }
         self.m = m_new;
-        // 3. P·V, one step at a time.
-        let steps = |o: &mut [f32; D]| {
+        // 3. P·V, one step at a time; with `row_sum = "mma"` l is one more column, of ones
+        //    (kept in l_quad[0], the other three lanes' shares 0, so that the quad's sum is l).
+        let mma_l = alg.row_sum == RowSum::Mma;
+        let steps = |o: &mut [f32; D], l: &mut f32| {
             for ks in (0..n).step_by(alg.mma_k) {
+                let step = &rounded[ks..ks + alg.mma_k];
+                if mma_l {
+                    match alg.accumulator {
+                        Accumulator::F32 => {
+                            let mut part = 0f32;
+                            for &pj in step {
+                                part += pj; // p · 1, exact
+                            }
+                            *l += part;
+                        }
+                        Accumulator::Fp22 => *l = fp22_step(*l, step.iter().map(|&pj| pj as f64)),
+                    }
+                }
                 match alg.accumulator {
                     Accumulator::F32 => {
                         let mut part = [0f32; D];
@@ -173,13 +191,21 @@ impl<const D: usize> Running<D> {
                 for x in self.o.iter_mut() {
                     *x *= alpha;
                 }
-                steps(&mut self.o);
+                let mut l = self.l_quad[0] * alpha;
+                steps(&mut self.o, &mut l);
+                if mma_l {
+                    self.l_quad[0] = l;
+                }
             }
             PvAccumulation::PerTile => {
                 let mut ot = [0f32; D];
-                steps(&mut ot);
+                let mut lt = 0f32;
+                steps(&mut ot, &mut lt);
                 for (x, t) in self.o.iter_mut().zip(ot) {
                     *x = x.mul_add(alpha, t);
+                }
+                if mma_l {
+                    self.l_quad[0] = self.l_quad[0].mul_add(alpha, lt);
                 }
             }
         }
@@ -334,10 +360,12 @@ mod tests {
                 valid: 37,
             },
         ];
+        // A scale of 1 spreads the weights over enough binades that the order of l's and O's
+        // sums shows in their bits (at 0.3 summing l key by key went unnoticed).
         let (mut fast, mut general) = (Running::<D>::new(), Running::<D>::new());
         for t in &tiles {
-            fast.step(&q, t, 0.3);
-            general.step_general(&q, t, 0.3, &Algorithm::STAGE_C);
+            fast.step(&q, t, 1.0);
+            general.step_general(&q, t, 1.0, &Algorithm::STAGE_C);
         }
         assert_eq!(fast.m.to_bits(), general.m.to_bits());
         assert_eq!(
@@ -348,9 +376,58 @@ mod tests {
     }
 
     #[test]
+    fn with_l_on_the_tensor_cores_l_is_the_bits_of_a_column_of_o_whose_values_are_ones() {
+        use crate::kernels::{Accumulator, PPrecision, PvAccumulation, RowSum};
+        const D: usize = 64;
+        const ONES: usize = 5; // the column of V that is all ones
+        let q: [f32; D] = std::array::from_fn(|x| values(D, 11)[x]);
+        let k: Vec<Vec<f32>> = (0..3).map(|t| values(D * KV_TILE, 12 + t)).collect();
+        let v: Vec<Vec<f32>> = (0..3)
+            .map(|t| {
+                let mut v = values(KV_TILE * D, 15 + t);
+                for row in v.chunks_mut(D) {
+                    row[ONES] = 1.0;
+                }
+                v
+            })
+            .collect();
+        for pv in [PvAccumulation::Running, PvAccumulation::PerTile] {
+            for accumulator in [Accumulator::F32, Accumulator::Fp22] {
+                for (p, mma_k) in [(PPrecision::F16, 16), (PPrecision::E4m3, 32)] {
+                    let alg = Algorithm {
+                        row_sum: RowSum::Mma,
+                        pv,
+                        accumulator,
+                        p,
+                        mma_k,
+                        ..Algorithm::STAGE_C
+                    };
+                    let mut run = Running::<D>::new();
+                    for (t, valid) in [KV_TILE, KV_TILE, 37].into_iter().enumerate() {
+                        let tile = Tile {
+                            k: &k[t],
+                            v: &v[t],
+                            valid,
+                        };
+                        run.step_general(&q, &tile, 1.0, &alg);
+                    }
+                    let what = format!("{pv:?} {accumulator:?} {p:?}");
+                    assert_eq!(run.l_quad[0].to_bits(), run.o[ONES].to_bits(), "{what}");
+                    assert_eq!(run.l_quad[1..], [0.0; 3], "{what}");
+                    assert!(
+                        run.l_quad[0] > 1.0,
+                        "{what}: the maximum's own weight and more"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_first_tile_whose_scores_overflow_to_minus_infinity_leaves_both_paths_finite_and_equal() {
-        // Every score of the first tile is -inf (a huge factor times negative sums), the
-        // second's are finite: neither path may make exp2(-inf + inf) = NaN of the first.
+        // The first tile's scaled maximum is -inf (a huge factor times negative sums: with the
+        // scale fused, so is every key's exponent), the second's scores are finite: neither
+        // path may make exp2(-inf + inf) = NaN of the first.
         const D: usize = 64;
         let q = [1f32; D];
         let (k_neg, k_pos, v) = (

@@ -4,13 +4,16 @@
 //! Per query row, the KV tiles of [`KV_TILE`] keys are dealt to `kv_split` splits (split k
 //! takes tiles k, k + kv_split, ...). Within a split, for each of its tiles:
 //! 1. scores: FP8 codes decoded exactly to f16; Q·Kᵀ in f32, one 16-wide k-step at a time
-//!    (one tensor-core MMA per step), then `acc * ((q_scale * k_scale) * (softmax_scale * log2 e))`;
-//! 2. online softmax in base 2: running max `m`, `alpha = exp2(m_old - m_new)`,
-//!    `p = f16(exp2(s - m_new))`; four partial sums, one per lane of the row's quad
-//!    (lane q owns columns 8·nb + 2q, 8·nb + 2q + 1), each `l_q = fma(l_q, alpha, its P sum)`;
-//! 3. `O = O * alpha`, then `O += P·V` one 16-key step at a time, f32 accumulation.
+//!    (one tensor-core MMA per step), left unscaled (`acc`);
+//! 2. online softmax in base 2, the scale `c = (q_scale * k_scale) * (softmax_scale * log2 e)`
+//!    fused into the exponent (the manifest's `score = "fused"`): running max
+//!    `m_new = max(m_old, max(acc) * c)`, `alpha = exp2(m_old - m_new)`,
+//!    `p = f16(exp2(fma(acc, c, -m_new)))`;
+//! 3. `O = O * alpha` and `l = l * alpha`, then one 16-key step at a time `O += P·V` and
+//!    `l += P·1` (`row_sum = "mma"`: the row sum is one more column of the MMA, of ones), f32
+//!    accumulation (each step's sum from 0 in key order, then added).
 //!
-//! A split ends with `l = (l_0 + l_1) + (l_2 + l_3)`. The splits merge as the kernel does:
+//! The splits merge as the kernel does:
 //! `M = max m_k`, `O = O_0 * exp2(m_0 - M)` then `O = fma(O_k, exp2(m_k - M), O)`, likewise `l`;
 //! finally `O * (v_scale / l)` rounded to f16. Keys past S_k score -inf (masked).
 //!
@@ -58,7 +61,9 @@ pub const KV_TILE: usize = 64;
 /// The kernel's default KV_SPLIT. A GPU run emulates the split its kernel publishes
 /// (`SDPA_KV_SPLIT`); the CPU backend uses this one.
 pub const KV_SPLIT: usize = 2;
-/// Lanes that share one row of an MMA accumulator (a quad), each with its own partial sum.
+/// Lanes that share one row of an MMA accumulator (a quad): with `row_sum` rounded-p or f32-p
+/// each keeps its own partial sum; with `mma` (Stage C) lane 0's share is the whole l and the
+/// other three stay 0.
 const QUAD: usize = 4;
 /// Depth of one tensor-core MMA step (m16n8k16).
 const K_STEP: usize = 16;
@@ -242,7 +247,8 @@ struct Running<const D: usize> {
     o: [f32; D],
 }
 
-/// A split's final state: `l = (l_0 + l_1) + (l_2 + l_3)` over the quad.
+/// A split's final state: `l = (l_0 + l_1) + (l_2 + l_3)` over the quad (l_0 itself, exactly,
+/// where the row sum is P·1: the other three are 0).
 struct SplitState<const D: usize> {
     m: f32,
     l: f32,
@@ -294,15 +300,18 @@ impl<const D: usize> Running<D> {
                 *a += pj;
             }
         }
+        // Unscaled: the scale meets the scores in the exponent's fma.
         let mut scores = [f32::NEG_INFINITY; KV_TILE];
         for (sc, a) in scores.iter_mut().zip(acc).take(tile.valid) {
-            *sc = a * qk_scale;
+            *sc = a;
         }
-        // 2. Online softmax (base 2), P rounded to f16, one partial sum per quad lane.
+        // 2. Online softmax (base 2), P rounded to f16. The scale is positive, so the maximum
+        // scaled is the scaled maximum.
         // A row with no finite maximum yet keeps P = 0 and alpha = 0 (not exp2(-inf + inf) =
         // NaN): the kernel's running maximum starts at -FLT_MAX, and the general path and the
-        // GPU emulation take base 0 there too. Only scores that overflow to -inf reach it.
-        let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        // GPU emulation take base 0 there too. Only a scaled maximum that overflows to -inf
+        // reaches it.
+        let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max) * qk_scale;
         let m_new = self.m.max(tile_max);
         let base = if m_new == f32::NEG_INFINITY {
             0.0
@@ -312,25 +321,29 @@ impl<const D: usize> Running<D> {
         let alpha = exp2(self.m - base);
         let mut p = [0f32; KV_TILE];
         for (pj, sc) in p.iter_mut().zip(scores) {
-            *pj = exp2(sc - base);
+            // A key the row does not see weighs 0 whatever the scale (general.rs `exponent`).
+            *pj = exp2(if sc == f32::NEG_INFINITY {
+                sc
+            } else {
+                sc.mul_add(qk_scale, -base)
+            });
         }
         for pj in p.iter_mut() {
             *pj = round_unit_to_f16(*pj);
         }
-        for (q, lq) in self.l_quad.iter_mut().enumerate() {
-            let mut part = 0f32;
-            for block in p.chunks(8) {
-                part += block[2 * q];
-                part += block[2 * q + 1];
-            }
-            *lq = lq.mul_add(alpha, part);
-        }
         self.m = m_new;
-        // 3. Rescale, then P·V one 16-key step at a time.
+        // 3. Rescale O and l, then P·V and P·1 one 16-key step at a time (l in l_quad[0], the
+        // other three shares 0: the quad's sum is l).
         for x in self.o.iter_mut() {
             *x *= alpha;
         }
+        self.l_quad[0] *= alpha;
         for ks in (0..KV_TILE).step_by(K_STEP) {
+            let mut l_part = 0f32;
+            for &pj in &p[ks..ks + K_STEP] {
+                l_part += pj; // p · 1, exact
+            }
+            self.l_quad[0] += l_part;
             let mut part = [0f32; D];
             for (j, &pj) in p.iter().enumerate().skip(ks).take(K_STEP) {
                 let vrow = &tile.v[j * D..][..D];
@@ -354,9 +367,11 @@ impl<const D: usize> Running<D> {
     }
 }
 
-/// `f16::from_f32(x).to_f32()` for x in [0, 1] (a P value), without branches so it vectorizes:
+/// `f16::from_f32(x).to_f32()` for x in [0, 2) (a P value: with the scale fused into the
+/// exponent, the row maximum's own weight may pass 1 by a few f32 ulps), without branches so it
+/// vectorizes:
 /// round to nearest even at 10 mantissa bits, or to a multiple of 2^-24 below 2^-14 (f16's
-/// subnormals). Proven equal to `half` on every f32 in [0, 1] by a test.
+/// subnormals). Proven equal to `half` on every f32 in [0, 2) by a test.
 #[inline(always)]
 fn round_unit_to_f16(x: f32) -> f32 {
     const MIN_NORMAL: f32 = 1.0 / 16384.0; // 2^-14
@@ -453,12 +468,20 @@ mod tests {
     /// its arithmetic (order, precision, rounding) must show here, not pass unnoticed.
     #[test]
     fn the_emulation_output_is_pinned_bit_for_bit() {
+        let checksum =
+            |p: &Problem| crate::report::f16_checksum(&emulate(p, Defect::None))[..16].to_string();
         // Two heads, two batches, a partial last tile of 6 keys, wide scores: every path.
-        let p = problem(2, 2, 70, 2.0);
-        let sum = crate::report::f16_checksum(&emulate(&p, Defect::None));
         assert_eq!(
-            &sum[..16],
+            checksum(&problem(2, 2, 70, 2.0)),
             "58d598da88bd0e11",
+            "the emulation's output changed"
+        );
+        // Those 17,920 outputs did not see change 31 (the scale fused into the exponent, l as
+        // P·1): a change at f32's last bits moves about 1% of f16 outputs. These 51,200 do
+        // (before it, 01608d4ad931e488).
+        assert_eq!(
+            checksum(&problem(2, 2, 200, 1.0)),
+            "a9d590ad48056eba",
             "the emulation's output changed"
         );
     }
@@ -635,11 +658,20 @@ mod tests {
     }
 
     #[test]
-    fn p_is_rounded_to_f16_exactly_as_half_does_on_every_f32_from_0_to_1() {
+    fn p_is_rounded_to_f16_exactly_as_half_does_on_every_f32_from_0_to_2() {
         let one = 1.0f32.to_bits();
-        let wrong = (0..=one)
+        let two = 2.0f32.to_bits();
+        let wrong = (0..two)
             .step_by(3) // a third of the 1.07e9 values, every kind of rounding among them
-            .chain([one - 1, 0x3880_0000, 0x387F_FFFF, 0x3380_0000, 0x337F_FFFF])
+            .chain([
+                one - 1,
+                one + 1,
+                two - 1,
+                0x3880_0000,
+                0x387F_FFFF,
+                0x3380_0000,
+                0x337F_FFFF,
+            ])
             .map(f32::from_bits)
             .find(|&x| round_unit_to_f16(x).to_bits() != f16::from_f32(x).to_f32().to_bits());
         assert_eq!(wrong, None);

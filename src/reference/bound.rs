@@ -12,8 +12,10 @@
 //!
 //! Kernel (against the reference on the dequantized codes), per element:
 //! - scores: D / 16 MMA steps of 16 exact products (each step off by at most 16 u32 of the sum
-//!   of magnitudes: products are exact, the alignment may truncate), the scale, the max
-//!   subtraction and `ex2.approx`: the exponent is off by at most
+//!   of magnitudes: products are exact, the alignment may truncate), the scale and the max
+//!   subtraction (one fma, `score = "fused"`: one rounding of |acc·c − m| <= 2 max|s| where
+//!   the scaled score and the subtraction took two) and `ex2.approx`: the exponent is off by
+//!   at most
 //!   δ = (D + 8) u32 · qk_scale_log2 · ‖q̂_i‖ · max_j ‖k̂_j‖ (Cauchy-Schwarz; 72 u32 at
 //!   D = 64), so each weight by a
 //!   factor within 2^±δ; P is rounded to f16 (u16) and `ex2.approx` adds 2^-22:
@@ -24,8 +26,8 @@
 //!   merge of the row's S = KV_SPLIT chains (times the CTAs a split launch deals its keys
 //!   to: src/backend/cuda/identity.rs `kv_ctas`), one product and S − 1 fmas, with slack:
 //!   4 max(S, 2) u32 · A (8 u32 at S <= 2).
-//! - the row sum l in f32 (16 adds and one fma per tile, the same merge):
-//!   (17 T + 4 max(S, 2)) u32 · |O|.
+//! - the row sum l = P·1 on the tensor cores (`row_sum = "mma"`), as P·V: per tile 4 MMA
+//!   steps (16 u32 each) and one rescale, and the same merge: (65 T + 4 max(S, 2)) u32 · |O|.
 //! - the end: two f32 operations and the f16 rounding: (u16 + 4 u32) |O| + 2^-25.
 //! - a row that sees no key (causal, S_q > S_k) is written as zeros: its bound is 0, so
 //!   anything but an exact zero fails.
@@ -98,7 +100,7 @@ pub fn element(head: &HeadFacts, row: &RowFacts, a: f64, o_k: f64, o_e: f64) -> 
     let kernel = rho * (a + ok)
         + row.subnormal_weights as f64 * F16_SUB_HALF * (head.v_abs_max + ok)
         + (65.0 * t + merge) * U32 * a
-        + (17.0 * t + merge) * U32 * ok
+        + (65.0 * t + merge) * U32 * ok
         + (U16 + 4.0 * U32) * ok
         + F16_SUB_HALF;
     let shrink = 1.0 - E4M3_REL;
@@ -156,6 +158,29 @@ mod tests {
         let few = RowFacts { keys: 1, ..ROW };
         let many = RowFacts { keys: 8192, ..ROW };
         assert!(element(&h, &few, 0.8, 0.3, 0.3).0 < element(&h, &many, 0.8, 0.3, 0.3).0);
+    }
+
+    #[test]
+    fn each_tile_of_a_chain_adds_65_u32_of_a_and_65_of_the_output_as_p_v_and_p_1_do() {
+        // One split (the merge's 8 u32 fixed); rows of 64 and 128 keys: one tile and two.
+        let h = HeadFacts {
+            kv_split: 1,
+            ..head(1)
+        };
+        let one = RowFacts { keys: 64, ..ROW };
+        let two = RowFacts { keys: 128, ..ROW };
+        let per_tile = |a: f64, o: f64| element(&h, &two, a, o, o).0 - element(&h, &one, a, o, o).0;
+        // The output alone: l's steps (P·1 on the tensor cores, change 31) as P·V's.
+        assert!(
+            (per_tile(0.0, 1.0) / U32 - 65.0).abs() < 1e-6,
+            "{}",
+            per_tile(0.0, 1.0) / U32
+        );
+        assert!(
+            (per_tile(1.0, 0.0) / U32 - 65.0).abs() < 1e-6,
+            "{}",
+            per_tile(1.0, 0.0) / U32
+        );
     }
 
     #[test]

@@ -41,7 +41,7 @@ impl EmuBuild {
 
     /// The module's defines (cuda/emulation_f32.cu's header), and the constants it publishes
     /// for them, in the same order.
-    fn defines(&self) -> [(&'static str, &'static str, usize); 8] {
+    fn defines(&self) -> [(&'static str, &'static str, usize); 9] {
         let a = &self.alg;
         [
             ("EMU_D", "EMU_HEAD_DIM", self.d),
@@ -56,6 +56,11 @@ impl EmuBuild {
                 "EMU_L_F32P",
                 "EMU_L_FROM_F32_P",
                 usize::from(a.row_sum == RowSum::F32P),
+            ),
+            (
+                "EMU_L_MMA",
+                "EMU_L_IS_MMA",
+                usize::from(a.row_sum == RowSum::Mma),
             ),
             (
                 "EMU_PV_PER_TILE",
@@ -304,7 +309,8 @@ mod tests {
         let stage_c = EmuBuild::new(64, Algorithm::STAGE_C.with_split(4));
         assert_eq!(stage_c, EmuBuild::new(64, Algorithm::STAGE_C));
         let values = |b: EmuBuild| b.defines().map(|(_, _, v)| v);
-        assert_eq!(values(stage_c), [64, 64, 16, 0, 0, 0, 0, 0]);
+        // Stage C: f16 P, l as P·1 on the tensor cores, running P·V in f32, the scale fused.
+        assert_eq!(values(stage_c), [64, 64, 16, 0, 0, 1, 0, 0, 1]);
         let fp8 = Algorithm {
             block_n: 128,
             mma_k: 32,
@@ -317,7 +323,7 @@ mod tests {
         };
         assert_eq!(
             values(EmuBuild::new(128, fp8)),
-            [128, 128, 32, 1, 1, 1, 1, 1]
+            [128, 128, 32, 1, 1, 0, 1, 1, 1]
         );
     }
 }
