@@ -185,18 +185,23 @@ pub struct Numerics {
     pub score: ScoreScale,
 }
 
+/// Stage C's numerics (since change 31) and keys per tile: the only ones Stage C's
+/// step-for-step error model bounds (src/reference/bound.rs), and what
+/// `emulation::Algorithm::STAGE_C` is built from.
+pub const STAGE_C_NUMERICS: Numerics = Numerics {
+    p_precision: PPrecision::F16,
+    mma_k: 16,
+    row_sum: RowSum::Mma,
+    pv: PvAccumulation::Running,
+    accumulator: Accumulator::F32,
+    score: ScoreScale::Fused,
+};
+pub const STAGE_C_BLOCK_N: u32 = 64;
+
 impl Numerics {
-    /// Whether these numerics, with tiles of `block_n` keys, are Stage C's (what
-    /// `emulation::Algorithm::STAGE_C` holds; a unit test pins the two together), the only
-    /// ones Stage C's step-for-step error model bounds.
+    /// Whether these numerics, with tiles of `block_n` keys, are Stage C's.
     pub fn is_stage_c(&self, block_n: u32) -> bool {
-        block_n == 64
-            && self.mma_k == 16
-            && self.p_precision == PPrecision::F16
-            && self.row_sum == RowSum::Mma
-            && self.pv == PvAccumulation::Running
-            && self.accumulator == Accumulator::F32
-            && self.score == ScoreScale::Fused
+        block_n == STAGE_C_BLOCK_N && *self == STAGE_C_NUMERICS
     }
 }
 

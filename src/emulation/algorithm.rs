@@ -4,7 +4,9 @@
 
 use serde::Serialize;
 
-use crate::kernels::{Accumulator, KernelSpec, PPrecision, PvAccumulation, RowSum, ScoreScale};
+use crate::kernels::{
+    Accumulator, KernelSpec, PPrecision, PvAccumulation, RowSum, STAGE_C_NUMERICS, ScoreScale,
+};
 
 /// Every choice of a kernel that its output's bits depend on, as far as the emulation models it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -31,12 +33,12 @@ impl Algorithm {
     pub const STAGE_C: Algorithm = Algorithm {
         kv_split: super::KV_SPLIT,
         block_n: super::KV_TILE,
-        mma_k: 16,
-        p: PPrecision::F16,
-        row_sum: RowSum::Mma,
-        pv: PvAccumulation::Running,
-        accumulator: Accumulator::F32,
-        score: ScoreScale::Fused,
+        mma_k: STAGE_C_NUMERICS.mma_k,
+        p: STAGE_C_NUMERICS.p_precision,
+        row_sum: STAGE_C_NUMERICS.row_sum,
+        pv: STAGE_C_NUMERICS.pv,
+        accumulator: STAGE_C_NUMERICS.accumulator,
+        score: STAGE_C_NUMERICS.score,
     };
 
     /// The algorithm of a manifest kernel, with the KV split of its default build

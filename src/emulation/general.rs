@@ -128,11 +128,11 @@ impl<const D: usize> Running<D> {
         for x in rounded[..n].iter_mut() {
             *x = alg.round_p(*x);
         }
-        let summed = match alg.row_sum {
-            RowSum::RoundedP | RowSum::Mma => &rounded,
-            RowSum::F32P => &p,
-        };
         if alg.row_sum != RowSum::Mma {
+            let summed = match alg.row_sum {
+                RowSum::F32P => &p,
+                _ => &rounded,
+            };
             for (lane, lq) in self.l_quad.iter_mut().enumerate() {
                 let mut part = 0f32;
                 for block in summed[..n].chunks(2 * QUAD) {

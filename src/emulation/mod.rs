@@ -57,7 +57,7 @@ pub fn qk_scale(p: &Problem, bh: usize) -> f32 {
 }
 
 /// Keys per KV tile; the kernel's BLOCK_N, checked against the compiled kernel at run time.
-pub const KV_TILE: usize = 64;
+pub const KV_TILE: usize = crate::kernels::STAGE_C_BLOCK_N as usize;
 /// The kernel's default KV_SPLIT. A GPU run emulates the split its kernel publishes
 /// (`SDPA_KV_SPLIT`); the CPU backend uses this one.
 pub const KV_SPLIT: usize = 2;
