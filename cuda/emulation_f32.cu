@@ -20,6 +20,8 @@
 //                    tensor cores keep a sum (src/emulation/general.rs `fp22_step`; else f32)
 //   EMU_FUSED_SCALE  the manifest's `score = "fused"`: s_j = acc_j (unscaled), the tile's
 //                    maximum scaled once, p_j = exp2(fma(acc_j, qk_scale, −base))
+//   EMU_RESCALE_THRESHOLD  the manifest's `rescale_threshold` τ (log2 units, default 0): the
+//                    running maximum moves to the tile's only where that passes m + τ
 //
 // What it computes, per checked query row: the KV tiles it sees a key of, dealt to `kv_split`
 // splits (split k takes tiles k, k + kv_split, ...), each split an online softmax in base 2:
@@ -27,7 +29,8 @@
 //            FP22 (acc = fp22_step(acc, the step's products)); s_j = acc_j · qk_scale (fused:
 //            s_j = acc_j), or -inf for keys the row does not see (past S_k, or above its
 //            causal diagonal)
-//   softmax  m' = max(m, max_j s_j) (fused: max(m, (max_j s_j) · qk_scale)), base = m' (0
+//   softmax  with t = max_j s_j (fused: (max_j s_j) · qk_scale), m' = t where t > m + τ, else m
+//            (τ = 0: max(m, t); src/emulation/algorithm.rs `next_max`), base = m' (0
 //            while no key has a finite score), alpha = exp2(m − base), p_j = exp2(s_j − base)
 //            (fused: exp2(fma(s_j, qk_scale, −base)), -inf staying -inf), p̂_j = P's rounding,
 //            l_q = fma(l_q, alpha, Σ of lane q's p (or p̂) in block order), q < 4 (a quad),
@@ -88,6 +91,9 @@
 #ifndef EMU_FUSED_SCALE
 #define EMU_FUSED_SCALE 0
 #endif
+#ifndef EMU_RESCALE_THRESHOLD
+#define EMU_RESCALE_THRESHOLD 0
+#endif
 #ifndef EMU_FP22
 #define EMU_FP22 0
 #endif
@@ -125,6 +131,7 @@ extern "C" __constant__ int EMU_L_IS_MMA = EMU_L_MMA;
 extern "C" __constant__ int EMU_PV_IS_PER_TILE = EMU_PV_PER_TILE;
 extern "C" __constant__ int EMU_ACC_IS_FP22 = EMU_FP22;
 extern "C" __constant__ int EMU_SCORE_IS_FUSED = EMU_FUSED_SCALE;
+extern "C" __constant__ int EMU_RESCALE_THRESHOLD_IS = EMU_RESCALE_THRESHOLD;
 extern "C" __constant__ int EMU_ROWS = ROWS;
 extern "C" __constant__ int EMU_THREADS = THREADS;
 extern "C" __constant__ int EMU_SMEM_BYTES = SMEM_BYTES;
@@ -368,7 +375,7 @@ sdpa_emulation_f32(const float* __restrict__ table, const unsigned char* __restr
 #endif
             // 2. Online softmax in base 2: the f32 P, its row sum per quad lane (but with
             //    EMU_L_MMA: in P·V's steps), P rounded.
-            const float m_new = fmaxf(m, tile_max);
+            const float m_new = tile_max > __fadd_rn(m, (float)EMU_RESCALE_THRESHOLD) ? tile_max : m;
             const float base = m_new == neg_inf ? 0.0f : m_new;
             const float alpha = exp2_portable(__fsub_rn(m, base));
             for (int j = 0; j < KT; ++j) {

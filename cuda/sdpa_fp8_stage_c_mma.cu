@@ -48,6 +48,14 @@
 //                   (128; with S_q <= 8, 2N: 256) and the most CTAs a query tile's steps go to
 //                   (64), published as SDPA_SPLIT_KV_CTAS/_CTAS_8/_MAX (measured: docs/PERF.md
 //                   changes 17 and 25); NO_SPLIT_KV publishes 0 (never split).
+//   RESCALE_THRESHOLD=T  how far (log2 units) a tile's maximum must pass the running maximum
+//                   before it moves (step 3; default 8, 0 the exact maximum), published as
+//                   SDPA_RESCALE_THRESHOLD: it changes the output's bits, so the runner refuses a
+//                   build whose value is not its manifest entry's `rescale_threshold`.
+//   LAZY_TILE_MAX=0|1  1, the default: a 32-row warp takes its rows' quad maxima only where
+//                   some lane's own maximum passes m + the threshold (step 3); the same bits.
+//                   Against 0: +2% on D 128 causal prefill (cp1), SAME to +0.9% elsewhere
+//                   (docs/PERF.md change 32).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
@@ -116,13 +124,19 @@
 //      fragments of one k-step): 2 cvt e4m3x2 -> f16x2 each, the second reading the
 //      register's upper half in place (no shift).
 //   3. Online softmax in base 2 on the unscaled accumulators, the scale fused into the
-//      exponent (cuda/kernels.toml `score = "fused"`): m_new = max(m, rowmax(acc) · qk_scale),
-//      alpha = exp2(m - m_new), P = f16(exp2(fma(acc, qk_scale, -m_new))) (ex2.approx.ftz: the
+//      exponent (cuda/kernels.toml `score = "fused"`): with t = rowmax(acc) · qk_scale, the
+//      running maximum moves to t only where t > m + RESCALE_THRESHOLD (8, `rescale_threshold`:
+//      FlashAttention-4's conditional rescale), m_new = that or m; alpha = exp2(m - m_new),
+//      P = f16(exp2(fma(acc, qk_scale, -m_new))), up to 2^8 where m lags (ex2.approx.ftz: the
 //      same f16 bits as exp2f). The row sum is P·1 on the tensor cores (`row_sum = "mma"`):
 //      l *= alpha, then per k-step one m16n8k16 of the step's P against a B of ones, whose
 //      every column is the row's sum, on every lane of the quad. Against the scaled scores
 //      and four lanes' f32 partial sums of before, 64 FMUL, 64 FADD and 64 conversions fewer
 //      a tile (32 rows, 64 keys) for 8 HMMA: 3-8% faster (docs/PERF.md change 31).
+//      Past a row's first tiles m rarely moves on real inputs, so a 32-row warp (D 128) asks
+//      once whether any lane's own maximum passes m + the threshold (LAZY_TILE_MAX): where none
+//      does, the quads' shuffles, the alphas and O's 128 FMUL are skipped, the same bits
+//      (change 32: 3% faster at D 128 than the exact maximum, 2% more on causal ones).
 //   4. O *= alpha; O += P V with P straight from the accumulators as A fragments. V codes
 //      come by ldmatrix.trans (b16: a lane gets keys 2q, 2q+1 x dims 2g, 2g+1) and one prmt
 //      per fragment sorts the bytes into keys 2q, 2q+1, 2q+8, 2q+9 of dim 2g (or 2g+1): the
@@ -252,6 +266,20 @@ typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
 // state keeps its bits) and the first visible tile alpha = exp2(-FLT_MAX - m) = 0, exactly as
 // -inf would, with no branch and no NaN from -inf - -inf.
 #define M_NONE (-3.40282347e38f)
+// How far (log2 units) a tile's scaled maximum must pass a row's running maximum m before m
+// moves to it (cuda/kernels.toml `rescale_threshold`, published as SDPA_RESCALE_THRESHOLD and
+// checked against the manifest when the module loads): step 3 of the header. 0 is the exact
+// running maximum; any other value changes the output's bits, which the emulation follows
+// only through the manifest.
+#ifndef RESCALE_THRESHOLD
+#define RESCALE_THRESHOLD 8
+#endif
+#ifndef LAZY_TILE_MAX
+#define LAZY_TILE_MAX 1
+#endif
+#if RESCALE_THRESHOLD < 0 || RESCALE_THRESHOLD > 8
+#error "RESCALE_THRESHOLD is 0 to 8 (weights below 2^9: the error model's range)"
+#endif
 
 #define BLOCK_N 64 // keys per tile (one warp's share of a step)
 constexpr int NUM_WARPS = ROW_WARPS * KV_SPLIT;
@@ -314,6 +342,7 @@ extern "C" __constant__ int SDPA_BLOCK_M = BLOCK_M;
 // query tile either way, runs the 16-row body in it).
 extern "C" __constant__ int SDPA_BLOCK_M_D128 = BLOCK_M_OF<WARP_MB<128>>;
 extern "C" __constant__ int SDPA_BLOCK_N = BLOCK_N;
+extern "C" __constant__ int SDPA_RESCALE_THRESHOLD = RESCALE_THRESHOLD;
 extern "C" __constant__ int SDPA_KV_SPLIT = KV_SPLIT;
 extern "C" __constant__ int SDPA_THREADS = THREADS;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = Geo<64>::SMEM_BYTES;
@@ -1152,28 +1181,79 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
             }
             float alpha[MB][2];
             if constexpr (MB > 1) load_state();
+            // Each row's maximum over this lane's scores (unscaled), then over its quad.
+            float tile_max[MB][2];
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {
-                float tile_max[2] = {NEG_INF, NEG_INF};
+                tile_max[mb][0] = tile_max[mb][1] = NEG_INF;
 #pragma unroll
                 for (int nb = 0; nb < BLOCK_N / 8; ++nb)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[mb][nb][e]);
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-                    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-                    // The scale is positive, so the scaled maximum is the maximum scaled (-inf
-                    // stays -inf).
-                    tile_max[i] = __fmul_rn(tile_max[i], qk_scale[i]);
-                    const float m_new = fmaxf(m_run[mb][i], tile_max[i]); // M_NONE while no key is seen
+                    for (int e = 0; e < 4; ++e) tile_max[mb][e >> 1] = fmaxf(tile_max[mb][e >> 1], s[mb][nb][e]);
+            }
+            // The row's maximum over the quad, scaled (the scale is positive, so the scaled
+            // maximum is the maximum scaled; -inf stays -inf), then m moves to it only past m
+            // + the threshold. M_NONE + the threshold is M_NONE: the first tile with a visible
+            // key moves it; a tile the mask hides (-inf) never does. Returns whether it moved.
+            auto move_max = [&](int mb, int i) {
+                float t = tile_max[mb][i];
+                t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, 1));
+                t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, 2));
+                t = __fmul_rn(t, qk_scale[i]);
+                const bool up = t > __fadd_rn(m_run[mb][i], (float)RESCALE_THRESHOLD);
+                const float m_new = up ? t : m_run[mb][i];
 #ifdef MUTANT_NO_RESCALE
-                    alpha[mb][i] = 1.0f;
+                alpha[mb][i] = 1.0f;
 #else
-                    alpha[mb][i] = exp2f(m_run[mb][i] - m_new);
+                alpha[mb][i] = exp2f(m_run[mb][i] - m_new);
 #endif
-                    m_run[mb][i] = m_new;
+                m_run[mb][i] = m_new;
+                return up;
+            };
+            bool raised = false; // some row of the warp (MB > 1) or of this lane moved its maximum
+#if LAZY_TILE_MAX
+            if constexpr (MB > 1) {
+                // A row's maximum passes m + the threshold only where one lane's own maximum
+                // does (the quad's is the largest of its lanes', and scaling keeps the order),
+                // which the warp asks once: where none does (most tiles past a row's first),
+                // m stays, every alpha is 1 and the quads' shuffles never run.
+                bool mine = false;
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const bool past = __fmul_rn(tile_max[mb][i], qk_scale[i]) >
+                                          __fadd_rn(m_run[mb][i], (float)RESCALE_THRESHOLD);
+#ifdef MUTANT_RESCALE_VOTE_FIRST_BLOCK
+                        if (mb == 0) mine |= past; // the warp's vote never hears the second block
+#else
+                        mine |= past;
+#endif
+                    }
+                raised = __any_sync(0xffffffffu, mine);
+                if (raised) {
+#pragma unroll
+                    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) move_max(mb, i);
+                } else {
+#pragma unroll
+                    for (int mb = 0; mb < MB; ++mb) alpha[mb][0] = alpha[mb][1] = 1.0f;
                 }
+            } else
+#endif
+            {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const bool up = move_max(mb, i);
+                        // (MUTANT_RESCALE_VOTE_FIRST_BLOCK sits in LAZY_TILE_MAX's vote above,
+                        // the default; without it a 32-row warp moves each row's maximum here
+                        // and votes below on whether any moved, and the 16-row bodies never
+                        // vote.)
+                        raised |= up;
+                    }
             }
             // 4. O *= alpha, then O += P V, one k-step of 16 keys at a time (so only that
             //    k-step's P is live). P comes straight from the score accumulators as the A
@@ -1193,6 +1273,15 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                         o[mb][n][3] = __fmul_rn(o[mb][n][3], alpha[mb][1]);
                     }
             };
+            // Where no row of the warp moved its maximum, every alpha is exp2(0) = 1 and O's
+            // rescale would change no bit: a 32-row warp skips its 128 FMUL (D 128). The
+            // 16-row bodies always rescale (a branch there measured 1-2% slower: docs/PERF.md
+            // change 32).
+#if LAZY_TILE_MAX
+            const bool rescale_any = MB == 1 || raised;
+#else
+            const bool rescale_any = MB == 1 || __any_sync(0xffffffffu, raised);
+#endif
             if constexpr (MB == 1) rescale_o();
             // Row sums on the tensor cores, as O's: l · alpha, then each k-step's P against a B
             // of ones (every column of the 16 x 8 result is its row's sum, on each lane of the
@@ -1246,7 +1335,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                 end_l();
 #pragma unroll
                 for (int mb = 0; mb < MB; ++mb) *state(mb) = make_float4(m_run[mb][0], m_run[mb][1], l_run[mb][0], l_run[mb][1]);
-                rescale_o();
+                if (rescale_any) rescale_o();
             }
             // With two blocks (255 registers) V's lane address is computed again from %tid.
             unsigned v_base = v_lane;

@@ -183,7 +183,17 @@ pub struct Numerics {
     /// How the softmax scale meets the scores (default `scaled`).
     #[serde(default)]
     pub score: ScoreScale,
+    /// How far (log2 units) a tile's maximum must pass the running maximum m before m moves
+    /// to it and O and l are rescaled (default 0: the exact running maximum). Above 0 a weight
+    /// exp2(s − m) may reach 2^threshold (FlashAttention-4's conditional rescale; Stage C's 8,
+    /// change 32). The kernel publishes its own as SDPA_RESCALE_THRESHOLD (0 where absent).
+    #[serde(default)]
+    pub rescale_threshold: u32,
 }
+
+/// The largest `rescale_threshold` the error model admits: weights below 2^9 stay well inside
+/// f16's range, and the f16 rounding of P is proven on [0, 2^9) (src/emulation/mod.rs).
+pub const MAX_RESCALE_THRESHOLD: u32 = 8;
 
 /// Stage C's numerics (since change 31) and keys per tile: the only ones Stage C's
 /// step-for-step error model bounds (src/reference/bound.rs), and what
@@ -195,13 +205,20 @@ pub const STAGE_C_NUMERICS: Numerics = Numerics {
     pv: PvAccumulation::Running,
     accumulator: Accumulator::F32,
     score: ScoreScale::Fused,
+    rescale_threshold: 8,
 };
 pub const STAGE_C_BLOCK_N: u32 = 64;
 
 impl Numerics {
-    /// Whether these numerics, with tiles of `block_n` keys, are Stage C's.
+    /// Whether these numerics, with tiles of `block_n` keys, are Stage C's, whatever their
+    /// rescale threshold (Stage C's step model bounds each up to [`MAX_RESCALE_THRESHOLD`]: a
+    /// lagging maximum only makes the weights larger, src/reference/bound.rs).
     pub fn is_stage_c(&self, block_n: u32) -> bool {
-        block_n == STAGE_C_BLOCK_N && *self == STAGE_C_NUMERICS
+        let with_stage_c_threshold = Numerics {
+            rescale_threshold: STAGE_C_NUMERICS.rescale_threshold,
+            ..self.clone()
+        };
+        block_n == STAGE_C_BLOCK_N && with_stage_c_threshold == STAGE_C_NUMERICS
     }
 }
 
@@ -484,7 +501,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 18] = [
+        let checks: [(bool, &'static str, String); 19] = [
             (
                 !self.name.is_empty()
                     && self
@@ -561,6 +578,17 @@ impl KernelSpec {
                  (src/reference/bound.rs) bounds l summed on the tensor cores; the FP8 \
                  implementation model that bounds any other kernel assumes l summed in f32"
                     .into(),
+            ),
+            (
+                self.numerics.rescale_threshold == 0
+                    || (self.numerics.is_stage_c(self.tiles.block_n)
+                        && self.numerics.rescale_threshold <= MAX_RESCALE_THRESHOLD),
+                "numerics.rescale_threshold",
+                format!(
+                    "0, or up to {MAX_RESCALE_THRESHOLD} with Stage C's other numerics: only Stage \
+                     C's own error model (src/reference/bound.rs) bounds weights above 1 (up to \
+                     2^threshold); the FP8 implementation model assumes the exact running maximum"
+                ),
             ),
             (
                 self.tiles.block_m.is_none_or(query_tile),
@@ -839,6 +867,28 @@ mod tests {
     }
 
     #[test]
+    fn a_stage_c_manifest_without_a_rescale_threshold_is_stage_c_at_the_exact_maximum() {
+        // A base from before change 32 (`--base-kernel git:REV`) has no rescale_threshold: it
+        // must load as Stage C, with the exact running maximum, and any threshold up to 8 too.
+        for (line, threshold) in [
+            ("", 0),
+            ("rescale_threshold = 4\n", 4),
+            ("rescale_threshold = 8\n", 8),
+        ] {
+            let m = Manifest::parse(
+                Path::new("k.toml"),
+                &edited("rescale_threshold = 8\n", line),
+            )
+            .unwrap();
+            let c = m.get("stage-c").unwrap();
+            assert_eq!(c.numerics.rescale_threshold, threshold);
+            assert!(c.numerics.is_stage_c(c.tiles.block_n));
+            let alg = crate::emulation::Algorithm::of(c);
+            assert!(alg.is_stage_c() && alg.rescale_threshold == threshold);
+        }
+    }
+
+    #[test]
     fn a_broken_manifest_is_refused_naming_the_key() {
         let cases = [
             ("default = \"stage-c\"", "default = \"stage-z\"", "default"),
@@ -913,6 +963,17 @@ mod tests {
                 "only Stage C's own error model",
             ),
             ("score = \"fused\"", "score = \"fma\"", "scaled"),
+            // Above the largest threshold the model admits, and beside Stage D's numerics.
+            (
+                "rescale_threshold = 8",
+                "rescale_threshold = 9",
+                "numerics.rescale_threshold",
+            ),
+            (
+                "score = \"fused\"\n\n# One CTA",
+                "score = \"fused\"\nrescale_threshold = 8\n\n# One CTA",
+                "numerics.rescale_threshold",
+            ),
             ("kv_split = 2", "kv_split = 0", "kv_split"),
             (
                 "shapes = \"mission,partial300\"",

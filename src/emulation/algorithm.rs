@@ -22,6 +22,9 @@ pub struct Algorithm {
     pub pv: PvAccumulation,
     pub accumulator: Accumulator,
     pub score: ScoreScale,
+    /// How far (log2 units) a tile's maximum must pass the running maximum before it moves
+    /// (0: the exact running maximum).
+    pub rescale_threshold: u32,
 }
 
 /// The largest tile the emulation's fixed buffers hold (cuda/kernels.toml allows up to 128).
@@ -39,6 +42,7 @@ impl Algorithm {
         pv: STAGE_C_NUMERICS.pv,
         accumulator: STAGE_C_NUMERICS.accumulator,
         score: STAGE_C_NUMERICS.score,
+        rescale_threshold: STAGE_C_NUMERICS.rescale_threshold,
     };
 
     /// The algorithm of a manifest kernel, with the KV split of its default build
@@ -54,6 +58,7 @@ impl Algorithm {
             pv: spec.numerics.pv,
             accumulator: spec.numerics.accumulator,
             score: spec.numerics.score,
+            rescale_threshold: spec.numerics.rescale_threshold,
         }
     }
 
@@ -65,15 +70,34 @@ impl Algorithm {
         }
     }
 
-    /// Stage C's arithmetic, whatever its split: the host runs it on its vectorized path (the
-    /// general path gives the same bits), and its error model is Stage C's own.
+    /// Stage C's arithmetic, whatever its split and rescale threshold: the host runs it on its
+    /// vectorized path (the general path gives the same bits), and its error model is Stage
+    /// C's own.
     pub fn is_stage_c(&self) -> bool {
-        self.with_split(1) == Self::STAGE_C.with_split(1)
+        let normalized = |a: Algorithm| Algorithm {
+            rescale_threshold: 0,
+            ..a.with_split(1)
+        };
+        normalized(*self) == normalized(Self::STAGE_C)
     }
 
-    /// `x` rounded to the precision of P (a value in [0, 1] or NaN; with a fused scale the
-    /// row maximum's own weight is 2 to the rounding residual of m, which may pass 1 by a few
-    /// f32 ulps).
+    /// The rule by which the running maximum `m` meets a tile's (scaled) maximum: it moves
+    /// only where the tile's passes `m + threshold` (in f32, as the kernel adds it), so `m`
+    /// never exceeds the true running maximum and lags it by at most the threshold. At 0 it
+    /// is `max(m, tile_max)` for every value that reaches it (no NaN: a NaN maximum leaves
+    /// `m`, as `max` does).
+    #[inline(always)]
+    pub fn next_max(&self, m: f32, tile_max: f32) -> f32 {
+        if tile_max > m + self.rescale_threshold as f32 {
+            tile_max
+        } else {
+            m
+        }
+    }
+
+    /// `x` rounded to the precision of P (a value in [0, 2^rescale_threshold] or NaN; with a
+    /// fused scale the row maximum's own weight is 2 to the rounding residual of m, which may
+    /// pass that by a few f32 ulps).
     pub fn round_p(&self, x: f32) -> f32 {
         match self.p {
             PPrecision::F16 => half::f16::from_f32(x).to_f32(),
@@ -85,7 +109,7 @@ impl Algorithm {
     /// f32 P, per-tile P·V, 1 split` (`l as P·1` where the row sum is a column of the MMA).
     pub fn describe(&self) -> String {
         format!(
-            "{}-key tiles, k{} steps{}{}, P {}, l {}, {} P·V, {} split{}",
+            "{}-key tiles, k{} steps{}{}{}, P {}, l {}, {} P·V, {} split{}",
             self.block_n,
             self.mma_k,
             match self.accumulator {
@@ -95,6 +119,10 @@ impl Algorithm {
             match self.score {
                 ScoreScale::Scaled => "",
                 ScoreScale::Fused => ", fused scale",
+            },
+            match self.rescale_threshold {
+                0 => String::new(),
+                t => format!(", m lagging by up to {t} (log2)"),
             },
             match self.p {
                 PPrecision::F16 => "f16",

@@ -10,7 +10,7 @@
 //! below 2e-16 relative) by Horner's rule, times 2^k (exact), rounded once to f32. The f64
 //! result is within a few f64 ulps of 2^x, so the f32 is the correctly rounded 2^x except
 //! where 2^x lies within about 1e-15 relative of a rounding boundary, which no f32 in
-//! [-160, 0) does (docs/DESIGN.md "The emulation on the GPU"); either way both sides give the
+//! [-160, 9) does (docs/DESIGN.md "The emulation on the GPU"); either way both sides give the
 //! same bits. Branch-free: the emulation's loops
 //! vectorize with it.
 
@@ -78,19 +78,30 @@ mod tests {
 
     #[test]
     fn exp2_is_correctly_rounded_over_the_softmax_range() {
-        // Every f32 from -160 to 0 in steps of about 2^-16 relative (the softmax's arguments
-        // are s - max <= 0), against f64's exp2 (libm, within 1 f64 ulp) rounded to f32.
+        // Every f32 from -160 to 9 in steps of about 2^-16 relative, against f64's exp2 (libm,
+        // within 1 f64 ulp) rounded to f32. The softmax's arguments are s - m: at most 0 with
+        // the exact running maximum, up to the rescale threshold (8, and a rounding residual)
+        // where the maximum lags (kernels::MAX_RESCALE_THRESHOLD).
         let (mut n, mut off) = (0u64, 0u64);
-        let mut x = -160.0f32;
-        while x < 0.0 {
+        let mut check = |x: f32| {
             let want = (x as f64).exp2() as f32;
             let got = exp2(x);
             assert!(ulps(got, want) <= 1, "2^{x}: {got:e} vs {want:e}");
             off += u64::from(got != want);
             n += 1;
+        };
+        let mut x = -160.0f32;
+        while x < 0.0 {
+            check(x);
             x = f32::from_bits(x.to_bits() - 128);
         }
-        assert!(n > 1_000_000, "{n} points");
+        let top = crate::kernels::MAX_RESCALE_THRESHOLD as f32 + 1.0;
+        let mut x = 0.0f32;
+        while x < top {
+            check(x);
+            x = f32::from_bits(x.to_bits() + 128);
+        }
+        assert!(n > 2_000_000, "{n} points");
         assert_eq!(off, 0, "{off} of {n} not correctly rounded");
     }
 

@@ -113,7 +113,7 @@ impl<const D: usize> Running<D> {
             ScoreScale::Scaled => row_max,
             ScoreScale::Fused => row_max * qk_scale,
         };
-        let m_new = self.m.max(tile_max);
+        let m_new = alg.next_max(self.m, tile_max);
         let base = if m_new == f32::NEG_INFINITY {
             0.0
         } else {
@@ -339,40 +339,75 @@ mod tests {
     }
 
     #[test]
-    fn general_path_is_stage_c_bit_for_bit() {
+    fn general_path_is_stage_c_bit_for_bit_whether_the_maximum_moves_or_lags() {
         const D: usize = 64;
         let q: [f32; D] = std::array::from_fn(|x| values(D, 1)[x]);
-        let (k1, v1, k2, v2) = (
+        let (k1, v1, v2) = (
             values(D * KV_TILE, 2),
             values(KV_TILE * D, 3),
-            values(D * KV_TILE, 4),
             values(KV_TILE * D, 5),
         );
-        let tiles = [
-            Tile {
-                k: &k1,
-                v: &v1,
-                valid: KV_TILE,
-            },
-            Tile {
-                k: &k2,
-                v: &v2,
-                valid: 37,
-            },
-        ];
-        // A scale of 1 spreads the weights over enough binades that the order of l's and O's
-        // sums shows in their bits (at 0.3 summing l key by key went unnoticed).
-        let (mut fast, mut general) = (Running::<D>::new(), Running::<D>::new());
-        for t in &tiles {
-            fast.step(&q, t, 1.0);
-            general.step_general(&q, t, 1.0, &Algorithm::STAGE_C);
+        // The second tile's keys scaled so that its maximum passes the first's by 4 (at
+        // threshold 8 m lags, at 0 it moves) and by 40 (m moves at either).
+        let k2_drawn = values(D * KV_TILE, 4);
+        let max_of = |k: &[f32], valid: usize| {
+            (0..valid)
+                .map(|j| (0..D).map(|x| q[x] * k[x * KV_TILE + j]).sum::<f32>())
+                .fold(f32::NEG_INFINITY, f32::max)
+        };
+        let (t1, t2) = (max_of(&k1, KV_TILE), max_of(&k2_drawn, 37));
+        assert!(t1 > 1.0 && t2 > 1.0, "{t1} {t2}");
+        let mut moved = Vec::new();
+        for pass in [4.0f32, 40.0] {
+            let boost = (t1 + pass) / t2;
+            let k2: Vec<f32> = k2_drawn.iter().map(|x| x * boost).collect();
+            let tiles = [
+                Tile {
+                    k: &k1,
+                    v: &v1,
+                    valid: KV_TILE,
+                },
+                Tile {
+                    k: &k2,
+                    v: &v2,
+                    valid: 37,
+                },
+            ];
+            for rescale_threshold in [0, 8] {
+                let alg = Algorithm {
+                    rescale_threshold,
+                    ..Algorithm::STAGE_C
+                };
+                // A scale of 1 spreads the weights over enough binades that the order of l's
+                // and O's sums shows in their bits (at 0.3 summing l key by key went unnoticed).
+                let (mut fast, mut general) = (Running::<D>::new(), Running::<D>::new());
+                let mut m_first = f32::NAN;
+                for t in &tiles {
+                    fast.step(&q, t, 1.0, &alg);
+                    general.step_general(&q, t, 1.0, &alg);
+                    if m_first.is_nan() {
+                        m_first = fast.m;
+                    }
+                }
+                assert_eq!(fast.m.to_bits(), general.m.to_bits());
+                assert_eq!(
+                    fast.l_quad.map(f32::to_bits),
+                    general.l_quad.map(f32::to_bits)
+                );
+                assert_eq!(fast.o.map(f32::to_bits), general.o.map(f32::to_bits));
+                moved.push((pass, rescale_threshold, fast.m != m_first));
+            }
         }
-        assert_eq!(fast.m.to_bits(), general.m.to_bits());
+        // Both ways of the rule ran: m lagged only where the tile passed it by less than 8.
         assert_eq!(
-            fast.l_quad.map(f32::to_bits),
-            general.l_quad.map(f32::to_bits)
+            moved,
+            [
+                (4.0, 0, true),
+                (4.0, 8, false),
+                (40.0, 0, true),
+                (40.0, 8, true)
+            ]
         );
-        assert_eq!(fast.o.map(f32::to_bits), general.o.map(f32::to_bits));
     }
 
     #[test]
@@ -449,7 +484,7 @@ mod tests {
         ];
         let (mut fast, mut general) = (Running::<D>::new(), Running::<D>::new());
         for t in &tiles {
-            fast.step(&q, t, 1e38);
+            fast.step(&q, t, 1e38, &Algorithm::STAGE_C);
             general.step_general(&q, t, 1e38, &Algorithm::STAGE_C);
         }
         assert!(fast.l_quad.iter().chain(&fast.o).all(|x| x.is_finite()));

@@ -7,8 +7,9 @@
 //!    (one tensor-core MMA per step), left unscaled (`acc`);
 //! 2. online softmax in base 2, the scale `c = (q_scale * k_scale) * (softmax_scale * log2 e)`
 //!    fused into the exponent (the manifest's `score = "fused"`): running max
-//!    `m_new = max(m_old, max(acc) * c)`, `alpha = exp2(m_old - m_new)`,
-//!    `p = f16(exp2(fma(acc, c, -m_new)))`;
+//!    `m_new = t > m_old + τ ? t : m_old` for the tile's `t = max(acc) * c` and the manifest's
+//!    `rescale_threshold` τ (8: the maximum lags by up to 2^8, so O's rescale is rare),
+//!    `alpha = exp2(m_old - m_new)`, `p = f16(exp2(fma(acc, c, -m_new)))` (up to 2^τ);
 //! 3. `O = O * alpha` and `l = l * alpha`, then one 16-key step at a time `O += P·V` and
 //!    `l += P·1` (`row_sum = "mma"`: the row sum is one more column of the MMA, of ones), f32
 //!    accumulation (each step's sum from 0 in key order, then added).
@@ -200,7 +201,7 @@ fn run_rows_d<const D: usize>(
                             };
                             let state = &mut states[r * kv_split + t % kv_split];
                             if alg.is_stage_c() {
-                                state.step(q, &tile, qk_scale);
+                                state.step(q, &tile, qk_scale, &alg);
                             } else {
                                 state.step_general(q, &tile, qk_scale, &alg);
                             }
@@ -268,24 +269,24 @@ impl<const D: usize> Running<D> {
     /// compiled wider: IEEE operations round the same at any width, Rust never contracts
     /// `a * b + c`, and `mul_add` is exact either way, so the bits do not change
     /// (`the_emulation_output_is_pinned_bit_for_bit`).
-    fn step(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32) {
+    fn step(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32, alg: &Algorithm) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has both features, checked just above.
-            return unsafe { self.step_avx2(q, tile, qk_scale) };
+            return unsafe { self.step_avx2(q, tile, qk_scale, alg) };
         }
-        self.step_any(q, tile, qk_scale)
+        self.step_any(q, tile, qk_scale, alg)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn step_avx2(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32) {
-        self.step_any(q, tile, qk_scale)
+    unsafe fn step_avx2(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32, alg: &Algorithm) {
+        self.step_any(q, tile, qk_scale, alg)
     }
 
     #[inline(always)]
-    fn step_any(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32) {
+    fn step_any(&mut self, q: &[f32; D], tile: &Tile, qk_scale: f32, alg: &Algorithm) {
         // 1. Scores, one MMA k-step at a time.
         let mut acc = [0f32; KV_TILE];
         for ks in (0..D).step_by(K_STEP) {
@@ -311,8 +312,9 @@ impl<const D: usize> Running<D> {
         // NaN): the kernel's running maximum starts at -FLT_MAX, and the general path and the
         // GPU emulation take base 0 there too. Only a scaled maximum that overflows to -inf
         // reaches it.
+        // The maximum moves only past the rescale threshold (`Algorithm::next_max`).
         let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max) * qk_scale;
-        let m_new = self.m.max(tile_max);
+        let m_new = alg.next_max(self.m, tile_max);
         let base = if m_new == f32::NEG_INFINITY {
             0.0
         } else {
@@ -329,7 +331,7 @@ impl<const D: usize> Running<D> {
             });
         }
         for pj in p.iter_mut() {
-            *pj = round_unit_to_f16(*pj);
+            *pj = round_weight_to_f16(*pj);
         }
         self.m = m_new;
         // 3. Rescale O and l, then P·V and P·1 one 16-key step at a time (l in l_quad[0], the
@@ -367,13 +369,14 @@ impl<const D: usize> Running<D> {
     }
 }
 
-/// `f16::from_f32(x).to_f32()` for x in [0, 2) (a P value: with the scale fused into the
-/// exponent, the row maximum's own weight may pass 1 by a few f32 ulps), without branches so it
-/// vectorizes:
+/// `f16::from_f32(x).to_f32()` for x in [0, 2^9) (a P value: at most 2^rescale_threshold,
+/// [`crate::kernels::MAX_RESCALE_THRESHOLD`] = 8, where the maximum is allowed to lag; with the
+/// scale fused into the exponent the row maximum's own weight may pass that by a few f32 ulps),
+/// without branches so it vectorizes:
 /// round to nearest even at 10 mantissa bits, or to a multiple of 2^-24 below 2^-14 (f16's
-/// subnormals). Proven equal to `half` on every f32 in [0, 2) by a test.
+/// subnormals). Proven equal to `half` on every f32 in [0, 2^9) by a test.
 #[inline(always)]
-fn round_unit_to_f16(x: f32) -> f32 {
+fn round_weight_to_f16(x: f32) -> f32 {
     const MIN_NORMAL: f32 = 1.0 / 16384.0; // 2^-14
     const SUB_STEP: f32 = 16_777_216.0; // 2^24
     let b = x.to_bits();
@@ -477,11 +480,12 @@ mod tests {
             "the emulation's output changed"
         );
         // Those 17,920 outputs did not see change 31 (the scale fused into the exponent, l as
-        // P·1): a change at f32's last bits moves about 1% of f16 outputs. These 51,200 do
-        // (before it, 01608d4ad931e488).
+        // P·1): a change at f32's last bits moves about 1% of f16 outputs; nor change 32 (the
+        // maximum lagging by up to 8, log2): each split's chain is one tile. These 51,200 see both
+        // (01608d4ad931e488 before change 31, a9d590ad48056eba before change 32).
         assert_eq!(
             checksum(&problem(2, 2, 200, 1.0)),
-            "a9d590ad48056eba",
+            "a7f27a728b1d3bfd",
             "the emulation's output changed"
         );
     }
@@ -658,23 +662,25 @@ mod tests {
     }
 
     #[test]
-    fn p_is_rounded_to_f16_exactly_as_half_does_on_every_f32_from_0_to_2() {
-        let one = 1.0f32.to_bits();
-        let two = 2.0f32.to_bits();
-        let wrong = (0..two)
-            .step_by(3) // a third of the 1.07e9 values, every kind of rounding among them
-            .chain([
-                one - 1,
-                one + 1,
-                two - 1,
-                0x3880_0000,
-                0x387F_FFFF,
-                0x3380_0000,
-                0x337F_FFFF,
-            ])
+    fn p_is_rounded_to_f16_exactly_as_half_does_on_every_f32_from_0_to_2_to_the_9() {
+        // Weights reach 2^8 where the maximum lags by the rescale threshold (and pass it by a
+        // few ulps with the fused scale): the proof runs one binade past it.
+        let top = 512.0f32.to_bits();
+        let edges = [1.0f32, 2.0, 256.0, 512.0].map(f32::to_bits);
+        let wrong = (0..top)
+            .step_by(3) // a third of the 1.14e9 values, every kind of rounding among them
+            .chain(edges.iter().flat_map(|&b| [b - 1, b + 1]))
+            .chain([0x3880_0000, 0x387F_FFFF, 0x3380_0000, 0x337F_FFFF])
+            .filter(|&b| b < top)
             .map(f32::from_bits)
-            .find(|&x| round_unit_to_f16(x).to_bits() != f16::from_f32(x).to_f32().to_bits());
+            .find(|&x| round_weight_to_f16(x).to_bits() != f16::from_f32(x).to_f32().to_bits());
         assert_eq!(wrong, None);
+        assert_eq!(
+            2f32.powi(crate::kernels::MAX_RESCALE_THRESHOLD as i32 + 1)
+                .to_bits(),
+            top,
+            "the proof's range follows the largest threshold"
+        );
     }
 
     #[test]

@@ -10,6 +10,18 @@
 //! KV_SPLIT) the KV tiles one warp's chain sums for that row (a tile the mask hides wholly
 //! changes no sum), D the head dimension.
 //!
+//! With a rescale threshold τ (cuda/kernels.toml `rescale_threshold`, Stage C's 8) the kernel's
+//! running maximum lags the true one by at most τ, so its weights reach 2^τ instead of 1. No
+//! term below changes: each is relative to the sums it bounds (the roundings of P, of the
+//! steps and of the rescale, which then runs less often), a weight is still below f16's normal
+//! range only where the reference's is (the kernel's weight is the larger), each f16 subnormal
+//! error is at most 2^-25 in units of the lagging maximum and shrinks with every later rescale,
+//! and l stays about 1 or more in those units (the f16 weight of the key that set m, as with
+//! the exact maximum). Weights stay below 2^(τ+1) where |m| < 2^24 (there m + τ is exact in f32
+//! and the rounding of a scaled maximum is under 1): the scaled scores the runner's inputs reach
+//! stay near 2^16 at most (qk_std <= 100, shapes.rs); far beyond, m + τ could round up by an
+//! ulp of m and a weight pass f16's range.
+//!
 //! Kernel (against the reference on the dequantized codes), per element:
 //! - scores: D / 16 MMA steps of 16 exact products (each step off by at most 16 u32 of the sum
 //!   of magnitudes: products are exact, the alignment may truncate), the scale and the max

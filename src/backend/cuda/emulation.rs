@@ -41,7 +41,7 @@ impl EmuBuild {
 
     /// The module's defines (cuda/emulation_f32.cu's header), and the constants it publishes
     /// for them, in the same order.
-    fn defines(&self) -> [(&'static str, &'static str, usize); 9] {
+    fn defines(&self) -> [(&'static str, &'static str, usize); 10] {
         let a = &self.alg;
         [
             ("EMU_D", "EMU_HEAD_DIM", self.d),
@@ -76,6 +76,11 @@ impl EmuBuild {
                 "EMU_FUSED_SCALE",
                 "EMU_SCORE_IS_FUSED",
                 usize::from(a.score == ScoreScale::Fused),
+            ),
+            (
+                "EMU_RESCALE_THRESHOLD",
+                "EMU_RESCALE_THRESHOLD_IS",
+                a.rescale_threshold as usize,
             ),
         ]
     }
@@ -309,8 +314,9 @@ mod tests {
         let stage_c = EmuBuild::new(64, Algorithm::STAGE_C.with_split(4));
         assert_eq!(stage_c, EmuBuild::new(64, Algorithm::STAGE_C));
         let values = |b: EmuBuild| b.defines().map(|(_, _, v)| v);
-        // Stage C: f16 P, l as P·1 on the tensor cores, running P·V in f32, the scale fused.
-        assert_eq!(values(stage_c), [64, 64, 16, 0, 0, 1, 0, 0, 1]);
+        // Stage C: f16 P, l as P·1 on the tensor cores, running P·V in f32, the scale fused,
+        // the maximum moved only where a tile's passes it by 8 (log2 units).
+        assert_eq!(values(stage_c), [64, 64, 16, 0, 0, 1, 0, 0, 1, 8]);
         let fp8 = Algorithm {
             block_n: 128,
             mma_k: 32,
@@ -319,11 +325,12 @@ mod tests {
             pv: PvAccumulation::PerTile,
             accumulator: Accumulator::Fp22,
             score: ScoreScale::Fused,
+            rescale_threshold: 0,
             ..Algorithm::STAGE_C
         };
         assert_eq!(
             values(EmuBuild::new(128, fp8)),
-            [128, 128, 32, 1, 1, 0, 1, 1, 1]
+            [128, 128, 32, 1, 1, 0, 1, 1, 1, 0]
         );
     }
 }

@@ -89,6 +89,11 @@ pub struct KernelConstants {
     /// `tensor-maps` kernel reads it.
     #[serde(default)]
     pub v_swizzle: bool,
+    /// How far a tile's maximum must pass the running maximum before it moves
+    /// (`SDPA_RESCALE_THRESHOLD`; absent: 0, the exact running maximum), which must be the
+    /// manifest's `numerics.rescale_threshold` (backend/cuda/kernel.rs `numerics_mismatch`).
+    #[serde(default)]
+    pub rescale_threshold: u32,
 }
 
 impl KernelConstants {
@@ -124,6 +129,7 @@ impl KernelConstants {
             split_kv_max: ptx_constant_opt(ptx, "SDPA_SPLIT_KV_MAX")?.unwrap_or(0),
             switch: get(switch_constant)?,
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
+            rescale_threshold: ptx_constant_opt(ptx, "SDPA_RESCALE_THRESHOLD")?.unwrap_or(0),
         })
     }
 
@@ -1287,6 +1293,7 @@ ptxas info    : Used 128 registers, used 16 barriers, 80 bytes smem
                 split_kv_max: 0,
                 switch: published,
                 v_swizzle: false,
+                rescale_threshold: 0,
             },
             ptxas: PtxasReport {
                 registers: Some(96),

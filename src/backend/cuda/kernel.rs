@@ -280,6 +280,9 @@ pub fn build_variant(
     if let Some(why) = tiles_mismatch(&constants, &src.spec) {
         return Err(refuse(why));
     }
+    if let Some(why) = numerics_mismatch(&constants, &src.spec) {
+        return Err(refuse(why));
+    }
     if let Some(why) = narrow_not_run(&constants, &src.spec) {
         // Only slower, never wrong: every launch takes the entry's own tile (e.g. a base
         // from before the narrowing, described by today's entry).
@@ -418,6 +421,23 @@ fn tiles_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
                  sampled check and host-memory estimate assume (src/rows.rs)"
             )
         })
+}
+
+/// Why the numerics a module publishes are not the ones its manifest entry describes, which
+/// the emulation and the error model follow: its rescale threshold (SDPA_RESCALE_THRESHOLD, 0
+/// where the module publishes none). A build with another `RESCALE_THRESHOLD` computes other
+/// bits than its emulation would; it needs a manifest entry of its own (`--kernel FILE`).
+fn numerics_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
+    let want = spec.numerics.rescale_threshold;
+    (c.rescale_threshold != want).then(|| {
+        format!(
+            "the kernel publishes SDPA_RESCALE_THRESHOLD={}, but cuda/kernels.toml describes `{}` \
+             with numerics.rescale_threshold {want}, which the emulation and the error model \
+             follow; describe that build in a manifest of its own (--kernel FILE), or take a \
+             base from git (--base-kernel git:REV), which that revision's manifest describes",
+            c.rescale_threshold, spec.name
+        )
+    })
 }
 
 /// Why a narrower query tile the manifest names is not one the module runs (it publishes no
@@ -594,6 +614,38 @@ mod tests {
         let why = tiles_mismatch(&c(320, 128), &spec).expect("320 rows");
         assert!(why.contains("query tiles of 320 rows"), "{why}");
         assert_eq!(tiles_mismatch(&c(256, 16), &spec), None);
+    }
+
+    #[test]
+    fn a_rescale_threshold_other_than_the_manifests_is_refused_and_an_unpublished_one_is_zero() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/kernels.toml");
+        let manifest = crate::kernels::Manifest::load(&path).unwrap();
+        let stage_c = manifest.get("stage-c").unwrap();
+        let stage_d = manifest.get("stage-d").unwrap();
+        let mut c = super::super::identity::per_head_dim_constants((64, 64), (128, 128));
+        // A module that publishes none (Stage D, a base from before change 32) runs the exact
+        // maximum: right for Stage D, refused for today's Stage C.
+        assert_eq!(c.rescale_threshold, 0);
+        assert_eq!(numerics_mismatch(&c, stage_d), None);
+        let why = numerics_mismatch(&c, stage_c).expect("Stage C's manifest says 8");
+        assert!(
+            why.contains("SDPA_RESCALE_THRESHOLD=0") && why.contains("rescale_threshold 8"),
+            "{why}"
+        );
+        let published = KernelConstants::from_ptx(
+            ".const .align 4 .u32 SDPA_BLOCK_M = 32;\n.const .align 4 .u32 SDPA_BLOCK_N = 64;\n\
+             .const .align 4 .b32 SDPA_THREADS = 128;\n\
+             .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n\
+             .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
+             .const .align 4 .u32 SDPA_USE_CP_ASYNC = 1;\n\
+             .const .align 4 .b32 SDPA_RESCALE_THRESHOLD = 8;\n",
+            "SDPA_USE_CP_ASYNC",
+        )
+        .unwrap();
+        assert_eq!(published.rescale_threshold, 8);
+        c.rescale_threshold = published.rescale_threshold;
+        assert_eq!(numerics_mismatch(&c, stage_c), None);
+        assert!(numerics_mismatch(&c, stage_d).is_some());
     }
 
     #[test]
