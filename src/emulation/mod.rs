@@ -467,6 +467,58 @@ mod tests {
         out
     }
 
+    /// The self-test's `cfg-rescale` must make rows' maxima climb by more than the rescale
+    /// threshold after the first tile of their chain, in both 16-row blocks of a 32-row warp
+    /// (normal inputs seldom do since change 32): else `MUTANT_NO_RESCALE` and
+    /// `MUTANT_RESCALE_VOTE_FIRST_BLOCK` would hide on it.
+    #[test]
+    fn cfg_rescale_moves_maxima_after_the_first_tile_in_both_halves_of_a_32_row_warp() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shapes/default.json");
+        let catalog = crate::shapes::ShapeCatalog::load(&path).unwrap();
+        let shape = catalog.select("cfg-rescale").unwrap().remove(0);
+        let p = Problem::new(&shape, 0);
+        let (d, sk) = (shape.d, shape.sk);
+        let tau = Algorithm::STAGE_C.rescale_threshold as f32;
+        let mut late_moves = [0usize; 2]; // rows whose maximum moved after its chain's first tile
+        for bh in 0..shape.heads() {
+            let kvh = shape.kv_head_of(bh);
+            let c = qk_scale(&p, bh);
+            let q = &p.q.codes[bh * shape.s * d..][..shape.s * d];
+            let k = &p.k.codes[kvh * sk * d..][..sk * d];
+            for i in 0..shape.s {
+                let scores: Vec<f32> = (0..shape.visible_keys(i))
+                    .map(|j| {
+                        let dot: f32 = (0..d)
+                            .map(|x| fp8::decode(q[i * d + x]) * fp8::decode(k[j * d + x]))
+                            .sum();
+                        dot * c
+                    })
+                    .collect();
+                let mut moved_late = false;
+                for split in 0..KV_SPLIT {
+                    let mut m = f32::NEG_INFINITY;
+                    for (n, tile) in scores
+                        .chunks(KV_TILE)
+                        .skip(split)
+                        .step_by(KV_SPLIT)
+                        .enumerate()
+                    {
+                        let t = tile.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let next = Algorithm::STAGE_C.next_max(m, t);
+                        moved_late |= n > 0 && next != m;
+                        m = next;
+                    }
+                }
+                late_moves[(i % 32) / 16] += usize::from(moved_late);
+            }
+        }
+        let rows = shape.heads() * shape.s / 2;
+        assert!(tau > 0.0);
+        for (half, &n) in late_moves.iter().enumerate() {
+            assert!(n * 20 >= rows, "block {half}: {n} of {rows} rows move late");
+        }
+    }
+
     /// The emulation is the yardstick of the relative gate and the cpu backend: a change to
     /// its arithmetic (order, precision, rounding) must show here, not pass unnoticed.
     #[test]
