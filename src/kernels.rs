@@ -195,7 +195,7 @@ pub struct Numerics {
 /// f16's range, and the f16 rounding of P is proven on [0, 2^9) (src/emulation/mod.rs).
 pub const MAX_RESCALE_THRESHOLD: u32 = 8;
 
-/// Stage C's numerics (since change 31) and keys per tile: the only ones Stage C's
+/// Stage C's numerics (since change 32) and keys per tile: the only ones Stage C's
 /// step-for-step error model bounds (src/reference/bound.rs), and what
 /// `emulation::Algorithm::STAGE_C` is built from.
 pub const STAGE_C_NUMERICS: Numerics = Numerics {

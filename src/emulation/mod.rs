@@ -8,7 +8,8 @@
 //! 2. online softmax in base 2, the scale `c = (q_scale * k_scale) * (softmax_scale * log2 e)`
 //!    fused into the exponent (the manifest's `score = "fused"`): running max
 //!    `m_new = t > m_old + τ ? t : m_old` for the tile's `t = max(acc) * c` and the manifest's
-//!    `rescale_threshold` τ (8: the maximum lags by up to 2^8, so O's rescale is rare),
+//!    `rescale_threshold` τ (8: the maximum lags by up to 8, a factor of 2^8, so O's rescale
+//!    is rare),
 //!    `alpha = exp2(m_old - m_new)`, `p = f16(exp2(fma(acc, c, -m_new)))` (up to 2^τ);
 //! 3. `O = O * alpha` and `l = l * alpha`, then one 16-key step at a time `O += P·V` and
 //!    `l += P·1` (`row_sum = "mma"`: the row sum is one more column of the MMA, of ones), f32
