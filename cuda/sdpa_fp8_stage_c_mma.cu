@@ -56,6 +56,15 @@
 //                   some lane's own maximum passes m + the threshold (step 3); the same bits.
 //                   Against 0: +2% on D 128 causal prefill (cp1), SAME to +0.9% elsewhere
 //                   (docs/PERF.md change 32).
+//   INT_LANE_MAX=0|1|2  where a lane's row maxima of a tile are taken as integers, by
+//                   three-input integer maxima of the scores' bits (lane_row_tree, VIMNMX3: 8
+//                   instructions a row where fmaxf takes 16; minima where a lane's scores of a
+//                   row are all below zero): the same floats, so the same bits. 1, the default:
+//                   the 32-row bodies (D 128's entries), +0.4-1.6% on D 128 prefill against
+//                   HEAD's kernel, SAME where half the rows' scores are all negative
+//                   (dist=negative);
+//                   2: every body, +0.7-1.6% on D 64's large but -0.4-0.9% on mission and -1%
+//                   on cfg-chunk's companion (docs/PERF.md change 33); 0: fmaxf everywhere.
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
@@ -136,7 +145,8 @@
 //      Past a row's first tiles m rarely moves on real inputs, so a 32-row warp (D 128) asks
 //      once whether any lane's own maximum passes m + the threshold (LAZY_TILE_MAX): where none
 //      does, the quads' shuffles, the alphas and O's 128 FMUL are skipped, the same bits
-//      (change 32: 3% faster at D 128 than the exact maximum, 2% more on causal ones).
+//      (change 32: 3% faster at D 128 than the exact maximum, 2% more on causal ones). Its
+//      lanes take their own maxima as integers (INT_LANE_MAX, change 33: the same floats).
 //   4. O *= alpha; O += P V with P straight from the accumulators as A fragments. V codes
 //      come by ldmatrix.trans (b16: a lane gets keys 2q, 2q+1 x dims 2g, 2g+1) and one prmt
 //      per fragment sorts the bytes into keys 2q, 2q+1, 2q+8, 2q+9 of dim 2g (or 2g+1): the
@@ -276,6 +286,14 @@ typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
 #endif
 #ifndef LAZY_TILE_MAX
 #define LAZY_TILE_MAX 1
+#endif
+// Where a lane's row maxima of a tile are taken as integers (lane_row_tree; the same floats): 0
+// nowhere, 1 in the 32-row bodies (D 128's entries), 2 in every body.
+#ifndef INT_LANE_MAX
+#define INT_LANE_MAX 1
+#endif
+#if INT_LANE_MAX < 0 || INT_LANE_MAX > 2
+#error "INT_LANE_MAX is 0 (fmaxf), 1 (32-row bodies) or 2 (all bodies)"
 #endif
 #if RESCALE_THRESHOLD < 0 || RESCALE_THRESHOLD > 8
 #error "RESCALE_THRESHOLD is 0 to 8 (weights below 2^9: the error model's range)"
@@ -421,6 +439,22 @@ __device__ __forceinline__ float exp2_for_p(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
+}
+
+// A lane's maximum (MIN: minimum) of its 16 scores of fragment row i (g or g + 8) of one MMA
+// block, taken over the floats' bits as signed integers by three-input integer maxima (VIMNMX3,
+// a DPX instruction of sm_90: 8 where fmaxf takes 16; on an older GPU, whose "native" build
+// the manifest allows, CUDA emulates it in several instructions, where INT_LANE_MAX=0 is the
+// switch). Why these give the floats' maximum: the tile maxima in the loop (INT_LANE_MAX).
+template <bool MIN, int NB>
+__device__ __forceinline__ int lane_row_tree(const float (&s)[NB][4], int i) {
+    static_assert(NB == 8, "the tree is of a lane's 16 scores of a row");
+    auto v = [&](int k) { return __float_as_int(s[k >> 1][2 * i + (k & 1)]); };
+    auto m3 = [](int a, int b, int c) { return MIN ? __vimin3_s32(a, b, c) : __vimax3_s32(a, b, c); };
+    const int a = m3(v(0), v(1), v(2)), b = m3(v(3), v(4), v(5)), c = m3(v(6), v(7), v(8)),
+              d = m3(v(9), v(10), v(11)), e = m3(v(12), v(13), v(14));
+    const int x = m3(a, b, c), y = m3(d, e, v(15));
+    return MIN ? min(x, y) : max(x, y);
 }
 
 // Bytes of {hi, lo} picked by `sel` (PTX prmt: result byte i = byte sel[4i + 3 : 4i]).
@@ -1183,13 +1217,45 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
             if constexpr (MB > 1) load_state();
             // Each row's maximum over this lane's scores (unscaled), then over its quad.
             float tile_max[MB][2];
+            if constexpr (INT_LANE_MAX == 2 || (INT_LANE_MAX == 1 && MB > 1)) {
+                // As integers (INT_LANE_MAX). The scores are sums of products of decoded E4M3
+                // codes: finite, never NaN; -inf only where the mask put it. Among non-negative
+                // floats the bits order as the floats, and every negative float's bits (-0 and
+                // -inf included) lie below them, so where a lane's row has a score >= +0 the
+                // integer maximum of the bits is the float maximum. Among negative floats the
+                // bits order in reverse: where all of them are below zero (or -0), their
+                // integer minimum is the float maximum. The warp asks once whether any lane
+                // needs that. The result is the IEEE maximum, the sign of a zero included (+0
+                // wherever a +0 occurs), so every later step sees fmaxf's value.
+                int bits[MB][2];
+                bool negative = false;
 #pragma unroll
-            for (int mb = 0; mb < MB; ++mb) {
-                tile_max[mb][0] = tile_max[mb][1] = NEG_INF;
+                for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-                for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+                    for (int i = 0; i < 2; ++i) {
+                        bits[mb][i] = lane_row_tree<false>(s[mb], i);
+                        negative |= bits[mb][i] < 0;
+                    }
+#ifndef MUTANT_LANE_MAX_NO_FALLBACK
+                if (__any_sync(0xffffffffu, negative)) {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) tile_max[mb][e >> 1] = fmaxf(tile_max[mb][e >> 1], s[mb][nb][e]);
+                    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            if (bits[mb][i] < 0) bits[mb][i] = lane_row_tree<true>(s[mb], i);
+                }
+#endif
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) tile_max[mb][0] = __int_as_float(bits[mb][0]), tile_max[mb][1] = __int_as_float(bits[mb][1]);
+            } else {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) {
+                    tile_max[mb][0] = tile_max[mb][1] = NEG_INF;
+#pragma unroll
+                    for (int nb = 0; nb < BLOCK_N / 8; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) tile_max[mb][e >> 1] = fmaxf(tile_max[mb][e >> 1], s[mb][nb][e]);
+                }
             }
             // The row's maximum over the quad, scaled (the scale is positive, so the scaled
             // maximum is the maximum scaled; -inf stays -inf), then m moves to it only past m

@@ -203,8 +203,9 @@ pub enum Dist {
     /// about 2|u|² ≈ 2D·qk² below zero and an odd row's as far above, 6.5 times the normal
     /// part's spread (√(6D)·qk²) at D = 64 (|u|² itself varies by about ±18% a K/V head there),
     /// so each row's scores have one sign, all but certainly. A warp's threads hold rows of one
-    /// parity each, so in Stage D's `row_maxima_int` (cuda/sdpa_fp8_stage_d_wgmma.cu) half of
-    /// them fall back and half do not. Also catches a row maximum started from 0 instead of −∞.
+    /// parity each, so in Stage D's `row_maxima_int` (cuda/sdpa_fp8_stage_d_wgmma.cu) and in
+    /// Stage C's 32-row `lane_row_tree` (cuda/sdpa_fp8_stage_c_mma.cu, a lane's rows g, g + 8,
+    /// 16 + g and 24 + g) half of them fall back and half do not. Also catches a row maximum started from 0 instead of −∞.
     Negative,
 }
 
