@@ -1,6 +1,7 @@
-// hopper_async.cuh — the sm_90a primitives of the Stage-D kernel (cuda/sdpa_fp8_stage_d_wgmma.cu):
+// hopper_async.cuh — the sm_90 primitives of the Stage-D kernel (cuda/sdpa_fp8_stage_d_wgmma.cu):
 // mbarriers, TMA tile loads, the async-proxy fence, warpgroup register reallocation, wgmma
-// descriptors and the e4m3 wgmma shapes the kernel uses. Each wraps one PTX form of the PTX ISA
+// descriptors and the e4m3 wgmma shapes the kernel uses (wgmma and setmaxnreg need sm_90a);
+// Stage C (cuda/sdpa_fp8_stage_c_mma.cu) uses its mbarriers and TMA loads. Each wraps one PTX form of the PTX ISA
 // (sections "mbarrier", "cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg"); nothing here
 // knows about attention.
 #pragma once
@@ -55,6 +56,14 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, unsig
         " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_addr(dst)),
         "l"((unsigned long long)map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
         : "memory");
+}
+// A tensor map the host copied into global memory (not a kernel parameter) is read by the
+// tensormap proxy: each CTA acquires it before its first use (CUDA Programming Guide, "Tensor
+// Memory Access": a map in global memory).
+__device__ __forceinline__ void tma_acquire_global_desc(const TmaDesc* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+                     (unsigned long long)map)
+                 : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)map) : "memory");

@@ -65,10 +65,31 @@
 //                   (dist=negative);
 //                   2: every body, +0.7-1.6% on D 64's large but -0.4-0.9% on mission and -1%
 //                   on cfg-chunk's companion (docs/PERF.md change 33); 0: fmaxf everywhere.
+//   TMA_KV=0|1      1, the default: with USE_CP_ASYNC=1, the 32-row bodies (D 128 queries
+//                   longer than SHORT_Q_ROWS) load each step's K and V codes by TMA (one thread
+//                   issues two cp.async.bulk.tensor boxes of STEP_KEYS rows into the stage, an
+//                   mbarrier a stage says when they landed) where every thread issued 16
+//                   cp.async of 16 bytes and their addresses; 0: cp.async there too. The same
+//                   codes in the same places (TMA's 128-byte swizzle is the layout's, below),
+//                   so the same bits (docs/PERF.md change 35).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
 //
+// Arguments (cuda/kernels.toml abi = "pointers-and-kv-maps"): the pointers, sizes and workspace
+// of SDPA_ARGS, then the address of K's and V's TMA tensor maps in global memory (dim, key,
+// batch·K/V head; box D x STEP_KEYS, swizzled by D bytes; src/backend/cuda/tensor_map.rs),
+// which only the TMA bodies read. By address, not by value: 256 more bytes of arguments a
+// launch cost the main job's mission 1.4-1.5% (docs/PERF.md change 35).
+// K/V by TMA (TMA_KV, the 32-row bodies of cp1): thread 0 initialises one mbarrier a stage,
+// then per step arms the stage's barrier with the step's 2·STEP_KEYS·D bytes and issues K's and
+// V's boxes at (0, first key, K/V head) into it; every thread waits on the barrier's phase
+// (parity (n / stages) & 1 for the CTA's step n) before the step's barrier. Keys past S_k are
+// zero-filled by the TMA unit, as the cp.async copies zero-fill them; under the causal mask
+// keys past the CTA's last row's (which cp.async zero-fills) are loaded, and masked like every
+// key a row does not see, so their P is 0 and the sums the same. The stages must begin at
+// multiples of 1024 bytes (the 128-byte swizzle's period): the body aligns its shared memory
+// up, and SDPA_SMEM_BYTES_D128 holds 1 KB of slack for it.
 // Launch: grid (ceil(S_q / tile rows), B*H, C), C = 1 but for split KV (below), THREADS threads,
 // SDPA_SMEM_BYTES_D<D> of dynamic
 // shared memory (a short GQA/MQA query at D = 128: SDPA_SMEM_BYTES_D128_SHORT, where the
@@ -124,7 +145,8 @@
 // K and V stay FP8 codes in shared memory; each warp decodes them on the way into its MMA
 // fragments (every E4M3 value is an f16, so decoding is exact). Per tile, in registers
 // (FlashAttention-2 style; mma.sync m16n8k16, f16 in, f32 accumulate):
-//   1. The step's K and V codes land in a code tile (cp0: loads and stores; cp1: cp.async).
+//   1. The step's K and V codes land in a code tile (cp0: loads and stores; cp1: cp.async, or
+//      at D 128 in the 32-row bodies TMA: TMA_KV and "K/V by TMA" below).
 //   2. S = Q Kᵀ: 8 key blocks x 4 k-steps of 16. The k-steps' dims are taken in the order
 //      that puts a lane's four fragment codes side by side: MMA k-index 2q, 2q+1, 2q+8, 2q+9
 //      <-> dims 4q .. 4q+3 of the 16-dim chunk, for Q (its A fragment, from global memory) and
@@ -206,6 +228,7 @@
 #include <cuda_pipeline_primitives.h>
 
 #include "fp8_e4m3.cuh"
+#include "hopper_async.cuh"
 
 #ifndef USE_CP_ASYNC
 #define USE_CP_ASYNC 0
@@ -292,6 +315,18 @@ typedef unsigned char u8; // an FP8 E4M3 code (NVRTC has no <cstdint>)
 #ifndef INT_LANE_MAX
 #define INT_LANE_MAX 1
 #endif
+// K/V by TMA in the 32-row bodies of cp1 (the header's "K/V by TMA"); sm_90 and up only.
+#ifndef TMA_KV
+#define TMA_KV 1
+#endif
+#if TMA_KV != 0 && TMA_KV != 1
+#error "TMA_KV must be 0 or 1"
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SM90_TMA 1
+#else
+#define SM90_TMA 0
+#endif
 #if INT_LANE_MAX < 0 || INT_LANE_MAX > 2
 #error "INT_LANE_MAX is 0 (fmaxf), 1 (32-row bodies) or 2 (all bodies)"
 #endif
@@ -310,6 +345,12 @@ template <int D>
 constexpr int WARP_MB = D == 128 ? D128_WARP_ROWS / 16 : 1;
 template <int MB>
 constexpr int BLOCK_M_OF = 16 * MB * ROW_WARPS;
+// Whether a body of MB blocks a warp at D loads K and V by TMA (TMA_KV).
+template <int D, int MB>
+constexpr bool KV_BY_TMA = USE_CP_ASYNC && TMA_KV && SM90_TMA && D == 128 && MB > 1;
+// Shared memory a TMA body's launch holds beyond its layout: the alignment of its stages to
+// 1024 bytes.
+constexpr int TMA_SLACK = KV_BY_TMA<128, WARP_MB<128>> ? 1024 : 0;
 constexpr int BLOCK_M = BLOCK_M_OF<1>;
 
 // Everything that depends on the head dimension D and the warp's rows: the tiles' sizes, the
@@ -370,7 +411,9 @@ extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = Geo<64>::SMEM_BYTES;
 constexpr int SMEM_D128 = Geo<128, STAGES, WARP_MB<128>>::SMEM_BYTES > Geo<128, STAGES, 1>::SMEM_BYTES
                               ? Geo<128, STAGES, WARP_MB<128>>::SMEM_BYTES
                               : Geo<128, STAGES, 1>::SMEM_BYTES;
-extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = SMEM_D128;
+extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = SMEM_D128 + TMA_SLACK;
+// K's and V's tensor maps (the abi's) are swizzled alike, by D bytes.
+extern "C" __constant__ int SDPA_V_SWIZZLE = 1;
 // Whether this build has the deeper body at all: more stages than the entries' own, within
 // the 227 KB a block may have on sm_90 (a grid such as KV_SPLIT=4 would need more: no deep body).
 constexpr bool HAS_DEEP = SHORT_STAGES > STAGES && Geo<128, SHORT_STAGES>::SMEM_BYTES <= 232448;
@@ -870,8 +913,10 @@ __device__ __forceinline__ void split_kv_end(const float (&o)[D / 8][4], const f
     const u8 *__restrict__ q, const u8 *__restrict__ k, const u8 *__restrict__ v,           \
         const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
         const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
-        int Sq, int Sk, float softmax_scale, float *__restrict__ work
-#define SDPA_PASS q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale, work
+        int Sq, int Sk, float softmax_scale, float *__restrict__ work, const TmaDesc *k_map,   \
+        const TmaDesc *v_map
+#define SDPA_PASS                                                                            \
+    q, k, v, q_scale, k_scale, v_scale, out, B, H, Hkv, Sq, Sk, softmax_scale, work, k_map, v_map
 
 // ST: the cp.async pipeline's stages; SPLIT: whether the launch deals the query tile's KV
 // steps to gridDim.z CTAs (`split_kv_end`). A launch that does not split runs a body with no
@@ -882,10 +927,18 @@ template <int D, bool CAUSAL, int ST, bool SPLIT, int MB = 1>
 __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     using G = Geo<D, ST, MB>;
     static_assert(MB == 1 || (D == 128 && !SPLIT), "two MMA blocks a warp: D = 128, no split KV");
+    static_assert(!KV_BY_TMA<D, MB> || !SPLIT, "a TMA body runs every step of its query tile");
     static_assert(D != 128 || ST != STAGES || G::SMEM_BYTES <= SMEM_D128,
                   "a D = 128 launch of this depth gives every body its layout");
     constexpr bool CAN_PACK = can_pack<D, CAUSAL>() && MB == 1;
-    extern __shared__ __align__(128) u8 smem[];
+    constexpr bool TMA = KV_BY_TMA<D, MB>;
+    extern __shared__ __align__(128) u8 smem_raw[];
+    // A TMA body's stages begin at multiples of 1024 bytes (the header's "K/V by TMA"): its
+    // whole layout moves up to the next one, within the launch's TMA_SLACK.
+    u8* const smem = TMA ? smem_raw + (-(int)__cvta_generic_to_shared(smem_raw) & 1023) : smem_raw;
+    // A TMA body's mbarriers, one a stage: the phase of step n's stage completes when its codes
+    // have landed.
+    __shared__ __align__(8) unsigned long long kv_landed[TMA ? ST : 1];
 
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -983,7 +1036,36 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     // zc = 0 but in a launch that splits them: `split_kv_end`).
     const int kv_ctas = SPLIT ? (int)gridDim.z : 1;
     const int zc = SPLIT ? (int)blockIdx.z : 0;
+    // Step `step`'s K and V codes by TMA into stage `stage` (thread 0), its barrier armed with
+    // their bytes (a whole box each: rows past S_k are zero-filled and count).
+    auto tma_step = [&](int stage, int step) {
+        unsigned long long* bar = &kv_landed[stage];
+        u8* dst = smem + stage * G::STAGE_BYTES;
+        mbar_arrive_expect_tx(bar, 2 * G::STEP_CODE_BYTES);
+        tma_load_3d(dst, k_map, bar, 0, step * STEP_KEYS, bkv);
+        tma_load_3d(dst + G::STEP_CODE_BYTES, v_map, bar, 0, step * STEP_KEYS, bkv);
+    };
 #if USE_CP_ASYNC
+    if constexpr (TMA) {
+        // The barriers, initialised before any thread waits on one; then the first ST - 1
+        // steps in flight before Q's loads, as with cp.async.
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int st = 0; st < ST; ++st) mbar_init(&kv_landed[st], 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            tma_acquire_global_desc(k_map);
+            tma_acquire_global_desc(v_map);
+            tma_prefetch_desc(k_map);
+            tma_prefetch_desc(v_map);
+            const int keys_cta = CTA_KEYS;
+#pragma unroll
+            for (int st = 0; st < ST - 1; ++st)
+                if (st * STEP_KEYS < keys_cta) tma_step(st, st);
+        }
+    } else {
     // Prologue: the first ST - 1 steps in flight, one commit group each (maybe empty),
     // before Q's loads, so Q's latency and theirs overlap.
 #pragma unroll
@@ -993,6 +1075,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         if (kv_first < keys_cta)
             copy_step_async<D, MB != 1>(k_bh, v_bh, kv_first, min(STEP_KEYS, keys_cta - kv_first), smem + st * G::STAGE_BYTES);
         __pipeline_commit();
+    }
     }
 #endif
 
@@ -1053,6 +1136,24 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         const int j = zc + n * kv_ctas; // the step of the query tile's keys
         // 1. This step's K and V codes, landed in its stage.
 #if USE_CP_ASYNC
+        if constexpr (TMA) {
+            // Step n's stage has landed when its barrier's phase n / ST has completed.
+#ifndef MUTANT_SKIP_CP_WAIT
+#ifdef MUTANT_TMA_PARITY_FLIPPED
+            mbar_wait(&kv_landed[n % ST], ((n / ST) & 1) ^ 1); // the phase before: at once
+#else
+            mbar_wait(&kv_landed[n % ST], (n / ST) & 1);
+#endif
+#endif
+#ifndef MUTANT_NO_DEQUANT_BARRIER
+            __syncthreads(); // every thread has seen step n land; step n - 1 is done
+#endif
+            // Into the stage step n - 1 used, whose barrier every thread has passed.
+            if (threadIdx.x == 0) {
+                const int ahead = n + ST - 1;
+                if (ahead * STEP_KEYS < CTA_KEYS) tma_step(ahead % ST, ahead);
+            }
+        } else {
         // Groups committed so far: ST - 1 + n; all but the newest ST - 2 have landed once
         // this CTA's step n has.
 #ifndef MUTANT_SKIP_CP_WAIT
@@ -1071,6 +1172,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
                 copy_step_async<D, MB != 1>(k_bh, v_bh, kv_ahead, min(STEP_KEYS, keys_cta - kv_ahead),
                                    smem + (ahead % ST) * G::STAGE_BYTES);
             __pipeline_commit(); // one group per iteration keeps the count uniform
+        }
         }
 #ifdef MUTANT_WRONG_STAGE
         const int cur = (n + 1) % ST; // a stage still being filled
@@ -1622,7 +1724,8 @@ __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
     const u8 *__restrict__ q, const u8 *__restrict__ k, const u8 *__restrict__ v,           \
         const float *__restrict__ q_scale, const float *__restrict__ k_scale,                \
         const float *__restrict__ v_scale, __half *__restrict__ out, int B, int H, int Hkv,  \
-        int Sq, int Sk, int causal, float softmax_scale, float *__restrict__ work
+        int Sq, int Sk, int causal, float softmax_scale, float *__restrict__ work,          \
+        const TmaDesc *__restrict__ kv_maps
 
 // One entry per (D, causal); a module holds those SDPA_D and SDPA_CAUSAL select. The causal
 // argument is the same for every entry (the host picks the entry by it), so one ABI serves all.
@@ -1632,7 +1735,10 @@ __device__ __forceinline__ void sdpa_entry(SDPA_BODY_PARAMS) {
 #define D64_CAUSAL_BOUNDS __launch_bounds__(THREADS, 3)
 #define D128_BOUNDS __launch_bounds__(THREADS, 2)
 #define ENTRY_OF(NAME, BOUNDS, DIM, CAUSAL_, WIDE) \
-    extern "C" __global__ void BOUNDS NAME(SDPA_ARGS) { sdpa_entry<DIM, CAUSAL_, WIDE>(SDPA_PASS); }
+    extern "C" __global__ void BOUNDS NAME(SDPA_ARGS) {                                    \
+        const TmaDesc *k_map = kv_maps, *v_map = kv_maps + 1;                                  \
+        sdpa_entry<DIM, CAUSAL_, WIDE>(SDPA_PASS);                                             \
+    }
 #define ENTRY(NAME, BOUNDS, DIM, CAUSAL_) ENTRY_OF(NAME, BOUNDS, DIM, CAUSAL_, true)
 
 #if (SDPA_D == 0 || SDPA_D == 64) && SDPA_CAUSAL != 1

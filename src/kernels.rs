@@ -67,6 +67,42 @@ pub enum Abi {
     Pointers,
     /// Q, K, V as 3-D TMA descriptors built on the host.
     TensorMaps,
+    /// Q, K, V as device pointers, and after the workspace the address of K's and V's tensor
+    /// maps in device memory (Stage C, whose D 128 bodies load K and V by TMA).
+    PointersAndKvMaps,
+}
+
+impl Abi {
+    /// The manifest's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Abi::Pointers => "pointers",
+            Abi::TensorMaps => "tensor-maps",
+            Abi::PointersAndKvMaps => "pointers-and-kv-maps",
+        }
+    }
+
+    /// The parameters of every entry point, in order: what the launch passes (a map by value
+    /// is 128 bytes, 64-byte aligned; every other parameter a scalar or a pointer).
+    pub fn params(self) -> Vec<Param> {
+        let scalars = std::iter::repeat_n(Param::Scalar, 11); // scales, out, sizes, causal, scale
+        let pointers = std::iter::repeat_n(Param::Scalar, 3).chain(scalars.clone());
+        match self {
+            Abi::TensorMaps => std::iter::repeat_n(Param::Map, 3).chain(scalars).collect(),
+            Abi::Pointers => pointers.chain([Param::Scalar]).collect(), // the workspace
+            // The workspace, then the maps' address.
+            Abi::PointersAndKvMaps => pointers.chain([Param::Scalar; 2]).collect(),
+        }
+    }
+}
+
+/// One parameter of an entry point, as the PTX declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// A scalar or a pointer.
+    Scalar,
+    /// A tensor map passed by value: `.param .align 64 .b8 NAME[128]`.
+    Map,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -676,11 +712,28 @@ mod tests {
     }
 
     #[test]
+    fn each_abi_passes_its_maps_where_the_launch_puts_them() {
+        use Param::{Map, Scalar};
+        let pointers = Abi::Pointers.params();
+        assert_eq!(pointers, vec![Scalar; 15]);
+        let mut with_maps = pointers.clone();
+        with_maps.push(Scalar); // the maps' address
+        assert_eq!(Abi::PointersAndKvMaps.params(), with_maps);
+        let mut maps_first = vec![Map; 3];
+        maps_first.extend([Scalar; 11]);
+        assert_eq!(Abi::TensorMaps.params(), maps_first);
+        for abi in [Abi::Pointers, Abi::TensorMaps, Abi::PointersAndKvMaps] {
+            let spelled: Abi = toml::Value::String(abi.name().into()).try_into().unwrap();
+            assert_eq!(spelled, abi);
+        }
+    }
+
+    #[test]
     fn the_project_manifest_describes_stage_c_as_default_and_stage_d_beside_it() {
         let m = project_manifest();
         assert_eq!(m.default, "stage-c");
         let c = m.get("stage-c").unwrap();
-        assert_eq!((c.runner, c.abi), (Runner::Checked, Abi::Pointers));
+        assert_eq!((c.runner, c.abi), (Runner::Checked, Abi::PointersAndKvMaps));
         assert_eq!(c.variants.define, "USE_CP_ASYNC");
         // Stage C's entry describes the algorithm the emulation's vectorized path, the GPU
         // emulation and Stage C's own error model implement (src/emulation/mod.rs).
@@ -976,7 +1029,7 @@ mod tests {
             ),
             ("kv_split = 2", "kv_split = 0", "kv_split"),
             (
-                "shapes = \"mission,partial300\"",
+                "shapes = \"mission,partial300,cfg-chunk\"",
                 "shape = \"mission\"",
                 "shape",
             ),

@@ -77,10 +77,11 @@ extern "C" __constant__ int SDPA_THREADS = 128;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D64 = 0;
 extern "C" __constant__ int SDPA_SMEM_BYTES_D128 = 0;
 extern "C" __constant__ int SDPA_USE_CP_ASYNC = 0;
+extern "C" __constant__ int SDPA_RESCALE_THRESHOLD = 8; // the manifest's (change 32)
 #define WILD(NAME) extern "C" __global__ void NAME(const unsigned char* q, \
         const unsigned char* k, const unsigned char* v, const float* qs, const float* ks, \
         const float* vs, unsigned short* out, int B, int H, int Hkv, int Sq, int Sk, \
-        int causal, float scale) { \
+        int causal, float scale, float* work, const void* kv_maps) { \
     int value = Sq; \
     if (Sq < 0) { /* never taken: the identity facts the manifest asks of Stage C's PTX */ \
         unsigned h; \

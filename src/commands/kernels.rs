@@ -61,6 +61,7 @@ pub fn list(args: &KernelsArgs) -> Result<Outcome, AppError> {
             match k.abi {
                 Abi::Pointers => "as pointers",
                 Abi::TensorMaps => "as TMA tensor maps",
+                Abi::PointersAndKvMaps => "as pointers, K and V also as TMA tensor maps",
             }
         );
         crate::outln!("  PTX holds   {}", k.ptx_must_hold.join(", "));

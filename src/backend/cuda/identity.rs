@@ -282,7 +282,7 @@ impl KernelConstants {
     /// The tensor-map layout this module asks for (src/backend/cuda/tensor_map.rs).
     pub fn map_layout(&self) -> MapLayout {
         MapLayout {
-            block_n: self.block_n,
+            kv_rows: self.block_n * self.kv_split.max(1),
             v_swizzled: self.v_swizzle,
         }
     }
@@ -1223,7 +1223,7 @@ ptxas info    : Used 128 registers, used 16 barriers, 80 bytes smem
                 .map_layout()
         };
         let unswizzled = MapLayout {
-            block_n: 128,
+            kv_rows: 128,
             v_swizzled: false,
         };
         assert_eq!(layout(ptx), unswizzled, "absent: unswizzled");
@@ -1239,7 +1239,7 @@ ptxas info    : Used 128 registers, used 16 barriers, 80 bytes smem
         assert_eq!(
             layout(&with(" = 1")),
             MapLayout {
-                block_n: 128,
+                kv_rows: 128,
                 v_swizzled: true
             }
         );

@@ -11,7 +11,7 @@ use super::nvrtc::{self, Compiled};
 use super::revision;
 use super::variant::VariantSpec;
 use crate::backend::BackendError;
-use crate::kernels::KernelSpec;
+use crate::kernels::{Abi, KernelSpec, Param};
 use crate::report::sha256_hex;
 use crate::rows::{MAX_QUERY_TILE, MIN_QUERY_TILE};
 use crate::schema::KernelRef;
@@ -295,9 +295,16 @@ pub fn build_variant(
     for (e, module) in
         std::iter::once((Entry::BASE, &compiled)).chain(others.iter().map(|(e, c)| (*e, c)))
     {
+        let abi = src.spec.abi;
+        if let Some(why) = abi_mismatch(&module.ptx, &entry_for(&src.spec.entry, e), abi) {
+            return Err(refuse(why));
+        }
         if let Some((rows, _)) = constants.companion(e) {
             let name = companion_for(&src.spec.entry, e, rows);
             if let Some(why) = companion_missing(&module.ptx, &name, e, rows) {
+                return Err(refuse(why));
+            }
+            if let Some(why) = abi_mismatch(&module.ptx, &name, abi) {
                 return Err(refuse(why));
             }
             companions.push(CompanionIdentity {
@@ -477,6 +484,54 @@ fn companion_missing(ptx: &str, name: &str, e: Entry, rows: u32) -> Option<Strin
              function in the module, or publish SDPA_COMPANION_ROWS_D{d} = 0",
             e.suffix(),
             d = e.d
+        )
+    })
+}
+
+/// The parameters PTX declares for entry point `name` (None where it has no such entry).
+fn entry_params(ptx: &str, name: &str) -> Option<Vec<Param>> {
+    let start = ptx.find(&format!(".entry {name}("))?;
+    let list = &ptx[start..];
+    let list = &list[list.find('(')? + 1..list.find(')')?];
+    Some(
+        list.split(',')
+            .map(str::trim)
+            .filter(|p| p.starts_with(".param"))
+            .map(|p| {
+                if p.contains(".b8") && p.ends_with("[128]") {
+                    Param::Map
+                } else {
+                    Param::Scalar
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Why entry point `name` of a module cannot be launched by the manifest's `abi`: its
+/// parameters are not the first of those the launch passes (a parameter the launch does not
+/// pass would be read from past the arguments the driver was given; arguments past the
+/// function's last parameter are never read, so an older kernel that takes fewer, e.g. a
+/// `--base-kernel` file of Stage C before its K/V maps, still runs).
+fn abi_mismatch(ptx: &str, name: &str, abi: Abi) -> Option<String> {
+    let Some(theirs) = entry_params(ptx, name) else {
+        return Some(format!(
+            "its module holds no function `{name}` to check against its abi"
+        ));
+    };
+    let want = abi.params();
+    (!want.starts_with(&theirs)).then(|| {
+        let show = |ps: &[Param]| {
+            let maps = ps.iter().filter(|p| **p == Param::Map).count();
+            format!("{} parameters, {maps} of them tensor maps", ps.len())
+        };
+        format!(
+            "its function `{name}` takes {} where cuda/kernels.toml's abi = \"{}\" passes {}, \
+             whose first ones it must take; make the entry's parameters the abi's \
+             (docs/DESIGN.md \"Kernel ABI\")",
+            show(&theirs),
+            abi.name(),
+            show(&want)
         )
     })
 }
@@ -711,6 +766,64 @@ mod tests {
         );
         let both = format!("{ptx}.visible .entry k_d128_causal_m128(\n.param .u64 a\n)\n");
         assert_eq!(companion_missing(&both, &name, d128, 128), None);
+    }
+
+    /// An entry `k_d128` declaring `maps` tensor maps where `at_end` says (after 15 scalar
+    /// parameters) or before 11, as NVRTC 13.0 writes them.
+    fn entry_ptx(scalars: usize, maps: usize, at_end: bool) -> String {
+        let scalar = (0..scalars).map(|i| format!("\t.param .u64 k_d128_param_{i}"));
+        let map = (0..maps).map(|i| format!("\t.param .align 64 .b8 k_d128_map_{i}[128]"));
+        let params: Vec<String> = if at_end {
+            scalar.chain(map).collect()
+        } else {
+            map.chain(scalar).collect()
+        };
+        format!(
+            ".visible .entry k_d128(\n{}\n)\n.maxntid 128, 1, 1\n{{\n\tret;\n}}\n",
+            params.join(",\n")
+        )
+    }
+
+    #[test]
+    fn an_entry_whose_parameters_are_not_the_manifests_abi_is_refused() {
+        let stage_c = entry_ptx(16, 0, true); // the maps' address after the workspace
+        let stage_c_before = entry_ptx(15, 0, true);
+        let stage_d = entry_ptx(11, 3, false);
+        assert_eq!(
+            abi_mismatch(&stage_c, "k_d128", Abi::PointersAndKvMaps),
+            None
+        );
+        assert_eq!(abi_mismatch(&stage_c_before, "k_d128", Abi::Pointers), None);
+        assert_eq!(abi_mismatch(&stage_d, "k_d128", Abi::TensorMaps), None);
+        // Fewer parameters than arguments: the rest are never read (a base kernel from before
+        // the maps, or from before the workspace).
+        assert_eq!(
+            abi_mismatch(&stage_c_before, "k_d128", Abi::PointersAndKvMaps),
+            None
+        );
+        assert_eq!(
+            abi_mismatch(&entry_ptx(14, 0, true), "k_d128", Abi::Pointers),
+            None
+        );
+        // A kernel that takes K's and V's maps, described as taking pointers only: the launch
+        // would pass 15 arguments where the function reads 16.
+        let why = abi_mismatch(&stage_c, "k_d128", Abi::Pointers).unwrap();
+        assert!(
+            why.contains("`k_d128` takes 16 parameters, 0 of them tensor maps")
+                && why.contains("abi = \"pointers\" passes 15 parameters, 0 of them"),
+            "{why}"
+        );
+        for (ptx, abi) in [
+            (&stage_d, Abi::PointersAndKvMaps),
+            (&stage_c, Abi::TensorMaps),
+            (&entry_ptx(15, 2, true), Abi::PointersAndKvMaps), // the maps by value
+            (&entry_ptx(11, 3, true), Abi::TensorMaps),        // the maps after the scalars
+        ] {
+            assert!(abi_mismatch(ptx, "k_d128", abi).is_some(), "{abi:?}\n{ptx}");
+        }
+        // A function the module does not hold is refused, never passed.
+        let why = abi_mismatch(&stage_c, "k_d64", Abi::Pointers).unwrap();
+        assert!(why.contains("no function `k_d64`"), "{why}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Device buffers of one problem and the kernel launch (docs/DESIGN.md "Kernel ABI"): Q, K and V
-//! as pointers, or as tensor maps (`abi = "tensor-maps"`, src/backend/cuda/tensor_map.rs), as
-//! the variant's manifest entry says.
+//! as pointers, as tensor maps (`abi = "tensor-maps"`, src/backend/cuda/tensor_map.rs), or as
+//! pointers with K's and V's maps in device memory (`"pointers-and-kv-maps"`), as the variant's
+//! manifest entry says.
 
 use std::sync::Arc;
 
@@ -41,6 +42,9 @@ pub struct DeviceProblem {
     /// The Q, K and V tensor maps of each layout a `tensor-maps` variant asked for, built at
     /// its first launch.
     maps: Vec<(MapLayout, [TmaDesc; 3])>,
+    /// K's and V's maps of each layout a `pointers-and-kv-maps` variant asked for, in device
+    /// memory (the kernel takes their address: 8 bytes of arguments, not 256).
+    kv_maps: Vec<(MapLayout, CudaSlice<TmaDesc>)>,
     /// The launch geometry of each function that launched it (a function is one variant's
     /// entry: its module's constants, its manifest entry and its GPU go with it).
     geometries: Vec<(CUfunctionKey, Geometry)>,
@@ -106,6 +110,7 @@ impl DeviceProblem {
             shape: LaunchShape::of(&p.shape),
             softmax_scale: p.softmax_scale,
             maps: Vec::new(),
+            kv_maps: Vec::new(),
             geometries: Vec::new(),
             works: Vec::new(),
         })
@@ -135,6 +140,24 @@ impl DeviceProblem {
         ];
         self.maps.push((layout, maps));
         Ok(maps)
+    }
+
+    /// K's and V's tensor maps in `layout`, copied to device memory once per layout (the
+    /// `pointers-and-kv-maps` ABI's last argument: the kernel reads them there).
+    pub fn kv_maps(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        layout: MapLayout,
+    ) -> Result<&CudaSlice<TmaDesc>, String> {
+        if let Some(i) = self.kv_maps.iter().position(|(l, _)| *l == layout) {
+            return Ok(&self.kv_maps[i].1);
+        }
+        let [_, k, v] = self.tensor_maps(stream, layout)?;
+        let on_device = stream
+            .clone_htod(&[k, v])
+            .map_err(|e| format!("copying K's and V's tensor maps to the GPU: {e}"))?;
+        self.kv_maps.push((layout, on_device));
+        Ok(&self.kv_maps.last().expect("just pushed").1)
     }
 
     /// Makes sure `count` output buffers exist.
@@ -216,19 +239,36 @@ impl DeviceProblem {
             shared_mem_bytes: geometry.smem_bytes,
         };
         let work = self.work(stream, slot, geometry.work_bytes)?;
-        let maps = match variant.kernel.abi {
-            Abi::Pointers => None,
-            Abi::TensorMaps => Some(self.tensor_maps(stream, consts.map_layout()).map_err(
-                |why| {
-                    crate::trace::mark(|| why.clone());
-                    DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE)
-                },
-            )?),
+        let abi = variant.kernel.abi;
+        let refused = |why: String| {
+            crate::trace::mark(|| why.clone());
+            DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE)
         };
+        let maps = match abi {
+            Abi::TensorMaps => Some(
+                self.tensor_maps(stream, consts.map_layout())
+                    .map_err(refused)?,
+            ),
+            Abi::Pointers | Abi::PointersAndKvMaps => None,
+        };
+        if abi == Abi::PointersAndKvMaps {
+            self.kv_maps(stream, consts.map_layout()).map_err(refused)?;
+        }
+        let layout = consts.map_layout();
+        let kv_maps = (abi == Abi::PointersAndKvMaps).then(|| {
+            let (_, on_device) = self
+                .kv_maps
+                .iter()
+                .find(|(l, _)| *l == layout)
+                .expect("built just above");
+            on_device
+        });
+        // The argument order of cuda/kernels.toml's `abi` (checked against each entry's PTX
+        // parameters when the module is built: kernel.rs `abi_mismatch`).
         let mut args = stream.launch_builder(function);
         match &maps {
-            None => args.arg(&self.q).arg(&self.k).arg(&self.v),
             Some([q, k, v]) => args.arg(q).arg(k).arg(v),
+            None => args.arg(&self.q).arg(&self.k).arg(&self.v),
         };
         args.arg(&self.q_scale)
             .arg(&self.k_scale)
@@ -241,8 +281,11 @@ impl DeviceProblem {
             .arg(&self.sk)
             .arg(&self.causal)
             .arg(&self.softmax_scale);
-        if variant.kernel.abi == Abi::Pointers {
+        if abi != Abi::TensorMaps {
             args.arg(&work);
+        }
+        if let Some(on_device) = kv_maps {
+            args.arg(on_device);
         }
         unsafe { args.launch(cfg) }.map(|_| true)
     }

@@ -345,17 +345,17 @@ impl Backend for CudaBackend {
         }
         match DeviceProblem::upload(&self.gpu.stream, p) {
             Ok(mut dp) => {
-                // The tensor maps of a `tensor-maps` kernel, built once per problem: a map the
-                // driver refuses is named here, before any launch (exit 4: the kernel's ABI
-                // cannot take this problem).
-                let tiles = self
-                    .gpu
-                    .variants
-                    .iter()
-                    .filter(|v| v.kernel.abi == Abi::TensorMaps);
-                for v in tiles {
+                // The tensor maps of a `tensor-maps` or `pointers-and-kv-maps` kernel, built once
+                // per problem: a map the driver refuses is named here, before any launch (exit
+                // 4: the kernel's ABI cannot take this problem).
+                for v in &self.gpu.variants {
                     let layout = v.identity.constants.map_layout();
-                    dp.tensor_maps(&self.gpu.stream, layout).map_err(|why| {
+                    let built = match v.kernel.abi {
+                        Abi::Pointers => Ok(()),
+                        Abi::TensorMaps => dp.tensor_maps(&self.gpu.stream, layout).map(|_| ()),
+                        Abi::PointersAndKvMaps => dp.kv_maps(&self.gpu.stream, layout).map(|_| ()),
+                    };
+                    built.map_err(|why| {
                         BackendError::Kernel(format!(
                             "variant {} on {}: {why}",
                             v.identity.name, self.loaded

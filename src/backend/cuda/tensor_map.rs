@@ -1,12 +1,15 @@
-//! The tensor maps of the `tensor-maps` launch ABI (cuda/kernels.toml, docs/DESIGN.md "Kernel
-//! ABI"): Q, K and V as 3-D TMA descriptors over their E4M3 codes, built on the host with the
-//! driver's `cuTensorMapEncodeTiled` and passed by value (`const __grid_constant__ TmaDesc`,
-//! cuda/hopper_async.cuh). Each is (dim, row, batch·head) with unit element strides:
+//! The tensor maps of the `tensor-maps` and `pointers-and-kv-maps` launch ABIs
+//! (cuda/kernels.toml, docs/DESIGN.md "Kernel ABI"): Q, K and V as 3-D TMA descriptors over
+//! their E4M3 codes, built on the host with the driver's `cuTensorMapEncodeTiled` and passed by
+//! value (`const __grid_constant__ TmaDesc`, cuda/hopper_async.cuh; `tensor-maps`) or K's and
+//! V's by their address in device memory (`pointers-and-kv-maps`). Each is (dim, row,
+//! batch·head) with unit element strides:
 //! - Q: [D, S_q, B·H_q], box (D, 64), swizzled by D bytes (64B or 128B): one consumer
-//!   warpgroup's 64 rows, K-major for wgmma's A operand;
-//! - K: [D, S_k, B·H_kv], box (D, block_n), swizzled by D bytes: K-major for wgmma's B;
-//! - V: [D, S_k, B·H_kv], box (D, block_n), unswizzled, or swizzled like K where the module
-//!   publishes `SDPA_V_SWIZZLE = 1` (the kernel transposes it either way; [`MapLayout`]).
+//!   warpgroup's 64 rows, K-major for wgmma's A operand (Stage D's only);
+//! - K: [D, S_k, B·H_kv], box (D, kv_rows), swizzled by D bytes: K-major for wgmma's B, and
+//!   Stage C's code-tile layout (chunk c of row r at c ^ (r & 7) at D 128);
+//! - V: [D, S_k, B·H_kv], box (D, kv_rows), unswizzled, or swizzled like K where the module
+//!   publishes `SDPA_V_SWIZZLE = 1` (Stage D transposes it either way; [`MapLayout`]).
 //!
 //! Rows past S are zero-filled by the TMA unit, so partial tiles need no masking of loads.
 
@@ -30,12 +33,13 @@ pub struct TmaDesc {
 // copies kernel parameters by the sizes and offsets of the kernel's own signature.
 unsafe impl DeviceRepr for TmaDesc {}
 
-/// What a module asks of its maps: KV tiles of `block_n` keys, and V swizzled like K (its
-/// `SDPA_V_SWIZZLE`) or not. Variants of one run may differ (an A/B of the V layout), so the
-/// maps are built per layout.
+/// What a module asks of its maps: K and V boxes of `kv_rows` keys (one KV tile of Stage D,
+/// one step of every KV split's tiles of Stage C: SDPA_BLOCK_N × SDPA_KV_SPLIT), and V swizzled
+/// like K (its `SDPA_V_SWIZZLE`) or not. Variants of one run may differ (an A/B of the V
+/// layout), so the maps are built per layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapLayout {
-    pub block_n: u32,
+    pub kv_rows: u32,
     pub v_swizzled: bool,
 }
 
@@ -61,7 +65,7 @@ pub fn encode(
     let strides = [d as u64, (d * rows) as u64];
     let box_rows = match operand {
         Operand::Q => Q_BOX_ROWS,
-        Operand::K | Operand::V => layout.block_n,
+        Operand::K | Operand::V => layout.kv_rows,
     };
     let boxes = [d as u32, box_rows, 1];
     let unit = [1u32; 3];
@@ -135,7 +139,7 @@ mod tests {
     fn v_is_swizzled_like_k_only_where_the_module_asks_and_q_k_always_by_d_bytes() {
         use CUtensorMapSwizzle::*;
         let layout = |v_swizzled| MapLayout {
-            block_n: 128,
+            kv_rows: 128,
             v_swizzled,
         };
         for v_swizzled in [false, true] {
