@@ -72,6 +72,11 @@
 //                   cp.async of 16 bytes and their addresses; 0: cp.async there too. The same
 //                   codes in the same places (TMA's 128-byte swizzle is the layout's, below),
 //                   so the same bits (docs/PERF.md change 35).
+//   TMA_ISSUE_LATE  test hook, never in normal builds: a TMA body issues the copies of step
+//                   n + stages - 1 at the end of step n (not at its start; with the default 2
+//                   stages, the step before theirs), so they land after the barrier that begins
+//                   their step: a missing mbarrier wait then reads a stale stage, which results
+//                   show (`selftest` builds MUTANT_TMA_SKIP_WAIT with it).
 //   MUTANT_*        planted bugs for `sdpa-runner selftest`, never set in normal builds; each
 //                   sits in one #ifdef/#ifndef block, and the self-test proves the clean PTX is
 //                   identical with those blocks removed. Their names say what they break.
@@ -1139,20 +1144,24 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         if constexpr (TMA) {
             // Step n's stage has landed when its barrier's phase n / ST has completed.
 #ifndef MUTANT_SKIP_CP_WAIT
+#ifndef MUTANT_TMA_SKIP_WAIT
 #ifdef MUTANT_TMA_PARITY_FLIPPED
             mbar_wait(&kv_landed[n % ST], ((n / ST) & 1) ^ 1); // the phase before: at once
 #else
             mbar_wait(&kv_landed[n % ST], (n / ST) & 1);
 #endif
 #endif
+#endif
 #ifndef MUTANT_NO_DEQUANT_BARRIER
             __syncthreads(); // every thread has seen step n land; step n - 1 is done
 #endif
             // Into the stage step n - 1 used, whose barrier every thread has passed.
+#ifndef TMA_ISSUE_LATE
             if (threadIdx.x == 0) {
                 const int ahead = n + ST - 1;
                 if (ahead * STEP_KEYS < CTA_KEYS) tma_step(ahead % ST, ahead);
             }
+#endif
         } else {
         // Groups committed so far: ST - 1 + n; all but the newest ST - 2 have landed once
         // this CTA's step n has.
@@ -1540,6 +1549,19 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
             }
             if constexpr (MB == 1) end_l();
         }
+#ifdef TMA_ISSUE_LATE
+        // Test hook, never in normal builds: step n + ST - 1's TMA (the next step's with two
+        // stages) issued after thread 0's warp has computed step n, where it has keys in it
+        // (into the stage step n - 1 used, free since step n's barrier), so it lands after its
+        // step's barrier: the window a missing wait leaves open, which results then show
+        // (cuda/kernels.toml MUTANT_TMA_SKIP_WAIT's hooks).
+        if constexpr (TMA) {
+            if (threadIdx.x == 0) {
+                const int ahead = n + ST - 1;
+                if (ahead * STEP_KEYS < CTA_KEYS) tma_step(ahead % ST, ahead);
+            }
+        }
+#endif
 #if !USE_CP_ASYNC
         __syncthreads(); // every warp is done with the stage before the next step's stores
 #endif

@@ -537,7 +537,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 19] = [
+        let checks: [(bool, &'static str, String); 20] = [
             (
                 !self.name.is_empty()
                     && self
@@ -672,6 +672,17 @@ impl KernelSpec {
                 (self.runner == Runner::Probe) == self.probe.is_some(),
                 "probe",
                 "a runner = \"probe\" kernel names its probe command, and only such a kernel"
+                    .into(),
+            ),
+            (
+                self.mutants.iter().flat_map(|m| &m.hooks).all(|h| {
+                    !h.is_empty()
+                        && !h.starts_with("MUTANT_")
+                        && h.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=')
+                }),
+                "mutants.hooks",
+                "test-hook defines such as TMA_ISSUE_LATE (NAME or NAME=VALUE), never a MUTANT_* \
+                 (the self-test strips those blocks from the clean build)"
                     .into(),
             ),
         ];
@@ -1028,6 +1039,11 @@ mod tests {
                 "numerics.rescale_threshold",
             ),
             ("kv_split = 2", "kv_split = 0", "kv_split"),
+            (
+                "hooks = [\"TMA_ISSUE_LATE\"]",
+                "hooks = [\"MUTANT_TMA_PARITY_FLIPPED\"]",
+                "mutants.hooks",
+            ),
             (
                 "shapes = \"mission,partial300,cfg-chunk\"",
                 "shape = \"mission\"",

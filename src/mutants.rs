@@ -19,6 +19,12 @@ pub struct Mutant {
     /// Run only when named with `selftest --only`: its shape is too heavy for every self-test.
     #[serde(default)]
     pub opt_in: bool,
+    /// Test hooks (defines that are no bug, such as Stage C's TMA_ISSUE_LATE) its checks build
+    /// with: they widen the window a race needs, so that results show it. The clean kernel
+    /// with the same hooks must pass the correctness gates first (not stress or the
+    /// sanitizers), so a catch by the gates is the mutant's.
+    #[serde(default)]
+    pub hooks: Vec<String>,
 }
 
 /// Removes every `#ifdef MUTANT_*` / `#ifndef MUTANT_*` block, keeping the branch a build
@@ -126,6 +132,16 @@ mod tests {
                     "{name}: {}",
                     m.define
                 );
+                // A hook the source never tests would leave its mutant's race shut.
+                for hook in &m.hooks {
+                    let hook = hook.split('=').next().unwrap_or(hook);
+                    assert!(
+                        src.contains(&format!("#ifdef {hook}"))
+                            || src.contains(&format!("#ifndef {hook}")),
+                        "{name}: {}'s hook {hook}",
+                        m.define
+                    );
+                }
             }
             let stripped = strip(&src).unwrap();
             let directives = |t: &str| {

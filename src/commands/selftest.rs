@@ -461,7 +461,47 @@ fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult
     let shapes = m.shapes.as_str();
     let first_shape = shapes.split(',').next().unwrap_or(shapes);
     let label = m.define.to_lowercase();
-    let base = ["--seeds", "0", "--cp-async", cp, "--define", &m.define];
+    let mut hooks: Vec<&str> = Vec::new();
+    for h in &m.hooks {
+        hooks.extend(["--define", h.as_str()]);
+    }
+    // The hooks alone (the clean kernel built with them) must pass, or a catch below could be
+    // theirs.
+    if !hooks.is_empty() {
+        let mut clean = vec![
+            "--shapes",
+            shapes,
+            "--iters",
+            "0",
+            "--seeds",
+            "0",
+            "--cp-async",
+            cp,
+        ];
+        clean.extend(&hooks);
+        let run = child.run(&format!("{label}-hooks-clean"), &[], &clean)?;
+        if run.code != EXIT_PASS as i32 {
+            return Err(ConfigError::Usage(format!(
+                "{}: the clean kernel with its hooks ({}) ended with exit {} instead of PASS, so \
+                 they cannot judge it: {}",
+                m.define,
+                m.hooks.join(", "),
+                run.code,
+                run.stderr.trim()
+            ))
+            .into());
+        }
+    }
+    let hooks_note = if m.hooks.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (built with {}; the clean kernel with it: PASS)",
+            m.hooks.join(", ")
+        )
+    };
+    let mut base = vec!["--seeds", "0", "--cp-async", cp, "--define", &m.define];
+    base.extend(&hooks);
     let result = |caught_by: Option<&str>, figure: String| MutantResult {
         gpu: child.gpu.clone(),
         define: m.define.clone(),
@@ -473,11 +513,11 @@ fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult
         },
         shapes: m.shapes.clone(),
         caught_by: caught_by.map(String::from),
-        figure,
+        figure: format!("{figure}{hooks_note}"),
     };
 
     let mut gates_args = vec!["--shapes", shapes, "--iters", "0"];
-    gates_args.extend(base);
+    gates_args.extend(&base);
     let run = child.run(&label, &[], &gates_args)?;
     if run.code == EXIT_KERNEL as i32 {
         let line = run
@@ -494,7 +534,7 @@ fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult
     expect_pass(&run, &m.define)?;
 
     let mut stress_args = vec!["--shapes", shapes, "--repeats", repeats];
-    stress_args.extend(base);
+    stress_args.extend(&base);
     let stress = child.run(&format!("{label}-stress"), &["stress"], &stress_args)?;
     if stress.code == EXIT_GATE_FAILED as i32 {
         return Ok(result(
@@ -505,7 +545,7 @@ fn check_mutant(child: &Child, m: &Mutant, repeats: &str) -> Result<MutantResult
     expect_pass(&stress, &m.define)?;
 
     let mut san_args = vec!["--shapes", first_shape, "--iters", "0"];
-    san_args.extend(base);
+    san_args.extend(&base);
     for tool in ["memcheck", "racecheck"] {
         match child.sanitized(&format!("{label}-{tool}"), tool, &san_args)? {
             None => {
