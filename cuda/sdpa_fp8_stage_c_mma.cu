@@ -1050,6 +1050,13 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         tma_load_3d(dst, k_map, bar, 0, step * STEP_KEYS, bkv);
         tma_load_3d(dst + G::STEP_CODE_BYTES, v_map, bar, 0, step * STEP_KEYS, bkv);
     };
+    // Thread 0 issues step n + ST - 1 (if the CTA has it) into the stage step n - 1 used.
+    auto tma_ahead = [&](int n) {
+        if (threadIdx.x == 0) {
+            const int ahead = n + ST - 1;
+            if (ahead * STEP_KEYS < CTA_KEYS) tma_step(ahead % ST, ahead);
+        }
+    };
 #if USE_CP_ASYNC
     if constexpr (TMA) {
         // The barriers, initialised before any thread waits on one; then the first ST - 1
@@ -1157,10 +1164,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
 #endif
             // Into the stage step n - 1 used, whose barrier every thread has passed.
 #ifndef TMA_ISSUE_LATE
-            if (threadIdx.x == 0) {
-                const int ahead = n + ST - 1;
-                if (ahead * STEP_KEYS < CTA_KEYS) tma_step(ahead % ST, ahead);
-            }
+            tma_ahead(n);
 #endif
         } else {
         // Groups committed so far: ST - 1 + n; all but the newest ST - 2 have landed once
@@ -1555,12 +1559,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
         // (into the stage step n - 1 used, free since step n's barrier), so it lands after its
         // step's barrier: the window a missing wait leaves open, which results then show
         // (cuda/kernels.toml MUTANT_TMA_SKIP_WAIT's hooks).
-        if constexpr (TMA) {
-            if (threadIdx.x == 0) {
-                const int ahead = n + ST - 1;
-                if (ahead * STEP_KEYS < CTA_KEYS) tma_step(ahead % ST, ahead);
-            }
-        }
+        if constexpr (TMA) tma_ahead(n);
 #endif
 #if !USE_CP_ASYNC
         __syncthreads(); // every warp is done with the stage before the next step's stores

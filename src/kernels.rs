@@ -723,7 +723,7 @@ mod tests {
     }
 
     #[test]
-    fn each_abi_passes_its_maps_where_the_launch_puts_them() {
+    fn each_abi_lists_the_parameters_its_entries_take_in_order() {
         use Param::{Map, Scalar};
         let pointers = Abi::Pointers.params();
         assert_eq!(pointers, vec![Scalar; 15]);
