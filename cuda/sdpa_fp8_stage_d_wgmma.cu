@@ -703,7 +703,7 @@ __device__ __forceinline__ void row_maxima_int(const float (&sc)[S_REGS], float 
 // MASK: the tile holds a key past S_k or above the diagonal for some row of the CTA (a
 // compile-time choice: a run-time one is if-converted by ptxas into a select and a compare
 // per element on every tile, 19% of the loop's instructions at D 128).
-template <int D, bool CAUSAL, bool MASK, bool INT_MAX>
+template <int D, bool CAUSAL, bool MASK, bool INT_MAXIMA>
 __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, int row0, int Sk,
                                              int diag, float qk_scale, float (&m)[2],
                                              float (&l)[2], float (&alpha)[2]) {
@@ -720,8 +720,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
         }
         sc[i] = x;
     }
-    // INT_MAX: the row maxima as integers (row_maxima_int), in the tiles without a mask.
-    constexpr bool INT = INT_MAX && !MASK;
+    // INT_MAXIMA: the row maxima as integers (row_maxima_int), in the tiles without a mask.
+    constexpr bool INT = INT_MAXIMA && !MASK;
     float row_mx[2];
     if constexpr (INT) row_maxima_int(sc, row_mx);
     // Online softmax, per row r of the two.
@@ -861,12 +861,12 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     // their own but the D 128 causal entry: the D 128 companion, with turns, measured 3% slower
     // with them, and the causal entry's st3 build spills a register with them (NVRTC 13.0: 4
     // bytes; docs/PERF.md "Stage D, change 29").
-    constexpr bool INT_MAX = INT_ROWMAX && T::PINGPONG == 0 && !(D == 128 && CAUSAL);
+    constexpr bool INT_MAXIMA = INT_ROWMAX && T::PINGPONG == 0 && !(D == 128 && CAUSAL);
     auto softmax = [&](float (&sc)[S_REGS], int j, bool masked, float (&alpha)[2]) {
         if (masked)
-            softmax_tile<D, CAUSAL, true, INT_MAX>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
+            softmax_tile<D, CAUSAL, true, INT_MAXIMA>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
         else
-            softmax_tile<D, CAUSAL, false, INT_MAX>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
+            softmax_tile<D, CAUSAL, false, INT_MAXIMA>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
     };
     // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1). With PV_HALVES, Ô
     // of the half `half` of the dims: O's accumulators 32 half .. (its 8-column groups 8 half ..).

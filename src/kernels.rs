@@ -1057,4 +1057,55 @@ mod tests {
             assert!(err.contains("k.toml") && err.contains(says), "{to}: {err}");
         }
     }
+
+    /// The kernels also build under nvcc, whose host headers (`<climits>`, `<cfloat>`,
+    /// `<cmath>`) the probe scripts include first (scripts/stage_d/probe.cu): a name of theirs
+    /// used in a kernel is a macro there. Stage D's `INT_MAX` template parameter broke the
+    /// probe's build from change 29 to stop 55 while NVRTC built it.
+    #[test]
+    fn no_shipped_kernel_uses_a_name_the_host_headers_define_as_a_macro() {
+        const MACROS: [&str; 16] = [
+            "INT_MAX",
+            "INT_MIN",
+            "UINT_MAX",
+            "LONG_MAX",
+            "LLONG_MAX",
+            "SIZE_MAX",
+            "CHAR_BIT",
+            "FLT_MAX",
+            "FLT_MIN",
+            "DBL_MAX",
+            "NAN",
+            "INFINITY",
+            "HUGE_VAL",
+            "M_PI",
+            "M_LN2",
+            "M_LOG2E",
+        ];
+        let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&cuda).unwrap() {
+            let path = entry.unwrap().path();
+            if !matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("cu" | "cuh")
+            ) {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).unwrap();
+            for (n, line) in src.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                let mut words = code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+                if let Some(w) = words.find(|w| MACROS.contains(w)) {
+                    panic!(
+                        "{}:{}: `{w}` is a host header's macro",
+                        path.display(),
+                        n + 1
+                    );
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 2, "read the kernels in {}", cuda.display());
+    }
 }
