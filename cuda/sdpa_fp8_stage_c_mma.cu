@@ -111,14 +111,14 @@
 // A pack streams its K/V head with few CTAs (spec-decode, 8×32×16×128 at S_k 4096, H_kv 8:
 // 128 CTAs, one an SM; llama-decode, S_q 1, splits its keys over 256: below), so at D = 128
 // a short GQA/MQA query whose CTAs fit one an SM runs a SHORT_Q_STAGES-deep pipeline: the
-// host launches it with SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity.rs
+// host launches it with SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity/geometry.rs
 // `launch_smem_bytes`, from SDPA_PACK_HEADS_8/16 and the SM count; with more packs the entry's
 // two CTAs an SM win), and the kernel takes the deep path only where the launch gave that much
 // (`deep_pipeline`, %dynamic_smem_size). The depth changes when codes land, never what is
 // computed.
 // Split KV (SPLIT_KV_CTAS, SPLIT_KV_CTAS_8, SPLIT_KV_MAX, NO_SPLIT_KV): a short query at D = 128 whose working
 // CTAs are few (1×32×1×128 at S_k 32768, H_kv 8: 8 packs on 132 SMs) has its query tile's KV
-// steps dealt to C = gridDim.z CTAs, the host's choice (identity.rs `kv_ctas`: about 128
+// steps dealt to C = gridDim.z CTAs, the host's choice (identity/geometry.rs `kv_ctas`: about 128
 // working CTAs, 256 with S_q <= 8, at most SPLIT_KV_MAX, at most one per step). CTA z runs steps z, z + C, ...;
 // its warps park their (O, m, l) in the launch's workspace, and the last CTA to arrive merges
 // every chain in order and stores the rows (`split_kv_end`). Chain z·KV_SPLIT + split holds
@@ -268,7 +268,7 @@
 #define SHORT_Q_ROWS 16 // S_q at or below which a query is short
 // Split KV (the header's "Short queries"): a short query at D = 128 whose CTAs are few has its
 // KV steps dealt to gridDim.z CTAs; the host picks gridDim.z <= SPLIT_KV_MAX so that about
-// SPLIT_KV_CTAS (with S_q <= 8, SPLIT_KV_CTAS_8) CTAs work (src/backend/cuda/identity.rs
+// SPLIT_KV_CTAS (with S_q <= 8, SPLIT_KV_CTAS_8) CTAs work (src/backend/cuda/identity/geometry.rs
 // `kv_ctas`). NO_SPLIT_KV publishes 0:
 // the host then never splits.
 #ifndef SPLIT_KV_CTAS
@@ -428,7 +428,7 @@ constexpr bool HAS_DEEP = SHORT_STAGES > STAGES && Geo<128, SHORT_STAGES>::SMEM_
 // (`deep_pipeline`).
 extern "C" __constant__ int SDPA_SHORT_Q_ROWS = SHORT_Q_ROWS;
 // The query heads a D = 128 CTA packs with S_q <= 8 and with S_q <= 16 (`pack_of`): the host
-// launches the deeper pipeline only where the packs fit one CTA an SM (identity.rs).
+// launches the deeper pipeline only where the packs fit one CTA an SM (identity/geometry.rs).
 #if defined(NO_HEAD_PACKING)
 extern "C" __constant__ int SDPA_PACK_HEADS_8 = 1;
 extern "C" __constant__ int SDPA_PACK_HEADS_16 = 1;
@@ -682,7 +682,7 @@ __device__ __forceinline__ int kv_head(int bh, int H, int Hkv) {
 // one. Per row nothing changes (the same tiles, KV splits and order of operations, the row's own
 // head's scales), so neither does any output bit, but for one consequence: the packs are the
 // working CTAs split KV counts, so at D = 128 packing can change a problem's C, and with it
-// its chains and bits (the emulation follows the C of each build: identity.rs `kv_ctas`).
+// its chains and bits (the emulation follows the C of each build: identity/geometry.rs `kv_ctas`).
 // The plain D = 64 entry, held to 128 registers, has no room for it (it spilled 12-24 bytes):
 // only the other three entries pack.
 template <int D, bool CAUSAL>
@@ -1687,7 +1687,7 @@ __device__ __forceinline__ unsigned dynamic_smem_size() {
 }
 // Whether this launch runs the deeper pipeline: a short query at D = 128 whose launch gave
 // the deeper stages' shared memory (the host does for GQA/MQA whose packs fit one CTA an SM:
-// src/backend/cuda/identity.rs `launch_smem_bytes`). The depth changes
+// src/backend/cuda/identity/geometry.rs `launch_smem_bytes`). The depth changes
 // when codes land, not what is computed: the outputs are the same bits.
 template <int D>
 __device__ __forceinline__ bool deep_pipeline(int Sq) {
@@ -1698,7 +1698,7 @@ __device__ __forceinline__ bool deep_pipeline(int Sq) {
     }
 }
 // The body of ST stages for this launch: one that splits the KV steps where the launch has
-// gridDim.z > 1 (the host asks for it only at D = 128: identity.rs `kv_ctas`), else the one
+// gridDim.z > 1 (the host asks for it only at D = 128: identity/geometry.rs `kv_ctas`), else the one
 // with no split.
 template <int D, bool CAUSAL, int ST>
 __device__ __forceinline__ void sdpa_split_or_not(SDPA_BODY_PARAMS) {

@@ -36,7 +36,7 @@
 //!   n_sub · 2^-25 · (max|v̂| + |O|).
 //! - P·V in f32: per tile 4 MMA steps (16 u32 each) and one rescale: 65 T u32 · A, and the
 //!   merge of the row's S = KV_SPLIT chains (times the CTAs a split launch deals its keys
-//!   to: src/backend/cuda/identity.rs `kv_ctas`), one product and S − 1 fmas, with slack:
+//!   to: src/backend/cuda/identity/geometry.rs `kv_ctas`), one product and S − 1 fmas, with slack:
 //!   4 max(S, 2) u32 · A (8 u32 at S <= 2).
 //! - the row sum l = P·1 on the tensor cores (`row_sum = "mma"`), as P·V: per tile 4 MMA
 //!   steps (16 u32 each) and one rescale, and the same merge: (65 T + 4 max(S, 2)) u32 · |O|.

@@ -254,7 +254,7 @@ impl Backend for CudaBackend {
 
     fn algorithm_of(&self, variant: usize, shape: &crate::shapes::Shape) -> Algorithm {
         // A split launch's CTAs are more chains of the same algorithm (launch.rs,
-        // identity.rs `kv_ctas`): the CTA's split times the CTAs.
+        // identity/geometry.rs `kv_ctas`): the CTA's split times the CTAs.
         let alg = self.algorithms[variant];
         let c = &self.gpu.variants[variant].identity.constants;
         let ctas = c.kv_ctas(shape.entry(), identity::LaunchShape::of(shape)) as usize;

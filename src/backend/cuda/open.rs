@@ -195,7 +195,7 @@ impl Gpu {
 }
 
 /// Loads a built variant's modules on a GPU of `sms` SMs (its launches' shared memory
-/// depends on them: identity.rs `launch_smem_bytes`).
+/// depends on them: identity/geometry.rs `launch_smem_bytes`).
 fn load_variant(
     ctx: &Arc<CudaContext>,
     built: BuiltVariant,
