@@ -111,7 +111,7 @@
 // A pack streams its K/V head with few CTAs (spec-decode, 8×32×16×128 at S_k 4096, H_kv 8:
 // 128 CTAs, one an SM; llama-decode, S_q 1, splits its keys over 256: below), so at D = 128
 // a short GQA/MQA query whose CTAs fit one an SM runs a SHORT_Q_STAGES-deep pipeline: the
-// host launches it with SDPA_SMEM_BYTES_D128_SHORT of shared memory (src/backend/cuda/identity/geometry.rs
+// host launches it with SDPA_SMEM_BYTES_D128_SHORT of shared memory (identity/geometry.rs
 // `launch_smem_bytes`, from SDPA_PACK_HEADS_8/16 and the SM count; with more packs the entry's
 // two CTAs an SM win), and the kernel takes the deep path only where the launch gave that much
 // (`deep_pipeline`, %dynamic_smem_size). The depth changes when codes land, never what is
@@ -1698,7 +1698,7 @@ __device__ __forceinline__ bool deep_pipeline(int Sq) {
     }
 }
 // The body of ST stages for this launch: one that splits the KV steps where the launch has
-// gridDim.z > 1 (the host asks for it only at D = 128: identity/geometry.rs `kv_ctas`), else the one
+// gridDim.z > 1 (the host asks only at D = 128: identity/geometry.rs `kv_ctas`), else the one
 // with no split.
 template <int D, bool CAUSAL, int ST>
 __device__ __forceinline__ void sdpa_split_or_not(SDPA_BODY_PARAMS) {

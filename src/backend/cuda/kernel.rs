@@ -935,4 +935,131 @@ mod tests {
         // The revisions before them still read as they were.
         assert_eq!(at("HEAD~4").tiles.block_m, Some(128));
     }
+
+    /// Whether `word` is a macro of the host headers a CUDA translation unit may include before
+    /// a kernel (`<climits>`, `<cstdint>`, `<cfloat>`, `<cmath>`, `<cstdio>`, `<cstdlib>`):
+    /// the integer limits, every `FLT_`/`DBL_`/`LDBL_` name, the math constants and
+    /// classifications, and a few more.
+    fn is_host_header_macro(word: &str) -> bool {
+        const NAMES: &[&str] = &[
+            "CHAR_BIT",
+            "NAN",
+            "INFINITY",
+            "HUGE_VAL",
+            "HUGE_VALF",
+            "EOF",
+            "RAND_MAX",
+            "FP_NAN",
+            "FP_INFINITE",
+            "FP_ZERO",
+            "FP_NORMAL",
+            "FP_SUBNORMAL",
+            "M_E",
+            "M_LOG2E",
+            "M_LOG10E",
+            "M_LN2",
+            "M_LN10",
+            "M_PI",
+            "M_PI_2",
+            "M_PI_4",
+            "M_1_PI",
+            "M_2_PI",
+            "M_2_SQRTPI",
+            "M_SQRT2",
+            "M_SQRT1_2",
+        ];
+        const LIMITED: &[&str] = &[
+            "CHAR", "SCHAR", "UCHAR", "SHRT", "USHRT", "INT", "UINT", "LONG", "ULONG", "LLONG",
+            "ULLONG", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+            "SIZE", "PTRDIFF", "INTPTR", "UINTPTR", "INTMAX", "UINTMAX", "WCHAR",
+        ];
+        NAMES.contains(&word)
+            || ["FLT_", "DBL_", "LDBL_"]
+                .iter()
+                .any(|p| word.starts_with(p))
+            || word
+                .strip_suffix("_MAX")
+                .or_else(|| word.strip_suffix("_MIN"))
+                .is_some_and(|t| LIMITED.contains(&t))
+    }
+
+    /// `src` without its `/* */` and `//` comments (newlines kept, so lines keep their numbers).
+    fn without_comments(src: &str) -> String {
+        let mut out = String::with_capacity(src.len());
+        let mut rest = src;
+        while let Some(at) = rest.find("/*") {
+            out.push_str(&rest[..at]);
+            let end = rest[at..].find("*/").map_or(rest.len(), |e| at + e + 2);
+            out.extend(rest[at..end].chars().filter(|&c| c == '\n'));
+            rest = &rest[end..];
+        }
+        out.push_str(rest);
+        out.lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn host_header_macros_are_told_from_the_kernels_own_names() {
+        for m in [
+            "INT_MAX",
+            "UINT32_MAX",
+            "SIZE_MAX",
+            "FLT_MAX",
+            "DBL_EPSILON",
+            "M_PI",
+            "NAN",
+        ] {
+            assert!(is_host_header_macro(m), "{m}");
+        }
+        for k in [
+            "INT_MAXIMA",
+            "M_NONE",
+            "SPLIT_KV_MAX",
+            "KV_STAGES",
+            "MAX",
+            "INT",
+            "M_",
+        ] {
+            assert!(!is_host_header_macro(k), "{k}");
+        }
+        let src = "a /* INT_MAX\n */ b // FLT_MAX\nc INT_MAX";
+        assert_eq!(without_comments(src), "a \n b \nc INT_MAX");
+    }
+
+    /// The kernels in cuda/ also build under nvcc, where host headers come first (the probe
+    /// scripts: scripts/stage_d/probe.cu includes `<cstdlib>`, `<algorithm>` and `<cmath>`
+    /// before the Stage D source), and a name of theirs used in a kernel is their macro. Stage
+    /// D's `INT_MAX` template parameter broke every probe build from change 29 to stop 55, while
+    /// NVRTC, which the runner uses and which defines no such macro, built it.
+    #[test]
+    fn no_kernel_source_uses_a_name_the_host_headers_define_as_a_macro() {
+        let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+        let mut found = Vec::new();
+        let mut read = 0;
+        for entry in std::fs::read_dir(&cuda).unwrap() {
+            let path = entry.unwrap().path();
+            if !matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("cu" | "cuh")
+            ) {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).unwrap();
+            for (n, line) in without_comments(&src).lines().enumerate() {
+                let words = line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+                for w in words.filter(|w| is_host_header_macro(w)) {
+                    found.push(format!("{}:{}: {w}", path.display(), n + 1));
+                }
+            }
+            read += 1;
+        }
+        assert!(read >= 2, "read the kernels in {}", cuda.display());
+        assert!(
+            found.is_empty(),
+            "host header macros used as names:\n{}",
+            found.join("\n")
+        );
+    }
 }

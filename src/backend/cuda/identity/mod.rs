@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 pub use geometry::{KernelConstants, LaunchShape};
 #[cfg(test)]
 pub(in crate::backend::cuda) use geometry::{per_head_dim_constants, stage_d_constants};
-use ptx::ptx_has_instruction;
-pub use ptx::{PtxasReport, ptx_code, ptx_constant, ptx_has_cp_async};
+pub use ptx::{
+    PtxasReport, ptx_code, ptx_constant, ptx_constant_opt, ptx_has_cp_async, ptx_has_instruction,
+};
 
 use crate::schema::{KernelRef, VariantMeta};
 use crate::shapes::Entry;
