@@ -48,7 +48,7 @@
 // Launch: one CTA per block of up to ROWS checked rows of one query head; the host's block
 // table holds (query head, K/V head, first row, rows, keys) per CTA: heads numbered within the
 // uploaded group, rows indexing the gathered Q rows and the output, keys the most any of the
-// block's rows sees. `seen[row]` is each gathered row's own count (src/shapes.rs
+// block's rows sees. `seen[row]` is each gathered row's own count (src/shapes/mod.rs
 // `visible_keys`). K and V hold whole K/V heads of S_k × D codes; Q only the checked rows.
 //
 // Threads: ROWS, thread r owns row r of the block and walks its splits one after the other;

@@ -2,7 +2,7 @@
 //
 // For each checked query row i of a query head, with q̂ k̂ v̂ the dequantized FP8 codes and q k v
 // the original f32 inputs, all in f64, over the keys j the row sees (all S_k, or under the
-// causal mask j < seen[i], src/shapes.rs `visible_keys`), from the K/V head the query head
+// causal mask j < seen[i], src/shapes/mod.rs `visible_keys`), from the K/V head the query head
 // reads:
 //   s_k(j) = scale · (q̂_i · k̂_j)      s_e(j) = scale · (q_i · k_j)
 //   pass 1: m_k = max_j s_k,  m_e = max_j s_e,  shift = max_j |s_k − s_e|

@@ -19,7 +19,7 @@
 //! and l stays about 1 or more in those units (the f16 weight of the key that set m, as with
 //! the exact maximum). Weights stay below 2^(τ+1) where |m| < 2^24 (there m + τ is exact in f32
 //! and the rounding of a scaled maximum is under 1): the scaled scores the runner's inputs reach
-//! stay near 2^16 at most (qk_std <= 100, shapes.rs); far beyond, m + τ could round up by an
+//! stay near 2^16 at most (qk_std <= 100, shapes/mod.rs); far beyond, m + τ could round up by an
 //! ulp of m and a weight pass f16's range.
 //!
 //! Kernel (against the reference on the dequantized codes), per element:
