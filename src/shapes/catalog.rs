@@ -200,12 +200,13 @@ pub(super) fn sample_catalog() -> ShapeCatalog {
 
 #[cfg(test)]
 mod tests {
-    use super::sample_catalog as catalog;
     use super::*;
 
     #[test]
     fn names_and_inline_shapes_resolve_in_order_without_duplicates() {
-        let shapes = catalog().select("wide, 2x3x77x64,small,wide").unwrap();
+        let shapes = sample_catalog()
+            .select("wide, 2x3x77x64,small,wide")
+            .unwrap();
         let names: Vec<_> = shapes.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["wide", "2x3x77x64", "small"]);
         assert_eq!(
@@ -217,7 +218,10 @@ mod tests {
 
     #[test]
     fn unknown_shape_message_lists_the_known_ones() {
-        let err = catalog().select("small,bogus").unwrap_err().to_string();
+        let err = sample_catalog()
+            .select("small,bogus")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("bogus") && err.contains("small, wide"),
             "{err}"

@@ -1,5 +1,5 @@
 //! A problem written on one line, `BxHxSxD[:sk=N][:hkv=N][:causal][:qk=F][:dist=NAME][:rotate]`:
-//! `--shapes` reads it, and every report writes it back as the problem's reproduction.
+//! `--shapes` reads it, and fuzz and export write it back as a problem's reproduction.
 
 use super::{Dist, Shape};
 use crate::usage::ConfigError;
@@ -105,7 +105,7 @@ impl Shape {
 mod tests {
     use super::*;
     use crate::shapes::RawShape;
-    use crate::shapes::catalog::sample_catalog as catalog;
+    use crate::shapes::catalog::sample_catalog;
 
     #[test]
     fn rotate_is_an_inline_option_that_inline_writes_back_and_the_shapes_file_reads() {
@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn inline_options_describe_gqa_decode_chunked_prefill_and_causal_problems() {
-        let c = catalog();
+        let c = sample_catalog();
         let prefill = &c.select("1x32x4096x128:hkv=8:causal").unwrap()[0];
         assert_eq!(
             (prefill.h, prefill.hkv, prefill.s, prefill.sk),
@@ -155,7 +155,7 @@ mod tests {
 
     #[test]
     fn bad_descriptions_exit_naming_the_rule() {
-        let c = catalog();
+        let c = sample_catalog();
         let err = |spec: &str| c.select(spec).unwrap_err().to_string();
         assert!(err("1x6x64x64:hkv=4").contains("multiple of Hkv"));
         assert!(err("1x6x64x64:hkv=0").contains("Hkv=0"));

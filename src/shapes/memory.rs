@@ -97,11 +97,11 @@ pub fn available_host_memory() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shapes::catalog::sample_catalog as catalog;
+    use crate::shapes::catalog::sample_catalog;
 
     #[test]
     fn a_shape_too_large_for_memory_is_refused_with_the_size_it_needs() {
-        let shapes = catalog().select("64x64x65536x64").unwrap();
+        let shapes = sample_catalog().select("64x64x65536x64").unwrap();
         let every_row = |s: &Shape| s.s;
         let err = check_host_memory(&shapes, every_row, Some(8 << 30), 1, 1, 16)
             .unwrap_err()
@@ -112,7 +112,7 @@ mod tests {
         );
         assert!(
             check_host_memory(
-                &catalog().select("small").unwrap(),
+                &sample_catalog().select("small").unwrap(),
                 every_row,
                 Some(8 << 30),
                 1,
@@ -124,7 +124,7 @@ mod tests {
         // 2^31 elements: 42 GiB for the inputs, codes and outputs, then 52 bytes per checked
         // element and 83.9 MB per worker: 48.6 GiB with 1024 of 16384 rows per head on one
         // worker, 146.1 GiB with every row.
-        let big = catalog().select("128x16x16384x64").unwrap();
+        let big = sample_catalog().select("128x16x16384x64").unwrap();
         let gib = |rows: usize, threads| {
             big[0].host_bytes_needed(rows, threads).unwrap() as f64 / (1u64 << 30) as f64
         };
@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn several_workers_must_fit_their_largest_problems_together() {
         // 48.6 GiB for one problem of the 2^31 shape: one fits in 64 GiB, two do not.
-        let big = catalog().select("128x16x16384x64").unwrap();
+        let big = sample_catalog().select("128x16x16384x64").unwrap();
         let rows = |_: &Shape| 1024;
         let fits =
             |workers, seeds| check_host_memory(&big, rows, Some(64 << 30), workers, seeds, 16);
@@ -156,7 +156,7 @@ mod tests {
             "{both}: {err}"
         );
         let mut two = big.clone();
-        two.extend(catalog().select("small").unwrap());
+        two.extend(sample_catalog().select("small").unwrap());
         assert!(check_host_memory(&two, rows, Some(64 << 30), 2, 1, 16).is_ok());
     }
 
@@ -164,7 +164,7 @@ mod tests {
     fn each_worker_counts_the_scratch_of_its_own_threads_only() {
         // 1x1x65536x64, every row: 335 MB of scratch per thread and 0.31 GB of the rest per
         // problem; two workers hold a problem each.
-        let long = catalog().select("1x1x65536x64").unwrap();
+        let long = sample_catalog().select("1x1x65536x64").unwrap();
         let rows = |s: &Shape| s.s;
         let per_thread = 65536.0 * (6.0 * 64.0 * 8.0 + 2048.0);
         let avail = (0.7e9 + 2.0 * 16.0 * per_thread) as u64;

@@ -454,19 +454,19 @@ impl Shape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use catalog::sample_catalog as catalog;
+    use catalog::sample_catalog;
 
     #[test]
     fn zero_sequence_length_is_refused() {
-        let err = catalog().select("1x1x0x64").unwrap_err().to_string();
+        let err = sample_catalog().select("1x1x0x64").unwrap_err().to_string();
         assert!(err.contains("S=0"), "{err}");
     }
 
     #[test]
     fn head_dims_other_than_64_and_128_are_refused_naming_the_supported_ones() {
-        assert_eq!(catalog().select("1x1x128x128").unwrap()[0].d, 128);
+        assert_eq!(sample_catalog().select("1x1x128x128").unwrap()[0].d, 128);
         for d in [32, 96, 256] {
-            let err = catalog()
+            let err = sample_catalog()
                 .select(&format!("1x1x128x{d}"))
                 .unwrap_err()
                 .to_string();
