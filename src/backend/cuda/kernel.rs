@@ -987,17 +987,22 @@ mod tests {
     fn without_comments(src: &str) -> String {
         let mut out = String::with_capacity(src.len());
         let mut rest = src;
-        while let Some(at) = rest.find("/*") {
+        // Whichever comment opens first; a `/*` inside a `//` comment opens nothing.
+        while let Some(at) = rest.find("//").into_iter().chain(rest.find("/*")).min() {
             out.push_str(&rest[..at]);
-            let end = rest[at..].find("*/").map_or(rest.len(), |e| at + e + 2);
+            let close = if rest[at..].starts_with("//") {
+                "\n"
+            } else {
+                "*/"
+            };
+            let end = rest[at + 2..]
+                .find(close)
+                .map_or(rest.len(), |e| at + 2 + e + close.len());
             out.extend(rest[at..end].chars().filter(|&c| c == '\n'));
             rest = &rest[end..];
         }
         out.push_str(rest);
-        out.lines()
-            .map(|l| l.split("//").next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join("\n")
+        out
     }
 
     #[test]
@@ -1026,6 +1031,8 @@ mod tests {
         }
         let src = "a /* INT_MAX\n */ b // FLT_MAX\nc INT_MAX";
         assert_eq!(without_comments(src), "a \n b \nc INT_MAX");
+        // A `/*` in a line comment opens no block: the next line is still code.
+        assert_eq!(without_comments("x // see /* here\nINT_MAX"), "x \nINT_MAX");
     }
 
     /// The kernels in cuda/ also build under nvcc, where host headers come first (the probe
