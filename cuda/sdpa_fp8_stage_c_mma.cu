@@ -12,7 +12,7 @@
 // runs only the KV tiles its rows see a key of (tiles wholly above the diagonal are skipped,
 // not masked; a CTA loads no step past its last row's keys); the tiles the diagonal crosses
 // are masked per element. A row that sees no key (S_q > S_k) is written as zeros. Causal
-// CTAs are scheduled heaviest first (query tiles in reverse).
+// CTAs are scheduled heaviest first over the whole grid (CAUSAL_HEADS_FIRST: cta_head, cta_tile).
 //
 // Switches (build-time defines only; the runner passes them to NVRTC and records them):
 //   USE_CP_ASYNC=0  each step's K/V codes are loaded synchronously (16-byte loads, stored to
@@ -33,6 +33,11 @@
 //                   docs/PERF.md; R·K <= 16 and a step's codes must split into whole 16-byte
 //                   chunks per thread: R of 1, 2, 4 or 8). K changes the summation order;
 //                   src/emulation/mod.rs follows the published SDPA_KV_SPLIT.
+//   CAUSAL_HEADS_FIRST=0|1  the grid of a causal launch (cta_head, cta_tile): 1, the default,
+//                   (B·H, query tiles), every head's last query tile first; 0 (query tiles,
+//                   B·H), each head's from its last, head after head. Published as
+//                   SDPA_CAUSAL_HEADS_FIRST, from which the host builds the grid (launch.rs
+//                   `launch_dims`); as Stage D's, docs/PERF.md "Stage C and D, change 36".
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: every CTA that runs (not
 //                   those a packed group leaves idle) waits N clock cycles before its first load (thread 0 spins between two barriers), a
 //                   fixed planted slowdown that proves the runner's SLOWER verdict and its
@@ -244,6 +249,12 @@
 #ifndef SDPA_DELAY_CYCLES
 #define SDPA_DELAY_CYCLES 0
 #endif
+#ifndef CAUSAL_HEADS_FIRST
+#define CAUSAL_HEADS_FIRST 1
+#endif
+#if CAUSAL_HEADS_FIRST != 0 && CAUSAL_HEADS_FIRST != 1
+#error "CAUSAL_HEADS_FIRST must be 0 or 1"
+#endif
 #ifndef ROW_WARPS
 #define ROW_WARPS 2
 #endif
@@ -406,6 +417,8 @@ extern "C" __constant__ int SDPA_BLOCK_M = BLOCK_M;
 // query tile either way, runs the 16-row body in it).
 extern "C" __constant__ int SDPA_BLOCK_M_D128 = BLOCK_M_OF<WARP_MB<128>>;
 extern "C" __constant__ int SDPA_BLOCK_N = BLOCK_N;
+// A causal launch's grid is (B·H, query tiles) (cta_head, cta_tile).
+extern "C" __constant__ int SDPA_CAUSAL_HEADS_FIRST = CAUSAL_HEADS_FIRST;
 extern "C" __constant__ int SDPA_RESCALE_THRESHOLD = RESCALE_THRESHOLD;
 extern "C" __constant__ int SDPA_KV_SPLIT = KV_SPLIT;
 extern "C" __constant__ int SDPA_THREADS = THREADS;
@@ -536,6 +549,28 @@ __device__ __forceinline__ int tid_x() {
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
     return r;
 }
+// The CTA's query head (batch included; a pack's first) and query tile. The GPU starts a grid's
+// CTAs in the order of their linear index (x first). Without a mask the grid is (query tiles,
+// B·H): a head's CTAs run together. A causal CTA of query tile m runs about m + 1 times the
+// first's KV steps, so causal CTAs run heaviest first: with CAUSAL_HEADS_FIRST the grid is
+// (B·H, query tiles), y counting the tiles from the last, so the last CTAs to start are every
+// head's lightest; with 0 it is the unmasked grid with each head's tiles from its last, and
+// the last head's heaviest CTAs start after every other's (docs/PERF.md "Stage C and D, change
+// 36": 3-20% slower on causal prefill).
+template <bool CAUSAL>
+__device__ __forceinline__ int cta_head() {
+    return CAUSAL && CAUSAL_HEADS_FIRST ? ctaid_x() : ctaid_y();
+}
+template <bool CAUSAL>
+__device__ __forceinline__ int cta_tile() {
+    if (!CAUSAL) return ctaid_x();
+    return CAUSAL_HEADS_FIRST ? (int)gridDim.y - 1 - ctaid_y() : (int)gridDim.x - 1 - ctaid_x();
+}
+// The query tiles of the launch.
+template <bool CAUSAL>
+__device__ __forceinline__ unsigned grid_tiles() {
+    return CAUSAL && CAUSAL_HEADS_FIRST ? gridDim.y : gridDim.x;
+}
 
 // ---- K/V steps: codes -> the code tiles of a stage -----------------------------------------
 
@@ -640,7 +675,7 @@ __device__ __forceinline__ int row_keys(int row, bool causal, int diag, int Sk) 
 // see the most keys), so their tiles are taken in reverse.
 template <bool CAUSAL, int MB = 1>
 __device__ __forceinline__ int cta_row0() {
-    const int tile = CAUSAL ? (int)gridDim.x - 1 - ctaid_x() : ctaid_x();
+    const int tile = cta_tile<CAUSAL>();
     return tile * BLOCK_M_OF<MB>;
 }
 // The first of this warp's 16·MB rows: in a CTA that packs query heads (`pack_of`) every row
@@ -767,7 +802,7 @@ static_assert(BLOCK_M * (2 * SPLIT_KV_MAX * KV_SPLIT + 1) * 4 <= Geo<128, 1>::SM
               "the split's merge must fit the D = 128 entries' shared memory");
 
 // The end of a query tile whose KV steps gridDim.z = C CTAs ran (C > 1 only for short
-// queries: one query tile, gridDim.x = 1). Every warp parks its rows' (O, m, l) in `work` at
+// queries: one query tile, grid_tiles = 1). Every warp parks its rows' (O, m, l) in `work` at
 // slot zc·KV_SPLIT + split, which is the chain t % (C·KV_SPLIT) of every tile t it ran (its
 // tiles are t = (zc + nC)·KV_SPLIT + split), so the slots are the emulation's KV splits for
 // C·KV_SPLIT of them. The CTA that arrives last merges every row's slots in slot order, as
@@ -787,12 +822,13 @@ __device__ __forceinline__ void split_kv_end(const float (&o)[D / 8][4], const f
                                              float* __restrict__ work, int BH, int Sq, float v_sc,
                                              int pack) {
     constexpr int STRIDE = SPLIT_SLOT_FLOATS<D>;
-    if (gridDim.x != 1 || Sq > SHORT_Q_ROWS) __trap(); // the host splits short queries only
+    if (grid_tiles<CAUSAL>() != 1 || Sq > SHORT_Q_ROWS)
+        __trap(); // the host splits short queries only
     const int lane = tid_x() & 31, g = lane >> 2, qd = lane & 3;
     const int split = (tid_x() >> 5) / ROW_WARPS;
     const int slots = (int)gridDim.z * KV_SPLIT;
     const int slot = (int)blockIdx.z * KV_SPLIT + split;
-    const int y0 = ctaid_y(); // only a pack's first CTA runs
+    const int y0 = cta_head<CAUSAL>(); // only a pack's first CTA runs
     const int q0 = warp_row0<CAUSAL>(pack > 1);
     unsigned* arrivals = reinterpret_cast<unsigned*>(work);
     work += (BH + 3) / 4 * 4; // the parked states: 16-byte aligned after the counters
@@ -950,10 +986,14 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     const int g = lane >> 2; // fragment row (and row + 8)
     const int qd = lane & 3; // fragment column pair 2qd, 2qd + 1
     const int split = warp / ROW_WARPS;
-    if ((int)blockIdx.y >= B * H) return;
-    const int pack = MB == 1 ? pack_of<D, CAUSAL>(blockIdx.y, B * H, H, Hkv, Sq) : 1;
-    const int y0 = blockIdx.y - blockIdx.y % pack;
-    if ((int)blockIdx.y != y0) return; // its head runs in the CTA at y0
+    // The CTA's query head (cta_head; read here from blockIdx, later again from %ctaid).
+    const unsigned y = CAUSAL && CAUSAL_HEADS_FIRST ? blockIdx.x : blockIdx.y;
+    if (CAUSAL && CAUSAL_HEADS_FIRST && gridDim.x != (unsigned)(B * H))
+        __trap(); // a causal grid of the query tiles first: not this module's (cta_head)
+    if ((int)y >= B * H) return;
+    const int pack = MB == 1 ? pack_of<D, CAUSAL>(y, B * H, H, Hkv, Sq) : 1;
+    if (y % pack != 0) return; // its head runs in the CTA at y - y % pack
+    const int y0 = y;
     const bool packed = pack > 1;
     const int bh = row_head(pack, y0, 0); // this warp's (first) query head
 #if SDPA_DELAY_CYCLES > 0
@@ -1645,7 +1685,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
     // Normalize and store (the head and rows read again: nothing held across the loop).
     const float v_sc = v_scale_shared;
     const int pack_out = CAN_PACK ? pack_shared : 1;
-    __half* out_bh = out + (size_t)row_head(pack_out, ctaid_y(), 0) * Sq * D;
+    __half* out_bh = out + (size_t)row_head(pack_out, cta_head<CAUSAL>(), 0) * Sq * D;
     const size_t out_pair = (size_t)(heads_per_warp(pack_out) - 1) * Sq * D; // row i's head
     const int q0_out = warp_row0<CAUSAL, MB>(pack_out > 1);
     // Per row (g, g + 8) of block mb and 16-dim chunk c a lane holds dims 16c + 4q .. +3 as

@@ -75,7 +75,7 @@
 //
 // Causal: the CTA's KV tiles end at its last row's last visible key (tiles wholly above the
 // diagonal are never loaded); the tiles the diagonal crosses, and the tile holding S_k, are
-// masked per element. Causal CTAs are scheduled heaviest first.
+// masked per element. Causal CTAs are scheduled heaviest first over the whole grid (cta_work).
 //
 // Switches (build-time defines; the runner passes them from cuda/kernels.toml or --define):
 //   KV_STAGES=2|3   the depth of the K/V ring (the A/B variants st2 and st3).
@@ -143,13 +143,21 @@
 //   SDPA_DELAY_CYCLES=N  test hook, never set in normal builds: thread 0 of every CTA spins N
 //                   clock cycles after the barriers' init, before the CTA's first barrier, a
 //                   planted slowdown for the PR gate's SLOWER verdict (as Stage C's).
+//   CAUSAL_HEADS_FIRST=0|1  the grid of a causal launch (cta_work): 1, the default, (B·H,
+//                   query tiles), every head's last query tile first; 0 (query tiles, B·H),
+//                   each head's from its last, head after head. Published as
+//                   SDPA_CAUSAL_HEADS_FIRST, from which the host builds the grid. 1 is up
+//                   to 24% faster on causal problems of many query tiles, on an H100 and an
+//                   H200, the same elsewhere (docs/PERF.md "Stage C and D, change 36").
 //   DIAG_TIMELINE=X  diagnostic, never in normal builds: thread 0 of each warpgroup of CTA
-//                   (X, 0) stamps clock64() at each step of its first TL_TILES tiles into
-//                   sdpa_timeline, which scripts/stage_d/probe.cu `timeline` reads and prints.
+//                   (X, 0) of the grid (causal: head X's last query tile) stamps clock64() at
+//                   each step of its first TL_TILES tiles into sdpa_timeline, which
+//                   scripts/stage_d/probe.cu `timeline` reads and prints.
 //   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
 //                   costs, for scripts/stage_d/variants.sh only.
 //
-// Launch: grid (ceil(S_q / rows), B*H) with THREADS threads and rows = BLOCK_M (each head dim's),
+// Launch: grid (ceil(S_q / rows), B*H) (causal with SDPA_CAUSAL_HEADS_FIRST: (B*H, ceil(S_q /
+// rows))) with THREADS threads and rows = BLOCK_M (each head dim's),
 // or 128 x (1 + c) threads and rows = 64c for c < CONSUMERS (the entry narrowed), or the
 // companion's SDPA_COMPANION_THREADS_D<D> and _ROWS_D<D> in its own function; SDPA_SMEM_BYTES_D<D>
 // bytes of dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
@@ -239,6 +247,15 @@
 #ifndef SDPA_DELAY_CYCLES
 #define SDPA_DELAY_CYCLES 0
 #endif
+// CAUSAL_HEADS_FIRST: the grid of a causal launch (cta_work), published as
+// SDPA_CAUSAL_HEADS_FIRST, from which the host builds it. 1: (B·H, query tiles), the query tiles
+// from the last; 0: (query tiles, B·H), each head's query tiles from the last.
+#ifndef CAUSAL_HEADS_FIRST
+#define CAUSAL_HEADS_FIRST 1
+#endif
+#if CAUSAL_HEADS_FIRST != 0 && CAUSAL_HEADS_FIRST != 1
+#error "CAUSAL_HEADS_FIRST is 0 or 1"
+#endif
 
 constexpr int BLOCK_N = 128;
 static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 stages");
@@ -323,6 +340,7 @@ __constant__ int SDPA_THREADS_D128 = Tiles<128>::THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
+__constant__ int SDPA_CAUSAL_HEADS_FIRST = CAUSAL_HEADS_FIRST; // causal grid: x is B·H (cta_work)
 __constant__ int SDPA_PINGPONG_D64 = PINGPONG_D64; // what the PTX proves of the turn-taking switch
 __constant__ int SDPA_PINGPONG_D128 = PINGPONG_D128;
 __constant__ int SDPA_TWO_TURNS_D64 = Tiles<64>::TWO_TURNS; // the turns of a two-consumer launch
@@ -384,6 +402,27 @@ __device__ __forceinline__ unsigned to_e4m3x4(float x0, float x1, float x2, floa
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
     return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+// The query tile and the head (batch included) of this CTA. The GPU starts a grid's CTAs in the
+// order of their linear index (x fastest). Without a mask every CTA runs the same KV tiles; the
+// grid is (query tiles, B·H), so a head's CTAs run together and share its K and V in L2. A causal
+// CTA of query tile m runs about m + 1 times the first one's KV tiles, so causal CTAs start
+// heaviest first: with CAUSAL_HEADS_FIRST the grid is (B·H, query tiles), y counting query tiles
+// from the last, and the last CTAs to start are the lightest of all (every head's first tile).
+// With 0 the grid is the unmasked one and each head's query tiles run from its last, so the last
+// head's heaviest CTAs start after all the others' (up to 24% slower: docs/PERF.md "Stage C and
+// D, change 36"). The host swaps the grid, so that both come straight from %ctaid, which ptxas
+// reads again where needed instead of holding it across the KV loop (a decode of the linear
+// index by division cost the D 128 causal entry a spill at three stages).
+struct CtaWork {
+    int m_block, bh;
+};
+template <bool CAUSAL>
+__device__ __forceinline__ CtaWork cta_work() {
+    if (!CAUSAL) return {(int)blockIdx.x, (int)blockIdx.y};
+    if (CAUSAL_HEADS_FIRST) return {(int)(gridDim.y - 1 - blockIdx.y), (int)blockIdx.x};
+    return {(int)(gridDim.x - 1 - blockIdx.x), (int)blockIdx.y};
 }
 
 // The KV tiles a CTA of query tile m_block (block_m rows) runs: [0, n) (causal: up to its last
@@ -976,12 +1015,14 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
     extern __shared__ u8 smem_raw[];
     __shared__ Barriers bars;
     u8* smem = (u8*)(((size_t)smem_raw + 1023) & ~(size_t)1023);
-    const int m_block = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const CtaWork work = cta_work<CAUSAL>();
+    const int m_block = work.m_block, bh = work.bh, b = bh / H, h = bh % H;
     const int kv_bh = b * Hkv + h / (H / Hkv);
     // Consumer warpgroups: the launch's (Tiles::NARROWS), else the entry's own count.
     const int nc = T::NARROWS ? (int)blockDim.x / 128 - 1 : T::CONSUMERS;
-    if (blockDim.x % 128 != 0 || nc < 1 || nc > T::CONSUMERS || (!T::NARROWS && blockDim.x != T::THREADS))
+    if (blockDim.x % 128 != 0 || nc < 1 || nc > T::CONSUMERS ||
+        (!T::NARROWS && blockDim.x != T::THREADS) ||
+        (CAUSAL && CAUSAL_HEADS_FIRST && gridDim.x != (unsigned)(B * H)))
         __trap(); // a launch of another geometry than the module publishes
     const int n_tiles = kv_tiles(m_block, 64 * nc, Sq, Sk, CAUSAL);
     const int wg = threadIdx.x / 128;

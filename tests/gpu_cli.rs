@@ -216,13 +216,66 @@ fn stage_d_runs_the_main_job_through_tensor_maps_and_proves_its_pipeline_depth()
 
 #[test]
 #[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
-fn stage_d_times_narrow_ctas_on_few_ctas_and_192_on_many_and_checks_both_tiles_give_its_bits() {
+fn stage_d_causal_grid_of_the_heads_first_gives_the_bits_of_the_query_tiles_first() {
+    // The default module publishes SDPA_CAUSAL_HEADS_FIRST (a causal grid of (B*H, query
+    // tiles): cuda/sdpa_fp8_stage_d_wgmma.cu `cta_work`), the candidate built with
+    // CAUSAL_HEADS_FIRST=0 publishes 0 and is launched (query tiles, B*H). Every causal problem
+    // must pass with one output in both: several tiles a head at D 64 and D 128 (192-row CTAs,
+    // 64-row narrowed ones, the D 128 companion's 128), GQA, S_q > S_k and S_q < S_k.
+    let results = tempfile::tempdir().unwrap();
+    let shapes = "2x3x700x64:causal,1x2x1000x64:causal,2x4x500x128:sk=800:hkv=2:causal,\
+                  1x4x77x128:sk=300:hkv=2:causal,cfg-tall,2x2x600x128:sk=300:causal";
+    let (code, stdout, stderr) = output(runner().args([
+        "--kernel",
+        "stage-d",
+        "--cp-async",
+        "0",
+        "--candidate-define",
+        "CAUSAL_HEADS_FIRST=0",
+        "--shapes",
+        shapes,
+        "--seeds",
+        "0",
+        "--iters",
+        "0",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("12/12 PASS"), "{stdout}");
+    let dir = &run_dirs(results.path())[0];
+    let meta = read_json(&dir.join("build_meta.json"));
+    let published: Vec<_> = meta["backend_details"]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["identity"]["constants"]["causal_heads_first"].as_bool())
+        .collect();
+    assert_eq!(published, [Some(true), Some(false)]);
+    let correctness = read_json(&dir.join("correctness.json"));
+    let mut checksums = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for r in correctness["results"].as_array().unwrap() {
+        checksums
+            .entry(r["shape"].as_str().unwrap().to_string())
+            .or_default()
+            .push(r["output_checksum"].as_str().unwrap().to_string());
+    }
+    assert_eq!(checksums.len(), 6, "{checksums:?}");
+    for (shape, sums) in &checksums {
+        assert!(sums.len() == 2 && sums[0] == sums[1], "{shape}: {sums:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
+fn stage_d_times_narrow_ctas_on_few_ctas_and_192_on_many_puts_causal_heads_first_and_checks_both_tiles_give_its_bits()
+ {
     let results = tempfile::tempdir().unwrap();
     let (code, stdout, stderr) = output(runner().args([
         "--kernel",
         "stage-d",
         "--shapes",
-        "mission,4x16x4096x64,1x4x77x128:sk=300:hkv=2:causal,4x16x4096x128",
+        "mission,4x16x4096x64,1x4x77x128:sk=300:hkv=2:causal,4x16x4096x128,1x2x1000x64:causal",
         "--seeds",
         "0",
         "--iters",
@@ -238,26 +291,40 @@ fn stage_d_times_narrow_ctas_on_few_ctas_and_192_on_many_and_checks_both_tiles_g
     // its 64 CTAs of 64 rows end sooner; 4x16x4096x64's 1,408 CTAs of 192 rows end first. At
     // D 128 the narrower tile is the companion's 128 rows (384 threads): 77 rows are one tile
     // either way, and a 128-row CTA is the cheaper; 4x16x4096x128's 11 waves of 192-row CTAs
-    // end before 16 of 128 (cuda/kernels.toml tiles.narrow_d128).
+    // end before 16 of 128 (cuda/kernels.toml tiles.narrow_d128). A causal grid counts the
+    // heads on x and the query tiles on y (SDPA_CAUSAL_HEADS_FIRST): 1x2x1000x64's 12 CTAs of
+    // 192 rows would be one short wave, its 2 x 16 of 64 rows end sooner.
     let perf = read_json(&dir.join("perf.json"));
     for m in perf["measurements"].as_array().unwrap() {
         // The function too: the D 128 entry also runs 128 rows with 384 threads (one
         // warpgroup fewer) and gives the same bits, so only its name tells the companion.
         let want = match m["shape"].as_str().unwrap() {
-            "mission" => (64, 256, 8, "sdpa_fp8_stage_d_wgmma_d64"),
-            "4x16x4096x64" => (192, 512, 22, "sdpa_fp8_stage_d_wgmma_d64"),
-            "4x16x4096x128" => (192, 512, 22, "sdpa_fp8_stage_d_wgmma_d128"),
-            _ => (128, 384, 1, "sdpa_fp8_stage_d_wgmma_d128_causal_m128"),
+            "mission" => (64, 256, [8, 8, 1], "sdpa_fp8_stage_d_wgmma_d64"),
+            "4x16x4096x64" => (192, 512, [22, 64, 1], "sdpa_fp8_stage_d_wgmma_d64"),
+            "4x16x4096x128" => (192, 512, [22, 64, 1], "sdpa_fp8_stage_d_wgmma_d128"),
+            "1x2x1000x64:causal" => (64, 256, [2, 16, 1], "sdpa_fp8_stage_d_wgmma_d64_causal"),
+            _ => (
+                128,
+                384,
+                [4, 1, 1],
+                "sdpa_fp8_stage_d_wgmma_d128_causal_m128",
+            ),
         };
         let l = &m["launch"];
+        let grid: Vec<u64> = l["grid"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
         assert_eq!(
             (
                 l["query_rows"].as_u64().unwrap(),
                 l["threads"].as_u64().unwrap(),
-                l["grid"][0].as_u64().unwrap(),
+                grid,
                 l["function"].as_str().unwrap()
             ),
-            want,
+            (want.0, want.1, want.2.to_vec(), want.3),
             "{m}"
         );
     }
@@ -284,7 +351,7 @@ fn stage_d_times_narrow_ctas_on_few_ctas_and_192_on_many_and_checks_both_tiles_g
     // Each row also ran the tile not chosen, with the same bits: at D 128 the other function.
     let correctness = read_json(&dir.join("correctness.json"));
     let results = correctness["results"].as_array().unwrap();
-    assert_eq!(results.len(), 8, "four shapes, two variants");
+    assert_eq!(results.len(), 10, "five shapes, two variants");
     for r in results {
         let gate = &r["gates"]["launch.geometries_differ"];
         assert_eq!(

@@ -137,6 +137,30 @@ fn query_heads_packed_into_one_cta_give_the_bits_of_one_cta_per_head() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_causal_grid_of_the_heads_first_gives_the_bits_of_the_query_tiles_first() {
+    // The default build publishes SDPA_CAUSAL_HEADS_FIRST: a causal launch's grid is (B*H,
+    // query tiles) and the kernel reads its head from x, its tile from y (cta_head, cta_tile);
+    // CAUSAL_HEADS_FIRST=0 publishes 0, and the host launches (query tiles, B*H) as before.
+    // Both must pass with the same bits: prefill at both head dims with several tiles a head,
+    // GQA, S_q > S_k, short queries packed a CTA, and split KV (a causal grid of one tile and
+    // gridDim.z CTAs, whose merge checks that the grid holds one query tile).
+    let first = VariantSpec::new(true, &[]);
+    let tiles_first = first.with_candidate_defines(&[("CAUSAL_HEADS_FIRST".into(), "0".into())]);
+    let mut b = stage_c_backend(&[first, tiles_first]);
+    let published: Vec<bool> = b
+        .identities()
+        .iter()
+        .map(|i| i.constants.causal_heads_first)
+        .collect();
+    assert_eq!(published, [true, false]);
+    let shapes = catalog()
+        .select("2x3x300x64:causal,1x4x200x128:sk=260:hkv=2:causal,cfg-tall,1x12x8x128:sk=100:hkv=2:causal,2x8x16x128:sk=500:hkv=4:causal,1x2x16x128:sk=5000:hkv=1:causal")
+        .unwrap();
+    assert_both_variants_pass_with_the_same_bits(&mut b, &shapes, "heads-first and tiles-first");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn the_deeper_pipeline_of_short_queries_gives_the_bits_of_the_shallow_one() {
     // Short GQA/MQA queries at D 128 launch with more shared memory and run SHORT_Q_STAGES
     // cp.async stages (`deep_pipeline`); SHORT_Q_STAGES=2 (the entries' own depth) turns it

@@ -60,7 +60,10 @@ static void print_timeline(F launch, const Prob& p) {
     static long long tl[4][TL_TILES][TL_EVENTS];
     const int BLOCK_M = p.D == 64 ? Tiles<64>::BLOCK_M : Tiles<128>::BLOCK_M;
     const int CONSUMERS = p.D == 64 ? Tiles<64>::CONSUMERS : Tiles<128>::CONSUMERS;
-    if (DIAG_TIMELINE >= (p.Sq + BLOCK_M - 1) / BLOCK_M) {
+    // CTA (X, 0) of the grid: query tile X, or with the heads first (causal) head X's last tile.
+    const int tiles = (p.Sq + BLOCK_M - 1) / BLOCK_M;
+    const bool heads_x = p.causal && CAUSAL_HEADS_FIRST;
+    if (DIAG_TIMELINE >= (heads_x ? p.B * p.H : tiles)) {
         printf("timeline: CTA (%d, 0) does not exist at S_q %d (BLOCK_M %d)\n", DIAG_TIMELINE, p.Sq, BLOCK_M);
         return;
     }
@@ -70,7 +73,7 @@ static void print_timeline(F launch, const Prob& p) {
     CK(cudaMemcpyFromSymbol(tl, sdpa_timeline, sizeof tl));
     int n = std::min(TL_TILES, (p.Sk + BLOCK_N - 1) / BLOCK_N);
     if (p.causal) {
-        const int mb = (p.Sq + BLOCK_M - 1) / BLOCK_M - 1 - DIAG_TIMELINE; // heaviest first
+        const int mb = heads_x ? tiles - 1 : tiles - 1 - DIAG_TIMELINE; // heaviest first
         n = std::min(n, (std::min(p.Sk, (mb + 1) * BLOCK_M + p.Sk - p.Sq) + BLOCK_N - 1) / BLOCK_N);
     }
     long long t0 = tl[0][0][0];
@@ -179,7 +182,13 @@ int main(int argc, char** argv) {
         int smem = p.D == 64 ? Tiles<64>::SMEM_BYTES : Tiles<128>::SMEM_BYTES;
         int BLOCK_M = p.D == 64 ? Tiles<64>::BLOCK_M : Tiles<128>::BLOCK_M;
         int THREADS = p.D == 64 ? Tiles<64>::THREADS : Tiles<128>::THREADS;
-        dim3 grid((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
+        // The runner's grid (src/backend/cuda/launch.rs launch_dims): causal launches put the
+        // heads on x where the kernel says so (CAUSAL_HEADS_FIRST, its cta_work).
+        auto grid_of = [&](int rows) {
+            const unsigned tiles = (p.Sq + rows - 1) / rows, heads = p.B * p.H;
+            return p.causal && CAUSAL_HEADS_FIRST ? dim3(heads, tiles) : dim3(tiles, heads);
+        };
+        dim3 grid = grid_of(BLOCK_M);
         bool companion = false; // geom: the D 128 companion (<entry>_m128) instead of the entry
         auto launch = [&]() {
 #define L(K) do { CK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); \
@@ -210,7 +219,7 @@ int main(int argc, char** argv) {
                     companion = nc == 0;
                     const int cons = companion ? COMPANION_D128 : nc;
                     BLOCK_M = 64 * cons; THREADS = 128 * (cons + 1);
-                    grid = dim3((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
+                    grid = grid_of(BLOCK_M);
                     CK(cudaMemset(dout, 0xFF, on * 2));
                     launch(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
                     CK(cudaMemcpy(nc == widest ? ref.data() : got.data(), dout, on * 2, cudaMemcpyDeviceToHost));
@@ -239,7 +248,7 @@ int main(int argc, char** argv) {
             printf("\n"); fflush(stdout);
             companion = false;
             BLOCK_M = 64 * widest; THREADS = 128 * (widest + 1);
-            grid = dim3((p.Sq + BLOCK_M - 1) / BLOCK_M, p.B * p.H);
+            grid = grid_of(BLOCK_M);
             cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dqs); cudaFree(dks); cudaFree(dvs); cudaFree(dout);
             continue;
         }

@@ -203,7 +203,7 @@ impl DeviceProblem {
         variant: &LoadedVariant,
     ) -> Option<crate::schema::LaunchRecord> {
         let g = self.geometry(variant).ok()?;
-        let (grid, block) = launch_dims(g.tile, self.shape, g.kv_ctas);
+        let (grid, block) = launch_dims(g.tile, self.shape, g.kv_ctas, self.heads_first(variant));
         Some(crate::schema::LaunchRecord {
             query_rows: g.tile.rows,
             threads: block.0,
@@ -232,7 +232,12 @@ impl DeviceProblem {
             },
         };
         let function = self.function(variant, tile.rows);
-        let (grid_dim, block_dim) = launch_dims(tile, self.shape, geometry.kv_ctas);
+        let (grid_dim, block_dim) = launch_dims(
+            tile,
+            self.shape,
+            geometry.kv_ctas,
+            self.heads_first(variant),
+        );
         let cfg = LaunchConfig {
             grid_dim,
             block_dim,
@@ -288,6 +293,12 @@ impl DeviceProblem {
             args.arg(on_device);
         }
         unsafe { args.launch(cfg) }.map(|_| true)
+    }
+
+    /// Whether `variant`'s launches of this problem put the heads on the grid's x
+    /// ([`launch_dims`]).
+    fn heads_first(&self, variant: &LoadedVariant) -> bool {
+        heads_first(self.entry, &variant.identity.constants)
     }
 
     /// The function of this problem's entry (D, causal) in `variant` that runs query tiles of
@@ -464,18 +475,59 @@ fn plan_tiles(
     Ok((tile, Some(if tile == own { narrower } else { own })))
 }
 
+/// Whether a module of `consts` launches `entry` with the heads on the grid's x: a causal entry
+/// of a module that publishes `SDPA_CAUSAL_HEADS_FIRST` ([`launch_dims`]).
+fn heads_first(entry: crate::shapes::Entry, consts: &KernelConstants) -> bool {
+    entry.causal && consts.causal_heads_first
+}
+
+/// The most a grid's y counts (CUDA's limit; x counts up to 2^31 - 1).
+const GRID_Y_MAX: usize = 65535;
+
+/// Why a module of `consts` cannot launch `entry` on `q`, where it cannot: the grid's y counts
+/// the heads (B·H), or with the heads first ([`heads_first`]) the query tiles, counted at 64
+/// rows (the narrowest a module publishes: a query tile is at least one warpgroup's rows).
+pub(super) fn grid_limit(
+    entry: crate::shapes::Entry,
+    q: LaunchShape,
+    consts: &KernelConstants,
+) -> Option<String> {
+    if heads_first(entry, consts) {
+        let tiles = q.sq.div_ceil(64);
+        return (tiles > GRID_Y_MAX).then(|| {
+            format!(
+                "S_q = {} is {tiles} query tiles of 64 rows, past the {GRID_Y_MAX} a causal \
+                 launch of this kernel puts on the grid's y; use S_q <= {}",
+                q.sq,
+                GRID_Y_MAX * 64
+            )
+        });
+    }
+    (q.b * q.h > GRID_Y_MAX).then(|| {
+        format!(
+            "B*H = {} exceeds the grid's limit of {GRID_Y_MAX} (b, h) pairs; use fewer batches \
+             or heads",
+            q.b * q.h
+        )
+    })
+}
+
 /// The grid and block of a launch of `tile` on `q`: a CTA per query tile, head and KV split
-/// (`kv_ctas`).
+/// (`kv_ctas`), as (query tiles, heads, splits), or (heads, query tiles, splits) where
+/// `heads_first` (a causal launch of a module that publishes `SDPA_CAUSAL_HEADS_FIRST`: the GPU
+/// starts CTAs x first, so every head's heaviest query tile starts before any lighter one).
 fn launch_dims(
     tile: QueryTile,
     q: LaunchShape,
     kv_ctas: u32,
+    heads_first: bool,
 ) -> ((u32, u32, u32), (u32, u32, u32)) {
-    let grid = (
-        (q.sq as u32).div_ceil(tile.rows),
-        (q.b * q.h) as u32,
-        kv_ctas,
-    );
+    let (tiles, heads) = ((q.sq as u32).div_ceil(tile.rows), (q.b * q.h) as u32);
+    let grid = if heads_first {
+        (heads, tiles, kv_ctas)
+    } else {
+        (tiles, heads, kv_ctas)
+    };
     (grid, (tile.threads, 1, 1))
 }
 
@@ -638,8 +690,14 @@ mod tests {
         };
         // 4096 rows: 22 tiles of 192 (the last partial), 32 of 128.
         let own = |e| QueryTile::own(&c, e);
-        assert_eq!(launch_dims(own(d64), q, 1), ((22, 32, 1), (512, 1, 1)));
-        assert_eq!(launch_dims(own(d128), q, 3), ((32, 32, 3), (384, 1, 1)));
+        assert_eq!(
+            launch_dims(own(d64), q, 1, false),
+            ((22, 32, 1), (512, 1, 1))
+        );
+        assert_eq!(
+            launch_dims(own(d128), q, 3, false),
+            ((32, 32, 3), (384, 1, 1))
+        );
         // A narrower tile of a module that narrows: 64 rows with one warpgroup, 256 threads.
         let narrows = KernelConstants {
             narrow_rows: 64,
@@ -650,7 +708,7 @@ mod tests {
             cta_time: 0.8,
         };
         let (tile, _) = QueryTile::narrow(&narrows, d64, n).unwrap();
-        assert_eq!(launch_dims(tile, q, 1), ((64, 32, 1), (256, 1, 1)));
+        assert_eq!(launch_dims(tile, q, 1, false), ((64, 32, 1), (256, 1, 1)));
         assert_eq!(
             QueryTile::narrow(&c, d64, n),
             None,
@@ -661,6 +719,73 @@ mod tests {
             None,
             "this module's D 128 entry publishes no narrowing"
         );
+    }
+
+    #[test]
+    fn a_causal_launch_of_a_heads_first_module_counts_heads_on_x_and_query_tiles_on_y() {
+        let plain = super::super::identity::stage_d_constants();
+        let first = KernelConstants {
+            causal_heads_first: true,
+            ..plain
+        };
+        let (causal, unmasked) = (
+            Entry {
+                d: 64,
+                causal: true,
+            },
+            Entry::BASE,
+        );
+        // Only a causal entry of a module that publishes it.
+        assert!(heads_first(causal, &first));
+        assert!(!heads_first(unmasked, &first));
+        assert!(!heads_first(causal, &plain));
+        let q = LaunchShape {
+            b: 2,
+            h: 16,
+            hkv: 4,
+            sq: 4096,
+            sk: 4096,
+        };
+        let tile = QueryTile::own(&first, causal);
+        assert_eq!(launch_dims(tile, q, 1, true), ((32, 22, 1), (512, 1, 1)));
+        assert_eq!(launch_dims(tile, q, 1, false), ((22, 32, 1), (512, 1, 1)));
+    }
+
+    #[test]
+    fn a_grid_past_its_y_limit_is_refused_with_what_to_shrink() {
+        let plain = super::super::identity::stage_d_constants();
+        let first = KernelConstants {
+            causal_heads_first: true,
+            ..plain
+        };
+        let causal = Entry {
+            d: 128,
+            causal: true,
+        };
+        let q = |b, h, sq| LaunchShape {
+            b,
+            h,
+            hkv: 1,
+            sq,
+            sk: 1,
+        };
+        // The heads on y: B*H past 65535 is refused, S_q is not limited.
+        let why = grid_limit(causal, q(2, 32768, 64), &plain).unwrap();
+        assert!(
+            why.contains("B*H = 65536") && why.contains("fewer batches"),
+            "{why}"
+        );
+        assert_eq!(grid_limit(causal, q(1, 65535, 1 << 23), &plain), None);
+        // The heads first: B*H on x is not limited; S_q is, at 64 rows a query tile.
+        assert_eq!(grid_limit(causal, q(2, 32768, 64), &first), None);
+        assert_eq!(grid_limit(causal, q(1, 1, 65535 * 64), &first), None);
+        let why = grid_limit(causal, q(1, 1, 65535 * 64 + 1), &first).unwrap();
+        assert!(
+            why.contains("65536 query tiles") && why.contains("S_q <= 4194240"),
+            "{why}"
+        );
+        // An unmasked entry of the same module keeps the heads on y.
+        assert!(grid_limit(Entry::BASE, q(2, 32768, 64), &first).is_some());
     }
 
     #[test]

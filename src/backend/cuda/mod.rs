@@ -320,11 +320,15 @@ impl Backend for CudaBackend {
                 p.shape.entry().suffix()
             )));
         }
-        if p.shape.heads() > 65535 {
+        let launch_shape = identity::LaunchShape::of(&p.shape);
+        if let Some(why) =
+            self.gpu.variants.iter().find_map(|v| {
+                launch::grid_limit(p.shape.entry(), launch_shape, &v.identity.constants)
+            })
+        {
             return Err(BackendError::Config(format!(
-                "shape {}: B*H = {} exceeds the grid's limit of 65535 (b, h) pairs; use fewer batches or heads",
-                p.shape.name,
-                p.shape.heads()
+                "shape {}: {why}",
+                p.shape.name
             )));
         }
         self.gpu.problem = None; // free the previous problem's buffers first

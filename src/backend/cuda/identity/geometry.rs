@@ -88,6 +88,11 @@ pub struct KernelConstants {
     /// `tensor-maps` kernel reads it.
     #[serde(default)]
     pub v_swizzle: bool,
+    /// A causal launch's grid is (B·H, query tiles), its y counting the query tiles from the
+    /// last, so that every head's heaviest CTAs start first (`SDPA_CAUSAL_HEADS_FIRST`; absent:
+    /// (query tiles, B·H), as every module before it and Stage C; launch.rs `launch_dims`).
+    #[serde(default)]
+    pub causal_heads_first: bool,
     /// How far a tile's maximum must pass the running maximum before it moves
     /// (`SDPA_RESCALE_THRESHOLD`; absent: 0, the exact running maximum), which must be the
     /// manifest's `numerics.rescale_threshold` (backend/cuda/kernel.rs `numerics_mismatch`).
@@ -128,6 +133,8 @@ impl KernelConstants {
             split_kv_max: ptx_constant_opt(ptx, "SDPA_SPLIT_KV_MAX")?.unwrap_or(0),
             switch: get(switch_constant)?,
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
+            causal_heads_first: ptx_constant_opt(ptx, "SDPA_CAUSAL_HEADS_FIRST")?
+                .is_some_and(|v| v != 0),
             rescale_threshold: ptx_constant_opt(ptx, "SDPA_RESCALE_THRESHOLD")?.unwrap_or(0),
         })
     }
@@ -294,7 +301,13 @@ pub(in crate::backend::cuda) fn per_head_dim_constants(
     rows: (u32, u32),
     threads: (u32, u32),
 ) -> KernelConstants {
-    let ptx = format!(
+    KernelConstants::from_ptx(&per_head_dim_ptx(rows, threads), "SDPA_KV_STAGES").unwrap()
+}
+
+/// The PTX constants of [`per_head_dim_constants`].
+#[cfg(test)]
+fn per_head_dim_ptx(rows: (u32, u32), threads: (u32, u32)) -> String {
+    format!(
         ".const .align 4 .u32 SDPA_BLOCK_M = {};\n.const .align 4 .u32 SDPA_BLOCK_M_D128 = {};\n\
          .const .align 4 .u32 SDPA_BLOCK_N = 128;\n.const .align 4 .b32 SDPA_THREADS = {};\n\
          .const .align 4 .u32 SDPA_THREADS_D128 = {};\n\
@@ -302,8 +315,7 @@ pub(in crate::backend::cuda) fn per_head_dim_constants(
          .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 115712;\n\
          .const .align 4 .u32 SDPA_KV_STAGES = 2;\n",
         rows.0, rows.1, threads.0, threads.1
-    );
-    KernelConstants::from_ptx(&ptx, "SDPA_KV_STAGES").unwrap()
+    )
 }
 
 /// Stage D's module since stop 48, as far as its query tiles go: 192 rows and 512 threads at
@@ -774,5 +786,29 @@ mod tests {
                 v_swizzled: true
             }
         );
+    }
+
+    #[test]
+    fn only_a_module_that_publishes_causal_heads_first_as_nonzero_launches_heads_first() {
+        let ptx = per_head_dim_ptx((192, 192), (512, 512));
+        let first = |line: &str| {
+            KernelConstants::from_ptx(&format!("{ptx}{line}"), "SDPA_KV_STAGES")
+                .map(|c| c.causal_heads_first)
+        };
+        let name = ".const .align 4 .u32 SDPA_CAUSAL_HEADS_FIRST";
+        assert_eq!(
+            first(""),
+            Ok(false),
+            "absent: Stage C and modules before it"
+        );
+        assert_eq!(first(&format!("{name} = 0;\n")), Ok(false));
+        assert_eq!(
+            first(&format!("{name};\n")),
+            Ok(false),
+            "uninitialized .const is 0"
+        );
+        assert_eq!(first(&format!("{name} = 1;\n")), Ok(true));
+        let err = first(&format!("{name} = yes;\n")).unwrap_err();
+        assert!(err.contains("SDPA_CAUSAL_HEADS_FIRST"), "{err}");
     }
 }

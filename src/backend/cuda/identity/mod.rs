@@ -336,6 +336,7 @@ mod tests {
                 split_kv_max: 0,
                 switch: published,
                 v_swizzle: false,
+                causal_heads_first: false,
                 rescale_threshold: 0,
             },
             ptxas: PtxasReport {
