@@ -100,7 +100,8 @@
 // key a row does not see, so their P is 0 and the sums the same. The stages must begin at
 // multiples of 1024 bytes (the 128-byte swizzle's period): the body aligns its shared memory
 // up, and SDPA_SMEM_BYTES_D128 holds 1 KB of slack for it.
-// Launch: grid (ceil(S_q / tile rows), B*H, C), C = 1 but for split KV (below), THREADS threads,
+// Launch: grid (ceil(S_q / tile rows), B*H, C) (causal, with SDPA_CAUSAL_HEADS_FIRST: (B*H,
+// ceil(S_q / tile rows), C): cta_head, cta_tile), C = 1 but for split KV (below), THREADS threads,
 // SDPA_SMEM_BYTES_D<D> of dynamic
 // shared memory (a short GQA/MQA query at D = 128: SDPA_SMEM_BYTES_D128_SHORT, where the
 // build has a deeper body and the device allows it; "Short queries" below). The host reads the SDPA_* constants below from the module instead of
@@ -808,13 +809,13 @@ static_assert(BLOCK_M * (2 * SPLIT_KV_MAX * KV_SPLIT + 1) * 4 <= Geo<128, 1>::SM
 // C·KV_SPLIT of them. The CTA that arrives last merges every row's slots in slot order, as
 // the in-CTA merge merges its splits (M = max m_s, O = O_0·exp2(m_0 - M), then
 // fma(O_s, exp2(m_s - M), O), likewise l), and stores the pack's rows.
-//   work: one arrival counter per CTA y (B·H u32, padded to 16 bytes), zero before a launch:
-//         the last CTA of a group resets its own; then [B·H query heads][S_q rows]
-//         [C·KV_SPLIT slots][D + 4] floats (O, m, l, 2 unused), every slot rewritten by every
-//         launch before it is read. The counters come first, where every launch's are,
-//         whatever its C: a workspace that launches of different splits share (a base
-//         kernel's and the candidate's) keeps them zero. The host allocates one zeroed
-//         workspace per output buffer, so concurrent launches never share one
+//   work: one arrival counter per query head (cta_head: B·H u32, padded to 16 bytes), zero
+//         before a launch: the last CTA of a group resets its own; then [B·H query heads]
+//         [S_q rows][C·KV_SPLIT slots][D + 4] floats (O, m, l, 2 unused), every slot
+//         rewritten by every launch before it is read. The counters come first, where every
+//         launch's are, whatever its C: a workspace that launches of different splits share
+//         (a base kernel's and the candidate's) keeps them zero. The host allocates one
+//         zeroed workspace per output buffer, so concurrent launches never share one
 //         (src/backend/cuda/launch.rs).
 template <int D, bool CAUSAL>
 __device__ __forceinline__ void split_kv_end(const float (&o)[D / 8][4], const float (&m_run)[2],
@@ -1714,6 +1715,7 @@ __device__ __forceinline__ void sdpa_body(SDPA_BODY_PARAMS) {
             }
         }
 #ifdef MUTANT_K_READ_PAST_END
+    // blockIdx.x is the query tile of an unmasked grid (its shape, partial77, is unmasked).
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         (void)*(volatile const u8*)(k_bh + (size_t)Sk * D); // past the last head's K
     }

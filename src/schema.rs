@@ -439,8 +439,9 @@ pub struct Measurement {
 }
 
 /// One kernel launch's geometry: query rows and threads of a CTA, the grid (query tiles, B·H,
-/// KV split), and the function that ran (an entry, or its companion: docs/DESIGN.md "Kernel
-/// ABI"; absent in records written before stop 48).
+/// KV split; (B·H, query tiles, KV split) for a causal launch of a module that publishes
+/// `SDPA_CAUSAL_HEADS_FIRST`, since stop 56), and the function that ran (an entry, or its
+/// companion: docs/DESIGN.md "Kernel ABI"; absent in records written before stop 48).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchRecord {
     pub query_rows: u32,

@@ -268,8 +268,7 @@ fn stage_d_causal_grid_of_the_heads_first_gives_the_bits_of_the_query_tiles_firs
 
 #[test]
 #[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
-fn stage_d_times_narrow_ctas_on_few_ctas_and_192_on_many_puts_causal_heads_first_and_checks_both_tiles_give_its_bits()
- {
+fn stage_d_launch_follows_the_waves_and_the_mask_and_both_tiles_give_its_bits() {
     let results = tempfile::tempdir().unwrap();
     let (code, stdout, stderr) = output(runner().args([
         "--kernel",

@@ -8,7 +8,7 @@ from peer_export import CudnnFp8
 
 SHAPES = [(1,16,16,4096,4096,64,0),(4,16,16,4096,4096,64,0),(1,16,16,4096,4096,128,0),(4,16,16,4096,4096,128,0),
           (1,16,16,16384,16384,128,0),(4,16,16,8192,8192,128,0),(4,16,16,8192,8192,128,1),(1,32,8,4096,4096,128,1)]
-# PEER_SHAPES="B,H,H_kv,S_q,S_k,D,causal;..." replaces the list (the same fields as probe.cu's).
+# PEER_SHAPES="B,H,H_kv,S_q,S_k,D,causal;..." replaces the list (probe.cu's fields).
 if os.environ.get("PEER_SHAPES"):
     SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PEER_SHAPES"].split(";") if s]
 

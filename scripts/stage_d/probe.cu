@@ -64,7 +64,8 @@ static void print_timeline(F launch, const Prob& p) {
     const int tiles = (p.Sq + BLOCK_M - 1) / BLOCK_M;
     const bool heads_x = p.causal && CAUSAL_HEADS_FIRST;
     if (DIAG_TIMELINE >= (heads_x ? p.B * p.H : tiles)) {
-        printf("timeline: CTA (%d, 0) does not exist at S_q %d (BLOCK_M %d)\n", DIAG_TIMELINE, p.Sq, BLOCK_M);
+        printf("timeline: CTA (%d, 0) does not exist (%s %d)\n", DIAG_TIMELINE,
+               heads_x ? "B*H" : "query tiles", heads_x ? p.B * p.H : tiles);
         return;
     }
     for (int w = 0; w < 3; ++w) launch();

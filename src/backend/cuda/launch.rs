@@ -485,21 +485,23 @@ fn heads_first(entry: crate::shapes::Entry, consts: &KernelConstants) -> bool {
 const GRID_Y_MAX: usize = 65535;
 
 /// Why a module of `consts` cannot launch `entry` on `q`, where it cannot: the grid's y counts
-/// the heads (B·H), or with the heads first ([`heads_first`]) the query tiles, counted at 64
-/// rows (the narrowest a module publishes: a query tile is at least one warpgroup's rows).
+/// the heads (B·H), or with the heads first ([`heads_first`]) the query tiles, counted at the
+/// narrowest tile the module may launch ([`narrowest_tile`]: the launch's own is chosen later,
+/// at its first launch).
 pub(super) fn grid_limit(
     entry: crate::shapes::Entry,
     q: LaunchShape,
     consts: &KernelConstants,
 ) -> Option<String> {
     if heads_first(entry, consts) {
-        let tiles = q.sq.div_ceil(64);
+        let rows = narrowest_tile(consts);
+        let tiles = q.sq.div_ceil(rows);
         return (tiles > GRID_Y_MAX).then(|| {
             format!(
-                "S_q = {} is {tiles} query tiles of 64 rows, past the {GRID_Y_MAX} a causal \
-                 launch of this kernel puts on the grid's y; use S_q <= {}",
+                "S_q = {} is {tiles} query tiles of {rows} rows (this kernel's narrowest), past \
+                 the {GRID_Y_MAX} a causal launch of it puts on the grid's y; use S_q <= {}",
                 q.sq,
-                GRID_Y_MAX * 64
+                GRID_Y_MAX * rows
             )
         });
     }
@@ -510,6 +512,18 @@ pub(super) fn grid_limit(
             q.b * q.h
         )
     })
+}
+
+/// The fewest query rows a CTA of any entry of a module of `consts` may own: the entries' own
+/// tiles, their narrowed ones and the companions'.
+fn narrowest_tile(consts: &KernelConstants) -> usize {
+    consts
+        .query_tiles()
+        .into_iter()
+        .chain([consts.companion_rows, consts.companion_rows_d128].map(|r| r as usize))
+        .filter(|&r| r > 0)
+        .min()
+        .unwrap_or(1)
 }
 
 /// The grid and block of a launch of `tile` on `q`: a CTA per query tile, head and KV split
@@ -721,13 +735,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_causal_launch_of_a_heads_first_module_counts_heads_on_x_and_query_tiles_on_y() {
+    /// Stage D's module as far as its query tiles go, without and with
+    /// `SDPA_CAUSAL_HEADS_FIRST`.
+    fn heads_first_pair() -> (KernelConstants, KernelConstants) {
         let plain = super::super::identity::stage_d_constants();
         let first = KernelConstants {
             causal_heads_first: true,
             ..plain
         };
+        (plain, first)
+    }
+
+    #[test]
+    fn a_causal_launch_of_a_heads_first_module_counts_heads_on_x_and_query_tiles_on_y() {
+        let (plain, first) = heads_first_pair();
         let (causal, unmasked) = (
             Entry {
                 d: 64,
@@ -753,11 +774,7 @@ mod tests {
 
     #[test]
     fn a_grid_past_its_y_limit_is_refused_with_what_to_shrink() {
-        let plain = super::super::identity::stage_d_constants();
-        let first = KernelConstants {
-            causal_heads_first: true,
-            ..plain
-        };
+        let (plain, first) = heads_first_pair();
         let causal = Entry {
             d: 128,
             causal: true,
@@ -776,14 +793,29 @@ mod tests {
             "{why}"
         );
         assert_eq!(grid_limit(causal, q(1, 65535, 1 << 23), &plain), None);
-        // The heads first: B*H on x is not limited; S_q is, at 64 rows a query tile.
+        // The heads first: B*H on x is not limited; S_q is, at the narrowest tile (Stage D's
+        // D 128 companion is 128 rows, its entries 192: 192).
         assert_eq!(grid_limit(causal, q(2, 32768, 64), &first), None);
-        assert_eq!(grid_limit(causal, q(1, 1, 65535 * 64), &first), None);
-        let why = grid_limit(causal, q(1, 1, 65535 * 64 + 1), &first).unwrap();
+        assert_eq!(grid_limit(causal, q(1, 1, 65535 * 128), &first), None);
+        let why = grid_limit(causal, q(1, 1, 65535 * 128 + 1), &first).unwrap();
         assert!(
-            why.contains("65536 query tiles") && why.contains("S_q <= 4194240"),
+            why.contains("65536 query tiles of 128 rows") && why.contains("S_q <= 8388480"),
             "{why}"
         );
+        // A module whose entries narrow to 64 rows (Stage D's D 64) or own 32 (Stage C's):
+        // the narrowest counts.
+        let narrows = KernelConstants {
+            narrow_rows: 64,
+            ..first
+        };
+        assert!(grid_limit(causal, q(1, 1, 65535 * 64 + 1), &narrows).is_some());
+        assert_eq!(grid_limit(causal, q(1, 1, 65535 * 64), &narrows), None);
+        let stage_c = KernelConstants {
+            causal_heads_first: true,
+            ..super::super::identity::per_head_dim_constants((32, 64), (128, 128))
+        };
+        assert_eq!(narrowest_tile(&stage_c), 32);
+        assert!(grid_limit(causal, q(1, 1, 65535 * 32 + 1), &stage_c).is_some());
         // An unmasked entry of the same module keeps the heads on y.
         assert!(grid_limit(Entry::BASE, q(2, 32768, 64), &first).is_some());
     }

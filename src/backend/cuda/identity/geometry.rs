@@ -89,8 +89,9 @@ pub struct KernelConstants {
     #[serde(default)]
     pub v_swizzle: bool,
     /// A causal launch's grid is (B·H, query tiles), its y counting the query tiles from the
-    /// last, so that every head's heaviest CTAs start first (`SDPA_CAUSAL_HEADS_FIRST`; absent:
-    /// (query tiles, B·H), as every module before it and Stage C; launch.rs `launch_dims`).
+    /// last, so that every head's heaviest CTAs start first (`SDPA_CAUSAL_HEADS_FIRST`, both
+    /// kernels since stop 56; absent or 0: (query tiles, B·H), as every module before it;
+    /// launch.rs `launch_dims`).
     #[serde(default)]
     pub causal_heads_first: bool,
     /// How far a tile's maximum must pass the running maximum before it moves
@@ -200,7 +201,8 @@ impl KernelConstants {
         }
     }
 
-    /// Query rows one CTA of `entry` owns: the launch grid's x and the sampled check's tiles.
+    /// Query rows one CTA of `entry` owns: the launch grid's query tiles and the sampled
+    /// check's tiles.
     pub fn block_m_of(&self, entry: Entry) -> u32 {
         match self.block_m_d128 {
             m if entry.d == 128 && m != 0 => m,
@@ -789,18 +791,14 @@ mod tests {
     }
 
     #[test]
-    fn only_a_module_that_publishes_causal_heads_first_as_nonzero_launches_heads_first() {
+    fn causal_heads_first_is_read_as_published_and_false_where_absent_or_zero() {
         let ptx = per_head_dim_ptx((192, 192), (512, 512));
         let first = |line: &str| {
             KernelConstants::from_ptx(&format!("{ptx}{line}"), "SDPA_KV_STAGES")
                 .map(|c| c.causal_heads_first)
         };
         let name = ".const .align 4 .u32 SDPA_CAUSAL_HEADS_FIRST";
-        assert_eq!(
-            first(""),
-            Ok(false),
-            "absent: Stage C and modules before it"
-        );
+        assert_eq!(first(""), Ok(false), "absent: the modules before stop 56");
         assert_eq!(first(&format!("{name} = 0;\n")), Ok(false));
         assert_eq!(
             first(&format!("{name};\n")),
