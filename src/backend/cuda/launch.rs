@@ -687,13 +687,7 @@ mod tests {
     #[test]
     fn each_head_dim_launches_its_own_query_tiles_and_threads() {
         let c = super::super::identity::per_head_dim_constants((192, 128), (512, 384));
-        let q = LaunchShape {
-            b: 2,
-            h: 16,
-            hkv: 4,
-            sq: 4096,
-            sk: 4096,
-        };
+        let q = gqa_2x16x4096();
         let d64 = Entry {
             d: 64,
             causal: true,
@@ -735,6 +729,17 @@ mod tests {
         );
     }
 
+    /// 2x16x4096 with 4 K/V heads: 22 query tiles of 192 rows, 32 of 128.
+    fn gqa_2x16x4096() -> LaunchShape {
+        LaunchShape {
+            b: 2,
+            h: 16,
+            hkv: 4,
+            sq: 4096,
+            sk: 4096,
+        }
+    }
+
     /// Stage D's module as far as its query tiles go, without and with
     /// `SDPA_CAUSAL_HEADS_FIRST`.
     fn heads_first_pair() -> (KernelConstants, KernelConstants) {
@@ -760,13 +765,7 @@ mod tests {
         assert!(heads_first(causal, &first));
         assert!(!heads_first(unmasked, &first));
         assert!(!heads_first(causal, &plain));
-        let q = LaunchShape {
-            b: 2,
-            h: 16,
-            hkv: 4,
-            sq: 4096,
-            sk: 4096,
-        };
+        let q = gqa_2x16x4096();
         let tile = QueryTile::own(&first, causal);
         assert_eq!(launch_dims(tile, q, 1, true), ((32, 22, 1), (512, 1, 1)));
         assert_eq!(launch_dims(tile, q, 1, false), ((22, 32, 1), (512, 1, 1)));

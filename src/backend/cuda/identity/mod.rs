@@ -306,6 +306,13 @@ mod tests {
     }
 
     fn identity(cp: bool, published: u32) -> VariantIdentity {
+        // The module's and its one entry's ptxas figures: 96 registers, no stack, no spill.
+        let clean = PtxasReport {
+            registers: Some(96),
+            stack_frame_bytes: Some(0),
+            spill_store_bytes: Some(0),
+            spill_load_bytes: Some(0),
+        };
         VariantIdentity {
             name: "cp1".into(),
             defines: vec![],
@@ -339,12 +346,7 @@ mod tests {
                 causal_heads_first: false,
                 rescale_threshold: 0,
             },
-            ptxas: PtxasReport {
-                registers: Some(96),
-                stack_frame_bytes: Some(0),
-                spill_store_bytes: Some(0),
-                spill_load_bytes: Some(0),
-            },
+            ptxas: clean.clone(),
             driver: None,
             entries: vec![EntryIdentity {
                 entry: Entry {
@@ -352,12 +354,7 @@ mod tests {
                     causal: true,
                 },
                 ptx_sha256: String::new(),
-                ptxas: PtxasReport {
-                    registers: Some(96),
-                    stack_frame_bytes: Some(0),
-                    spill_store_bytes: Some(0),
-                    spill_load_bytes: Some(0),
-                },
+                ptxas: clean,
                 driver: None,
             }],
             companions: vec![],
