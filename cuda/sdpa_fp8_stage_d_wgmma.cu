@@ -256,6 +256,15 @@
 #if CAUSAL_HEADS_FIRST != 0 && CAUSAL_HEADS_FIRST != 1
 #error "CAUSAL_HEADS_FIRST is 0 or 1"
 #endif
+// MIXED_TILES: whether an unmasked launch of an entry without turns of its own may mix query
+// tiles of its consumers and of one fewer (cta_work), published as SDPA_MIXED_UNIT_ROWS (64, the
+// rows of a consumer warpgroup; 0 where it may not), from which the host plans the grid.
+#ifndef MIXED_TILES
+#define MIXED_TILES 1
+#endif
+#if MIXED_TILES != 0 && MIXED_TILES != 1
+#error "MIXED_TILES is 0 or 1"
+#endif
 
 constexpr int BLOCK_N = 128;
 static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 stages");
@@ -282,6 +291,9 @@ struct Tiles {
     // src/backend/cuda/launch.rs `QueryTile`). An entry with turns of its own (PINGPONG) runs
     // exactly CONSUMERS; a narrowing one takes TWO_TURNS in a launch of two.
     static constexpr bool NARROWS = PINGPONG == 0;
+    // Whether an unmasked launch may mix CTAs of the launch's consumers and of one fewer
+    // (MIXED_TILES, cta_work): only where a CTA may leave a consumer without rows, NARROWS.
+    static constexpr bool MIXES = MIXED_TILES && NARROWS;
     // Cycles between the starts of consumers without turns (STAGGER_D<D>).
     static constexpr int STAGGER = D == 64 ? STAGGER_D64 : STAGGER_D128;
     // The turns of a narrower launch of two consumers (TWO_TURNS_D<D>; 0: none).
@@ -341,6 +353,8 @@ __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
 __constant__ int SDPA_CAUSAL_HEADS_FIRST = CAUSAL_HEADS_FIRST; // causal grid: x is B·H (cta_work)
+// The rows of a unit of a mixed launch (cta_work), 0 where the entries do not mix.
+__constant__ int SDPA_MIXED_UNIT_ROWS = MIXED_TILES ? 64 : 0;
 __constant__ int SDPA_PINGPONG_D64 = PINGPONG_D64; // what the PTX proves of the turn-taking switch
 __constant__ int SDPA_PINGPONG_D128 = PINGPONG_D128;
 __constant__ int SDPA_TWO_TURNS_D64 = Tiles<64>::TWO_TURNS; // the turns of a two-consumer launch
@@ -404,29 +418,61 @@ __device__ __forceinline__ unsigned to_e4m3x4(float x0, float x1, float x2, floa
     return (unsigned)lo | ((unsigned)hi << 16);
 }
 
-// The query tile and the head (batch included) of this CTA. The GPU starts a grid's CTAs in the
-// order of their linear index (x fastest). Without a mask every CTA runs the same KV tiles; the
-// grid is (query tiles, B·H), so a head's CTAs run together and share its K and V in L2. A causal
-// CTA of query tile m runs about m + 1 times the first one's KV tiles, so causal CTAs start
-// heaviest first: with CAUSAL_HEADS_FIRST the grid is (B·H, query tiles), y counting query tiles
-// from the last, and the last CTAs to start are the lightest of all (every head's first tile).
-// With 0 the grid is the unmasked one and each head's query tiles run from its last, so the last
-// head's heaviest CTAs start after all the others' (up to 24% slower: docs/PERF.md "Stage C and
-// D, change 36"). The host swaps the grid, so that both come straight from %ctaid, which ptxas
-// reads again where needed instead of holding it across the KV loop (a decode of the linear
-// index by division cost the D 128 causal entry a spill at three stages).
+// The rows and the head (batch included) of this CTA: `units` units of 64 rows (a consumer
+// warpgroup each) from unit `unit0`. The GPU starts a grid's CTAs in the order of their linear
+// index (x fastest). Without a mask every CTA of a query tile runs the same KV tiles; the grid
+// is (query tiles, B·H), so a head's CTAs run together and share its K and V in L2, and every
+// CTA owns nc units (the launch's consumers), the last one's past S_q left to no consumer.
+// A causal CTA of query tile m runs about m + 1 times the first one's KV tiles, so causal CTAs
+// start heaviest first: with CAUSAL_HEADS_FIRST the grid is (B·H, query tiles), y counting
+// query tiles from the last, and the last CTAs to start are the lightest of all (every head's
+// first tile). With 0 the grid is the unmasked one and each head's query tiles run from its
+// last, so the last head's heaviest CTAs start after all the others' (up to 24% slower:
+// docs/PERF.md "Stage C and D, change 36"). The host swaps the grid, so that both come straight
+// from %ctaid, which ptxas reads again where needed instead of holding it across the KV loop (a
+// decode of the linear index by division cost the D 128 causal entry a spill at three stages).
+// A mixed launch (MIXED_TILES, unmasked, an entry without turns of its own: Tiles::MIXES) is on
+// the grid (B·H, T) with T more query tiles a head than its nc-unit tiles need, ceil(U / nc)
+// for U = ceil(S_q / 64): a head's first W = U - (nc - 1) T tiles own nc units, the other T - W
+// one unit fewer (W nc + (T - W)(nc - 1) = U), so the GPU starts every head's wide CTAs first
+// and ends on the narrower ones, whose CTAs run sooner where the last wave of wide ones would
+// leave SMs idle (docs/PERF.md "Stage D, change 37"). A row's steps, and so its bits, are the
+// same in any CTA. The host never launches a W < 0; a kernel that sees one traps.
 struct CtaWork {
-    int m_block, bh;
+    int m_block, bh; // query tile m_block of BLOCK_M = 64 nc rows, head bh
+    // A mixed launch's narrower tiles: the rows start `back` units (of 64) before m_block's,
+    // and hold `fewer` (1) unit fewer than the launch's nc; 0 and 0 elsewhere.
+    int back, fewer;
 };
-template <bool CAUSAL>
-__device__ __forceinline__ CtaWork cta_work() {
-    if (!CAUSAL) return {(int)blockIdx.x, (int)blockIdx.y};
-    if (CAUSAL_HEADS_FIRST) return {(int)(gridDim.y - 1 - blockIdx.y), (int)blockIdx.x};
-    return {(int)(gridDim.x - 1 - blockIdx.x), (int)blockIdx.y};
+// Whether this launch is mixed: an entry that mixes (T::MIXES), unmasked, on (B·H, T) with more
+// tiles than ceil(units / nc), i.e. (T - 1) nc >= units (an unmixed launch has x = ceil(units /
+// nc) and y = B·H).
+template <class T, bool CAUSAL>
+__device__ __forceinline__ bool mixed_launch(int heads, int Sq) {
+    if (CAUSAL || !T::MIXES) return false;
+    const int nc = (int)blockDim.x / 128 - 1, units = (Sq + 63) / 64;
+    return nc > 1 && gridDim.x == (unsigned)heads && ((int)gridDim.y - 1) * nc >= units;
+}
+template <bool CAUSAL, bool MIXED>
+__device__ __forceinline__ CtaWork cta_work(int Sq) {
+    if (CAUSAL && CAUSAL_HEADS_FIRST) return {(int)(gridDim.y - 1 - blockIdx.y), (int)blockIdx.x, 0, 0};
+    if (CAUSAL) return {(int)(gridDim.x - 1 - blockIdx.x), (int)blockIdx.y, 0, 0};
+    if (!MIXED) return {(int)blockIdx.x, (int)blockIdx.y, 0, 0};
+    const int nc = (int)blockDim.x / 128 - 1, units = (Sq + 63) / 64;
+    const int wide = units - (nc - 1) * (int)gridDim.y, y = (int)blockIdx.y;
+    if (wide < 0) __trap(); // more tiles than units of nc - 1
+    // Tile y >= wide starts at unit wide + (nc - 1) y = nc y - (y - wide).
+#ifdef MUTANT_MIXED_SHORT_START
+    // Planted: the shorter tiles start a unit late (the unit after the wide ones is never
+    // written).
+    return {y, (int)blockIdx.x, max(0, y - wide - 1), y < wide ? 0 : 1};
+#else
+    return {y, (int)blockIdx.x, max(0, y - wide), y < wide ? 0 : 1};
+#endif
 }
 
 // The KV tiles a CTA of query tile m_block (block_m rows) runs: [0, n) (causal: up to its last
-// row's last key).
+// row's last key; a causal launch is never mixed).
 __device__ __forceinline__ int kv_tiles(int m_block, int block_m, int Sq, int Sk, bool causal) {
     int keys = Sk;
     if (causal) keys = min(Sk, (m_block + 1) * block_m + Sk - Sq);
@@ -586,13 +632,15 @@ __device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) 
 template <class T>
 __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc* tm_q,
                                          const TmaDesc* tm_k, const TmaDesc* tm_v, int nc,
-                                         int m_block, int bh, int kv_bh, int n_tiles, int Sk) {
+                                         int m_block, int back, int fewer, int bh, int kv_bh,
+                                         int n_tiles, int Sk) {
     constexpr int D = T::DIM;
     const int ptid = threadIdx.x;
-    if (ptid == 0) {
-        mbar_arrive_expect_tx(&bars.q_full, nc * 64 * D);
-        for (int c = 0; c < nc; ++c)
-            tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, (m_block * nc + c) * 64, bh);
+    if (ptid == 0) { // Q of the CTA's units (a consumer without rows reads none)
+        mbar_arrive_expect_tx(&bars.q_full, (nc - fewer) * 64 * D);
+        for (int c = 0; c < nc - fewer; ++c)
+            tma_load_3d(smem + c * 64 * D, tm_q, &bars.q_full, 0, (m_block * nc + c - back) * 64,
+                        bh);
         for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
             issue_kv<T>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
     }
@@ -837,8 +885,8 @@ __device__ __forceinline__ void issue_pv(float (&ot)[T::OT_REGS],
     wgmma_commit();
 }
 
-template <class T, bool CAUSAL>
-__device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc, int m_block, int bh,
+template <class T, bool CAUSAL, bool MIXED>
+__device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc, int m_block, int back, int fewer, int bh,
                                          int b, int h, int H, int kv_bh, int Sq, int Sk,
                                          int n_tiles, float qk_scale, float v_scale,
                                          __half* __restrict__ out) {
@@ -848,10 +896,12 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     constexpr int PP = T::PINGPONG != 0 ? T::PINGPONG : T::TWO_TURNS;
     const int ctid = threadIdx.x - 128 * (c + 1);
     const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
-    const int cta_row0 = m_block * nc * 64; // the CTA's nc consumers own 64 nc rows
-    // Whether consumer k has any row before S_q (the last query tile of a short S_q may leave
-    // the later consumers none).
-    auto has_rows = [&](int k) { return cta_row0 + 64 * k < Sq; };
+    const int cta_row0 = (m_block * nc - back) * 64; // the CTA's units of 64 rows, a consumer each
+    // Whether consumer k has any row: one of the CTA's units, before S_q (the last query tile of
+    // a short S_q may leave the later consumers none, as may a mixed launch's narrower tiles).
+    auto has_rows = [&](int k) {
+        return (!MIXED || k < nc - fewer) && cta_row0 + 64 * k < Sq;
+    };
     // A launch of two consumers takes turns only where both have rows: where the second's lie
     // past S_q (decode) it only releases each stage (below) and the first runs alone.
     const Turns turns{T::PINGPONG != 0 || (T::TWO_TURNS != 0 && nc == 2 && has_rows(1)),
@@ -1005,17 +1055,18 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     }
 }
 
-template <class T, bool CAUSAL>
-__device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm_k,
-                                          const TmaDesc* tm_v, const float* __restrict__ q_scale,
-                                          const float* __restrict__ k_scale,
-                                          const float* __restrict__ v_scale,
-                                          __half* __restrict__ out, int B, int H, int Hkv, int Sq,
-                                          int Sk, float softmax_scale) {
-    extern __shared__ u8 smem_raw[];
-    __shared__ Barriers bars;
-    u8* smem = (u8*)(((size_t)smem_raw + 1023) & ~(size_t)1023);
-    const CtaWork work = cta_work<CAUSAL>();
+// One CTA's work, a mixed launch's (MIXED) or any other's: two copies of an unmasked entry's
+// body, so that the others' read %ctaid as before mixed launches existed (one body that chose
+// its tile and head at run time held them in registers, and ran mission 1% slower on an H100).
+template <class T, bool CAUSAL, bool MIXED>
+__device__ __forceinline__ void sdpa_cta(u8* smem, Barriers& bars, const TmaDesc* tm_q,
+                                         const TmaDesc* tm_k, const TmaDesc* tm_v,
+                                         const float* __restrict__ q_scale,
+                                         const float* __restrict__ k_scale,
+                                         const float* __restrict__ v_scale,
+                                         __half* __restrict__ out, int B, int H, int Hkv, int Sq,
+                                         int Sk, float softmax_scale) {
+    const CtaWork work = cta_work<CAUSAL, MIXED>(Sq);
     const int m_block = work.m_block, bh = work.bh, b = bh / H, h = bh % H;
     const int kv_bh = b * Hkv + h / (H / Hkv);
     // Consumer warpgroups: the launch's (Tiles::NARROWS), else the entry's own count.
@@ -1050,13 +1101,35 @@ __device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm
     if (wg == 0) {
         regs_dealloc<T::PRODUCER_REGS>();
         if (n_tiles > 0)
-            producer<T>(smem, bars, tm_q, tm_k, tm_v, nc, m_block, bh, kv_bh, n_tiles, Sk);
+            producer<T>(smem, bars, tm_q, tm_k, tm_v, nc, m_block, work.back, work.fewer, bh, kv_bh,
+                        n_tiles, Sk);
     } else {
         regs_alloc<T::CONSUMER_REGS>();
         const float qk_scale = q_scale[bh] * k_scale[kv_bh] * (softmax_scale * 1.4426950408889634f);
-        consumer<T, CAUSAL>(smem, bars, wg - 1, nc, m_block, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
+        consumer<T, CAUSAL, MIXED>(smem, bars, wg - 1, nc, m_block, work.back, work.fewer, bh, b, h, H, kv_bh, Sq, Sk, n_tiles,
                             qk_scale, v_scale[kv_bh], out);
     }
+}
+
+template <class T, bool CAUSAL>
+__device__ __forceinline__ void sdpa_body(const TmaDesc* tm_q, const TmaDesc* tm_k,
+                                          const TmaDesc* tm_v, const float* __restrict__ q_scale,
+                                          const float* __restrict__ k_scale,
+                                          const float* __restrict__ v_scale,
+                                          __half* __restrict__ out, int B, int H, int Hkv, int Sq,
+                                          int Sk, float softmax_scale) {
+    extern __shared__ u8 smem_raw[];
+    __shared__ Barriers bars;
+    u8* smem = (u8*)(((size_t)smem_raw + 1023) & ~(size_t)1023);
+    if constexpr (!CAUSAL && T::MIXES) {
+        if (mixed_launch<T, CAUSAL>(B * H, Sq)) {
+            sdpa_cta<T, CAUSAL, true>(smem, bars, tm_q, tm_k, tm_v, q_scale, k_scale, v_scale, out,
+                                      B, H, Hkv, Sq, Sk, softmax_scale);
+            return;
+        }
+    }
+    sdpa_cta<T, CAUSAL, false>(smem, bars, tm_q, tm_k, tm_v, q_scale, k_scale, v_scale, out, B, H,
+                               Hkv, Sq, Sk, softmax_scale);
 }
 
 #define SDPA_ARGS                                                                              \

@@ -170,6 +170,13 @@ pub struct Tiles {
     pub narrow_d64: Option<NarrowTile>,
     #[serde(default)]
     pub narrow_d128: Option<NarrowTile>,
+    /// The shorter query tile an unmasked launch of the D = 64 (D = 128) entry's own tile may
+    /// run beside it, one unit of the module's SDPA_MIXED_UNIT_ROWS short, and its CTA's time
+    /// (src/backend/cuda/launch.rs `mixed_plan`).
+    #[serde(default)]
+    pub mixed_d64: Option<NarrowTile>,
+    #[serde(default)]
+    pub mixed_d128: Option<NarrowTile>,
 }
 
 impl Tiles {
@@ -178,6 +185,15 @@ impl Tiles {
         match d {
             64 => self.narrow_d64.as_ref(),
             128 => self.narrow_d128.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The shorter tile of a mixed launch of head dim `d`, if the manifest names one.
+    pub fn mixed(&self, d: usize) -> Option<&NarrowTile> {
+        match d {
+            64 => self.mixed_d64.as_ref(),
+            128 => self.mixed_d128.as_ref(),
             _ => None,
         }
     }
@@ -537,7 +553,7 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
-        let checks: [(bool, &'static str, String); 20] = [
+        let checks: [(bool, &'static str, String); 21] = [
             (
                 !self.name.is_empty()
                     && self
@@ -660,6 +676,29 @@ impl KernelSpec {
                 "tiles.narrow_d64 / tiles.narrow_d128",
                 "rows: a multiple of 16 below the head dim's block_m (where given); cta_time: \
                  in (0, 1], a narrower CTA's time relative to a CTA of its entry's own rows"
+                    .into(),
+            ),
+            (
+                [(64, &self.tiles.mixed_d64), (128, &self.tiles.mixed_d128)]
+                    .into_iter()
+                    .all(|(d, mixed)| {
+                        mixed.is_none_or(|n| {
+                            let own = if d == 128 {
+                                self.tiles.block_m_d128.or(self.tiles.block_m)
+                            } else {
+                                self.tiles.block_m
+                            };
+                            // The module's unit is checked when it loads (launch.rs
+                            // `mixed_tile`: a launch that does not match mixes nothing).
+                            query_tile(n.rows)
+                                && own.is_none_or(|m| n.rows < m)
+                                && n.cta_time > 0.0
+                                && n.cta_time <= 1.0
+                        })
+                    }),
+                "tiles.mixed_d64 / tiles.mixed_d128",
+                "rows: a multiple of 16 below the head dim's block_m (where given); cta_time: \
+                 in (0, 1], a shorter CTA's time relative to a CTA of its entry's own rows"
                     .into(),
             ),
             (
@@ -992,8 +1031,8 @@ mod tests {
                 "tiles.block_m_d128",
             ),
             (
-                "narrow_d128 = { rows = 128, cta_time = 0.71 }",
-                "narrow_d128 = { rows = 192, cta_time = 0.71 }",
+                "narrow_d128 = { rows = 128, cta_time = 0.76 }",
+                "narrow_d128 = { rows = 192, cta_time = 0.76 }",
                 "tiles.narrow_d64 / tiles.narrow_d128",
             ),
             (

@@ -268,6 +268,91 @@ fn stage_d_causal_grid_of_the_heads_first_gives_the_bits_of_the_query_tiles_firs
 
 #[test]
 #[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
+fn stage_d_mixed_grid_gives_the_bits_of_the_unmixed_one() {
+    // The default module publishes SDPA_MIXED_UNIT_ROWS = 64: an unmasked problem whose last
+    // wave of 192-row CTAs would leave SMs idle is launched on (B*H, T) with more, shorter
+    // tiles at each head's end (cuda/sdpa_fp8_stage_d_wgmma.cu `cta_work`; src/backend/cuda/
+    // waves.rs). The candidate, built with MIXED_TILES=0, publishes 0 and is launched
+    // unmixed. Each problem must pass with one output in both: whole units (1x16x4096x64: 24
+    // tiles, 16 of three units and 8 of two), a partial last unit (S_q 4000, and at D 128
+    // 2000), and a problem the plan leaves unmixed (4x16x4096x64: its 10.67 waves gain nothing).
+    let results = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = output(runner().args([
+        "--kernel",
+        "stage-d",
+        "--cp-async",
+        "0",
+        "--candidate-define",
+        "MIXED_TILES=0",
+        "--shapes",
+        "1x16x4096x64,1x16x4000x64,1x20x2000x128,4x16x4096x64",
+        "--seeds",
+        "0",
+        "--iters",
+        "20",
+        "--rounds",
+        "5",
+        "--results-dir",
+        results.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("8/8 PASS"), "{stdout}");
+    let dir = &run_dirs(results.path())[0];
+    let meta = read_json(&dir.join("build_meta.json"));
+    let published: Vec<_> = meta["backend_details"]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["identity"]["constants"]["mixed_unit_rows"].as_u64())
+        .collect();
+    assert_eq!(published, [Some(64), Some(0)]);
+    let perf = read_json(&dir.join("perf.json"));
+    let mut grids = std::collections::BTreeMap::<(String, String), Vec<u64>>::new();
+    for m in perf["measurements"].as_array().unwrap() {
+        let grid = m["launch"]["grid"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        let key = (m["shape"].as_str().unwrap(), m["variant"].as_str().unwrap());
+        grids.insert((key.0.to_string(), key.1.to_string()), grid);
+    }
+    let grid =
+        |shape: &str, variant: &str| grids[&(shape.to_string(), variant.to_string())].clone();
+    // The mixed grids: 24 tiles a head of 4096 or 4000 rows (22 unmixed), 13 of 2000 (11).
+    assert_eq!(grid("1x16x4096x64", "st2"), [16, 24, 1], "{grids:?}");
+    assert_eq!(
+        grid("1x16x4096x64", "st2+MIXED_TILES=0"),
+        [22, 16, 1],
+        "{grids:?}"
+    );
+    assert_eq!(grid("1x16x4000x64", "st2"), [16, 24, 1], "{grids:?}");
+    assert_eq!(grid("1x20x2000x128", "st2"), [20, 13, 1], "{grids:?}");
+    assert_eq!(
+        grid("1x20x2000x128", "st2+MIXED_TILES=0"),
+        [11, 20, 1],
+        "{grids:?}"
+    );
+    for v in ["st2", "st2+MIXED_TILES=0"] {
+        assert_eq!(grid("4x16x4096x64", v), [22, 64, 1], "{grids:?}");
+    }
+    let correctness = read_json(&dir.join("correctness.json"));
+    let mut checksums = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for r in correctness["results"].as_array().unwrap() {
+        checksums
+            .entry(r["shape"].as_str().unwrap().to_string())
+            .or_default()
+            .push(r["output_checksum"].as_str().unwrap().to_string());
+    }
+    assert_eq!(checksums.len(), 4, "{checksums:?}");
+    for (shape, sums) in &checksums {
+        assert!(sums.len() == 2 && sums[0] == sums[1], "{shape}: {sums:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
 fn stage_d_launch_follows_the_waves_and_the_mask_and_both_tiles_give_its_bits() {
     let results = tempfile::tempdir().unwrap();
     let (code, stdout, stderr) = output(runner().args([

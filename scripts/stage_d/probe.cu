@@ -156,6 +156,20 @@ int main(int argc, char** argv) {
         {4, 16, 16, 4096, 4096, 128, 0}, {16, 32, 8, 1, 8192, 128, 0}, {1, 32, 8, 512, 4096, 128, 1},
         {1, 32, 8, 4096, 4096, 128, 1}, {1, 8, 8, 16384, 16384, 128, 0},
     };
+    // mixed: unmasked problems at each grid of a mixed launch (cuda/sdpa_fp8_stage_d_wgmma.cu
+    // cta_work; src/backend/cuda/launch.rs `mixed_plan`): (B·H, T) for T from the unmixed
+    // tiles' count + 1 up to MIXED_SPAN more, each output compared bit for bit with the unmixed
+    // launch's, and timed (the best of 3 rounds), so that the host's schedule model can be
+    // checked against the measured best T. The two 1x132 problems are one wave of 192-row CTAs
+    // with three consumers' rows and with two (S_q 128): the time of a CTA one unit short.
+    bool mixed = argc > 1 && std::string(argv[1]) == "mixed";
+    if (mixed) probs = {
+        {1, 132, 132, 192, 4096, 64, 0}, {1, 132, 132, 128, 4096, 64, 0},
+        {1, 132, 132, 192, 4096, 128, 0}, {1, 132, 132, 128, 4096, 128, 0},
+        {1, 16, 16, 4096, 4096, 64, 0}, {1, 32, 32, 4096, 4096, 64, 0}, {1, 8, 8, 16384, 16384, 64, 0},
+        {4, 16, 16, 4096, 4096, 64, 0}, {1, 12, 12, 4096, 4096, 64, 0}, {2, 8, 8, 2048, 2048, 64, 0},
+        {1, 16, 16, 4096, 4096, 128, 0}, {4, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 16384, 16384, 128, 0},
+    };
     CU(cuInit(0));
     int fails = 0;
     for (auto p : probs) {
@@ -204,6 +218,40 @@ int main(int argc, char** argv) {
             else L(sdpa_fp8_stage_d_wgmma_d128_causal);
 #undef L
         };
+        if (mixed) {
+            // T = 0 is the unmixed grid; then (B·H, T) for T past it.
+            const int units = (p.Sq + 63) / 64, nc = BLOCK_M / 64, tn = (units + nc - 1) / nc;
+            const int span = getenv("MIXED_SPAN") ? atoi(getenv("MIXED_SPAN")) : 10;
+            std::vector<unsigned short> ref(on), got(on);
+            cudaEvent_t a, z; cudaEventCreate(&a); cudaEventCreate(&z);
+            printf("mixed %dx%dx%d sq=%d sk=%d d=%d (%d units, %d tiles of %d):", p.B, p.H, p.Hkv, p.Sq,
+                   p.Sk, p.D, units, tn, nc);
+            for (int T = tn; T <= std::min(tn + span, units / std::max(1, nc - 1)); ++T) {
+                grid = T == tn ? grid_of(BLOCK_M) : dim3(p.B * p.H, T);
+                double best = 1e30;
+                for (int round = 0; round < 3; ++round) {
+                    CK(cudaMemset(dout, 0xFF, on * 2));
+                    launch(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+                    CK(cudaMemcpy(T == tn ? ref.data() : got.data(), dout, on * 2, cudaMemcpyDeviceToHost));
+                    for (int w = 0; w < 3; ++w) launch();
+                    int iters = 10; float ms = 0;
+                    for (;;) {
+                        cudaEventRecord(a); for (int w = 0; w < iters; ++w) launch(); cudaEventRecord(z);
+                        CK(cudaEventSynchronize(z)); cudaEventElapsedTime(&ms, a, z);
+                        if (ms > 20 || iters >= 20000) break;
+                        iters *= 4;
+                    }
+                    best = std::min(best, ms * 1000.0 / iters);
+                }
+                const bool same = T == tn || memcmp(ref.data(), got.data(), on * 2) == 0;
+                if (!same) fails++;
+                printf("  T=%d %.2f us%s", T, best, same ? "" : " BITS DIFFER");
+            }
+            printf("\n"); fflush(stdout);
+            grid = grid_of(BLOCK_M);
+            cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dqs); cudaFree(dks); cudaFree(dvs); cudaFree(dout);
+            continue;
+        }
         if (geom) {
             // Each consumer count in turn, 3 rounds, the best mean of each; at D 128 the
             // companion's two consumers too (slot 0: COMPANION_D128 consumers in their own function).

@@ -5,6 +5,7 @@
 #     perf   issue 27's benchmark shapes: sampled check + TFLOP/s
 #     san    memcheck, racecheck, synccheck on the first two problems
 #     geom   D 64 and D 128 problems at each query tile the entry runs: bits against the widest, times
+#     mixed  unmasked problems at each grid of a mixed launch (MIXED_SPAN tiles past the unmixed): bits, times
 #     timeline  (a build with STAGE_D_DEFINES=-DDIAG_TIMELINE=X) where CTA (X, 0) spends each tile
 #     peers  cuDNN FP8 (carry .whl/nvidia_cudnn_frontend-*.whl), cuDNN fp16, flash fp16
 #     profile  Nsight Compute (--set full: clocks locked at base) on one launch of the entry

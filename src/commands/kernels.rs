@@ -93,6 +93,14 @@ fn query_rows(tiles: &Tiles) -> String {
             .narrow(d)
             .map(|n| format!("D {d} also {} where its CTAs end sooner", n.rows))
     }));
+    notes.extend([64, 128].into_iter().filter_map(|d| {
+        tiles.mixed(d).map(|n| {
+            format!(
+                "D {d} unmasked also {} beside its own in one launch where its last wave ends sooner",
+                n.rows
+            )
+        })
+    }));
     if notes.is_empty() {
         m.to_string()
     } else {
@@ -113,6 +121,8 @@ mod tests {
             kv_split: 1,
             narrow_d64: None,
             narrow_d128: None,
+            mixed_d64: None,
+            mixed_d128: None,
         };
         assert_eq!(query_rows(&tiles(Some(128), None)), "128");
         assert_eq!(query_rows(&tiles(Some(128), Some(128))), "128");
@@ -128,6 +138,18 @@ mod tests {
         assert_eq!(
             query_rows(&narrow),
             "192 (D 128: 128; D 64 also 64 where its CTAs end sooner)"
+        );
+        let mixed = Tiles {
+            mixed_d64: Some(crate::kernels::NarrowTile {
+                rows: 128,
+                cta_time: 0.89,
+            }),
+            ..tiles(Some(192), None)
+        };
+        assert_eq!(
+            query_rows(&mixed),
+            "192 (D 64 unmasked also 128 beside its own in one launch where its last wave ends \
+             sooner)"
         );
     }
 }

@@ -69,6 +69,8 @@ pub(super) enum TileChoice {
 #[derive(Debug, Clone, Copy)]
 struct Geometry {
     tile: QueryTile,
+    /// The chosen tile's grid: a mixed launch's query tiles a head, or its own order.
+    order: Order,
     /// The other query tile the entry runs (the one not chosen), where it runs two.
     other: Option<QueryTile>,
     smem_bytes: u32,
@@ -203,7 +205,7 @@ impl DeviceProblem {
         variant: &LoadedVariant,
     ) -> Option<crate::schema::LaunchRecord> {
         let g = self.geometry(variant).ok()?;
-        let (grid, block) = launch_dims(g.tile, self.shape, g.kv_ctas, self.heads_first(variant));
+        let (grid, block) = launch_dims(g.tile, self.shape, g.kv_ctas, g.order);
         Some(crate::schema::LaunchRecord {
             query_rows: g.tile.rows,
             threads: block.0,
@@ -224,20 +226,15 @@ impl DeviceProblem {
     ) -> Result<bool, DriverError> {
         let geometry = self.geometry(variant)?;
         let consts = &variant.identity.constants;
-        let tile = match which {
-            TileChoice::Chosen => geometry.tile,
+        let (tile, order) = match which {
+            TileChoice::Chosen => (geometry.tile, geometry.order),
             TileChoice::Other => match geometry.other {
-                Some(t) => t,
+                Some(t) => (t, Order::of(self.heads_first(variant))),
                 None => return Ok(false),
             },
         };
         let function = self.function(variant, tile.rows);
-        let (grid_dim, block_dim) = launch_dims(
-            tile,
-            self.shape,
-            geometry.kv_ctas,
-            self.heads_first(variant),
-        );
+        let (grid_dim, block_dim) = launch_dims(tile, self.shape, geometry.kv_ctas, order);
         let cfg = LaunchConfig {
             grid_dim,
             block_dim,
@@ -328,28 +325,57 @@ impl DeviceProblem {
         let shape = self.shape;
         let kv_ctas = consts.kv_ctas(self.entry, shape);
         let smem_bytes = consts.launch_smem_bytes(self.entry, shape, sms);
-        let (tile, other) = plan_tiles(consts, self.entry, shape, kv_ctas, narrow, sms, |tile| {
+        let occupancy = |tile: QueryTile| {
             self.function(variant, tile.rows)
                 .occupancy_max_active_blocks_per_multiprocessor(
                     tile.threads,
                     smem_bytes as usize,
                     None,
                 )
-        })?;
+        };
+        let (mut tile, mut other) =
+            plan_tiles(consts, self.entry, shape, kv_ctas, narrow, sms, occupancy)?;
+        // A mixed launch of the entry's own tile, where it ends sooner than the tile chosen.
+        let own = QueryTile::own(consts, self.entry);
+        let mixed = variant.kernel.tiles.mixed(self.entry.d).copied();
+        let mut order = Order::of(self.heads_first(variant));
+        if let Some(short) = mixed_tile(consts, self.entry, own, kv_ctas, mixed) {
+            let own_slots = sms * occupancy(own)?.max(1);
+            let rival = match narrow {
+                Some(n) if tile != own => {
+                    let ctas = (shape.b * shape.h) as u32 * kv_ctas;
+                    let slots = sms * occupancy(tile)?.max(1);
+                    QueryTile::time(tile, slots, n.cta_time, shape.sq as u32, ctas)
+                }
+                _ => f64::INFINITY,
+            };
+            if let Some(t) = mixed_plan(consts, shape, own, short, own_slots, rival) {
+                if tile != own {
+                    other = Some(tile);
+                    tile = own;
+                }
+                order = Order::Mixed(t);
+            }
+        }
         crate::trace::mark(|| {
             format!(
                 "launch {}: {} query rows a CTA, {} threads, {} bytes of shared memory, \
-                 the keys of a query tile over {} CTAs, function {}",
+                 the keys of a query tile over {} CTAs, function {}{}",
                 self.entry.suffix(),
                 tile.rows,
                 tile.threads,
                 smem_bytes,
                 kv_ctas,
-                variant.function_name(self.entry, tile.rows)
+                variant.function_name(self.entry, tile.rows),
+                match order {
+                    Order::Mixed(t) => format!(", mixed: {t} query tiles a head"),
+                    _ => String::new(),
+                }
             )
         });
         let g = Geometry {
             tile,
+            order,
             other,
             smem_bytes,
             kv_ctas,
@@ -399,6 +425,12 @@ struct QueryTile {
 }
 
 impl QueryTile {
+    /// When a launch of this tile ends in the model of [`QueryTile::choose`]: its whole waves
+    /// of CTAs on `slots` times a CTA's `cta_time` (the entry's own tile's CTA is 1).
+    fn time(self, slots: u32, cta_time: f64, sq: u32, ctas: u32) -> f64 {
+        f64::from((sq.div_ceil(self.rows) * ctas).div_ceil(slots.max(1))) * cta_time
+    }
+
     /// The entry's own (a module may publish D 128's apart).
     fn own(consts: &KernelConstants, entry: crate::shapes::Entry) -> Self {
         QueryTile {
@@ -430,9 +462,8 @@ impl QueryTile {
     /// `cta_time`; a tie keeps the entry's own. The model and the manifest's time are checked
     /// against both tiles measured on fifteen problems (docs/PERF.md change 23).
     fn choose(own: (Self, u32), narrow: (Self, u32, f64), sq: u32, ctas: u32) -> Self {
-        let waves = |t: Self, slots: u32| (sq.div_ceil(t.rows) * ctas).div_ceil(slots.max(1));
-        let own_time = f64::from(waves(own.0, own.1));
-        let narrow_time = f64::from(waves(narrow.0, narrow.1)) * narrow.2;
+        let own_time = Self::time(own.0, own.1, 1.0, sq, ctas);
+        let narrow_time = Self::time(narrow.0, narrow.1, narrow.2, sq, ctas);
         if narrow_time < own_time {
             narrow.0
         } else {
@@ -465,13 +496,34 @@ fn plan_tiles(
         return Ok((own, None));
     }
     let own_slots = sms * occupancy(own)?.max(1);
+    let narrow_slots = sms * narrow_fits;
     let ctas = (q.b * q.h) as u32 * kv_ctas;
-    let tile = QueryTile::choose(
-        (own, own_slots),
-        (narrower, sms * narrow_fits, cta_time),
-        q.sq as u32,
-        ctas,
-    );
+    // A causal launch's CTAs run unequal KV tiles: the list schedule of them, where it takes
+    // the launch (docs/PERF.md "Stage D, change 37": the wave model picked the slower tile on
+    // 1x16x4096x128 causal and 1x32x4096x128 GQA causal at D 128).
+    let causal = (entry.causal && kv_ctas == 1).then(|| super::waves::Causal {
+        heads: ctas,
+        sq: q.sq as u32,
+        sk: q.sk as u32,
+        block_n: consts.block_n,
+        heads_first: heads_first(entry, consts),
+    });
+    let ends = causal.and_then(|c| {
+        Some((
+            c.end(own.rows, 1.0, own_slots)?,
+            c.end(narrower.rows, cta_time, narrow_slots)?,
+        ))
+    });
+    let tile = match ends {
+        Some((own_end, narrow_end)) if narrow_end < own_end => narrower,
+        Some(_) => own,
+        None => QueryTile::choose(
+            (own, own_slots),
+            (narrower, narrow_slots, cta_time),
+            q.sq as u32,
+            ctas,
+        ),
+    };
     Ok((tile, Some(if tile == own { narrower } else { own })))
 }
 
@@ -526,23 +578,90 @@ fn narrowest_tile(consts: &KernelConstants) -> usize {
         .unwrap_or(1)
 }
 
+/// How a launch's CTAs lie on its grid (the GPU starts them x first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// (query tiles, B·H, KV splits): a head's CTAs side by side.
+    TilesFirst,
+    /// (B·H, query tiles, KV splits): a causal launch of a module that publishes
+    /// `SDPA_CAUSAL_HEADS_FIRST`, so every head's heaviest query tile starts before any lighter
+    /// one ([`heads_first`]).
+    HeadsFirst,
+    /// (B·H, T, 1): a mixed launch of T query tiles a head, every head's full tiles first
+    /// ([`mixed_plan`]).
+    Mixed(u32),
+}
+
+impl Order {
+    fn of(heads_first: bool) -> Self {
+        if heads_first {
+            Order::HeadsFirst
+        } else {
+            Order::TilesFirst
+        }
+    }
+}
+
 /// The grid and block of a launch of `tile` on `q`: a CTA per query tile, head and KV split
-/// (`kv_ctas`), as (query tiles, heads, splits), or (heads, query tiles, splits) where
-/// `heads_first` (a causal launch of a module that publishes `SDPA_CAUSAL_HEADS_FIRST`: the GPU
-/// starts CTAs x first, so every head's heaviest query tile starts before any lighter one).
+/// (`kv_ctas`), laid out in `order`.
 fn launch_dims(
     tile: QueryTile,
     q: LaunchShape,
     kv_ctas: u32,
-    heads_first: bool,
+    order: Order,
 ) -> ((u32, u32, u32), (u32, u32, u32)) {
     let (tiles, heads) = ((q.sq as u32).div_ceil(tile.rows), (q.b * q.h) as u32);
-    let grid = if heads_first {
-        (heads, tiles, kv_ctas)
-    } else {
-        (tiles, heads, kv_ctas)
+    let grid = match order {
+        Order::TilesFirst => (tiles, heads, kv_ctas),
+        Order::HeadsFirst => (heads, tiles, kv_ctas),
+        Order::Mixed(t) => (heads, t, 1),
     };
     (grid, (tile.threads, 1, 1))
+}
+
+/// The shorter tile a launch of `tile` may mix in (the manifest's `tiles.mixed_d<D>`), where
+/// it may: an unmasked launch of the entry's own tile, unsplit, of a module that publishes
+/// `SDPA_MIXED_UNIT_ROWS`, whose tile is whole units and the manifest's shorter one a unit
+/// short (a manifest that names another mixes nothing: the kernel's rule is one unit).
+fn mixed_tile(
+    consts: &KernelConstants,
+    entry: crate::shapes::Entry,
+    tile: QueryTile,
+    kv_ctas: u32,
+    mixed: Option<NarrowTile>,
+) -> Option<NarrowTile> {
+    let unit = consts.mixed_unit_rows;
+    let short = mixed?;
+    let whole = unit > 0 && tile.rows.is_multiple_of(unit) && tile.rows / unit >= 2;
+    (!entry.causal
+        && kv_ctas == 1
+        && whole
+        && tile == QueryTile::own(consts, entry)
+        && short.rows + unit == tile.rows)
+        .then_some(short)
+}
+
+/// The query tiles a head of the mixed launch of `tile` (with `short`, its CTAs on `slots`
+/// slots) that ends soonest, where the schedule model (src/backend/cuda/waves.rs) has it end
+/// sooner by its margin than the unmixed launch and than `rival` (the narrower tile's end in
+/// [`QueryTile::choose`]'s model, where the launch would take it); None where it does not.
+fn mixed_plan(
+    consts: &KernelConstants,
+    q: LaunchShape,
+    tile: QueryTile,
+    short: NarrowTile,
+    slots: u32,
+    rival: f64,
+) -> Option<u32> {
+    let unit = consts.mixed_unit_rows;
+    super::waves::Launch {
+        units: (q.sq as u32).div_ceil(unit),
+        n: tile.rows / unit,
+        heads: u32::try_from(q.b * q.h).ok()?,
+        slots,
+        short: short.cta_time,
+    }
+    .plan(GRID_Y_MAX as u32, rival)
 }
 
 /// The query rows at or below which a launch may split (Stage C's `SDPA_SHORT_Q_ROWS`), and the
@@ -671,6 +790,46 @@ mod tests {
     }
 
     #[test]
+    fn a_causal_launch_takes_the_tile_whose_heaviest_first_schedule_ends_sooner() {
+        // Stage D at D 128: the 192-row entry or its 128-row companion at 0.76, one CTA an SM.
+        let c = super::super::identity::stage_d_constants();
+        let first = KernelConstants {
+            causal_heads_first: true,
+            ..c
+        };
+        let n = Some(NarrowTile {
+            rows: 128,
+            cta_time: 0.76,
+        });
+        let d128 = Entry {
+            d: 128,
+            causal: true,
+        };
+        let (own, companion) = (tile(192, 512), tile(128, 384));
+        let one_an_sm = |_| Ok(1);
+        let plan = |h, sq| {
+            plan_tiles(&first, d128, q(1, h, sq), 1, n, 132, one_an_sm)
+                .unwrap()
+                .0
+        };
+        // Both have 3 and 4 waves (3.0 against 3.04 in the wave model, which took the entry);
+        // heaviest first, 16 heads end sooner on the companion's 128 rows, 32 on 192.
+        assert_eq!(plan(16, 4096), companion);
+        assert_eq!(plan(32, 4096), own);
+        // Unmasked, the wave model: 3 waves of the entry against 4 x 0.76 of the companion.
+        let unmasked = Entry {
+            causal: false,
+            ..d128
+        };
+        assert_eq!(
+            plan_tiles(&first, unmasked, q(1, 16, 4096), 1, n, 132, one_an_sm)
+                .unwrap()
+                .0,
+            own
+        );
+    }
+
+    #[test]
     fn a_tie_keeps_the_entrys_own_tile() {
         let (own, narrow) = (tile(128, 384), tile(64, 256));
         // One wave each; a narrow CTA as slow as a wide one.
@@ -699,11 +858,11 @@ mod tests {
         // 4096 rows: 22 tiles of 192 (the last partial), 32 of 128.
         let own = |e| QueryTile::own(&c, e);
         assert_eq!(
-            launch_dims(own(d64), q, 1, false),
+            launch_dims(own(d64), q, 1, Order::TilesFirst),
             ((22, 32, 1), (512, 1, 1))
         );
         assert_eq!(
-            launch_dims(own(d128), q, 3, false),
+            launch_dims(own(d128), q, 3, Order::TilesFirst),
             ((32, 32, 3), (384, 1, 1))
         );
         // A narrower tile of a module that narrows: 64 rows with one warpgroup, 256 threads.
@@ -716,7 +875,10 @@ mod tests {
             cta_time: 0.8,
         };
         let (tile, _) = QueryTile::narrow(&narrows, d64, n).unwrap();
-        assert_eq!(launch_dims(tile, q, 1, false), ((64, 32, 1), (256, 1, 1)));
+        assert_eq!(
+            launch_dims(tile, q, 1, Order::TilesFirst),
+            ((64, 32, 1), (256, 1, 1))
+        );
         assert_eq!(
             QueryTile::narrow(&c, d64, n),
             None,
@@ -767,8 +929,67 @@ mod tests {
         assert!(!heads_first(causal, &plain));
         let q = gqa_2x16x4096();
         let tile = QueryTile::own(&first, causal);
-        assert_eq!(launch_dims(tile, q, 1, true), ((32, 22, 1), (512, 1, 1)));
-        assert_eq!(launch_dims(tile, q, 1, false), ((22, 32, 1), (512, 1, 1)));
+        assert_eq!(
+            launch_dims(tile, q, 1, Order::HeadsFirst),
+            ((32, 22, 1), (512, 1, 1))
+        );
+        assert_eq!(
+            launch_dims(tile, q, 1, Order::TilesFirst),
+            ((22, 32, 1), (512, 1, 1))
+        );
+    }
+
+    #[test]
+    fn a_mixed_launch_needs_an_unmasked_unsplit_own_tile_of_whole_units_and_a_module_that_mixes() {
+        let plain = super::super::identity::stage_d_constants();
+        let mixes = KernelConstants {
+            mixed_unit_rows: 64,
+            ..plain
+        };
+        let d64 = Entry::BASE;
+        let own = QueryTile::own(&mixes, d64);
+        let short = NarrowTile {
+            rows: 128,
+            cta_time: 0.89,
+        };
+        assert_eq!(mixed_tile(&mixes, d64, own, 1, Some(short)), Some(short));
+        let causal = Entry {
+            causal: true,
+            ..d64
+        };
+        let two_short = NarrowTile { rows: 64, ..short };
+        for (why, got) in [
+            ("causal", mixed_tile(&mixes, causal, own, 1, Some(short))),
+            ("split KV", mixed_tile(&mixes, d64, own, 2, Some(short))),
+            ("no manifest tile", mixed_tile(&mixes, d64, own, 1, None)),
+            (
+                "a module that never mixes",
+                mixed_tile(&plain, d64, own, 1, Some(short)),
+            ),
+            (
+                "the narrower tile chosen",
+                mixed_tile(&mixes, d64, tile(64, 256), 1, Some(short)),
+            ),
+            (
+                "two units short",
+                mixed_tile(&mixes, d64, own, 1, Some(two_short)),
+            ),
+        ] {
+            assert_eq!(got, None, "{why}");
+        }
+        // 1x16x4096x64: 24 tiles a head on (B*H, 24), where 22 would end a third wave of full
+        // CTAs on 88 of 132 SMs.
+        let q = q(1, 16, 4096);
+        assert_eq!(
+            mixed_plan(&mixes, q, own, short, 132, f64::INFINITY),
+            Some(24)
+        );
+        // A narrower tile whose waves end at 2.84 of a full CTA (4 of 0.71) keeps its launch.
+        assert_eq!(mixed_plan(&mixes, q, own, short, 132, 2.84), None);
+        assert_eq!(
+            launch_dims(own, q, 1, Order::Mixed(24)),
+            ((16, 24, 1), (512, 1, 1))
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod tensor_map;
 pub mod timer;
 pub mod variant;
 pub mod watchdog;
+mod waves;
 mod yardsticks;
 
 use std::mem::ManuallyDrop;

@@ -94,6 +94,12 @@ pub struct KernelConstants {
     /// launch.rs `launch_dims`).
     #[serde(default)]
     pub causal_heads_first: bool,
+    /// The rows of a unit of a mixed launch (`SDPA_MIXED_UNIT_ROWS`, Stage D since stop 57;
+    /// absent or 0: the module never mixes): an unmasked launch of an entry's own tile of n
+    /// units on the grid (B·H, T), T past the unmixed tiles' count, runs each head's first
+    /// U - (n - 1) T tiles of n units and the rest of n - 1 (launch.rs `mixed_plan`).
+    #[serde(default)]
+    pub mixed_unit_rows: u32,
     /// How far a tile's maximum must pass the running maximum before it moves
     /// (`SDPA_RESCALE_THRESHOLD`; absent: 0, the exact running maximum), which must be the
     /// manifest's `numerics.rescale_threshold` (backend/cuda/kernel.rs `numerics_mismatch`).
@@ -136,6 +142,7 @@ impl KernelConstants {
             v_swizzle: ptx_constant_opt(ptx, "SDPA_V_SWIZZLE")?.is_some_and(|v| v != 0),
             causal_heads_first: ptx_constant_opt(ptx, "SDPA_CAUSAL_HEADS_FIRST")?
                 .is_some_and(|v| v != 0),
+            mixed_unit_rows: ptx_constant_opt(ptx, "SDPA_MIXED_UNIT_ROWS")?.unwrap_or(0),
             rescale_threshold: ptx_constant_opt(ptx, "SDPA_RESCALE_THRESHOLD")?.unwrap_or(0),
         })
     }
@@ -808,5 +815,24 @@ mod tests {
         assert_eq!(first(&format!("{name} = 1;\n")), Ok(true));
         let err = first(&format!("{name} = yes;\n")).unwrap_err();
         assert!(err.contains("SDPA_CAUSAL_HEADS_FIRST"), "{err}");
+    }
+
+    #[test]
+    fn mixed_unit_rows_is_read_as_published_and_zero_where_absent() {
+        let ptx = per_head_dim_ptx((192, 192), (512, 512));
+        let unit = |line: &str| {
+            KernelConstants::from_ptx(&format!("{ptx}{line}"), "SDPA_KV_STAGES")
+                .map(|c| c.mixed_unit_rows)
+        };
+        let name = ".const .align 4 .u32 SDPA_MIXED_UNIT_ROWS";
+        assert_eq!(unit(""), Ok(0), "absent: the modules before stop 57");
+        assert_eq!(
+            unit(&format!("{name};\n")),
+            Ok(0),
+            "uninitialized .const is 0"
+        );
+        assert_eq!(unit(&format!("{name} = 64;\n")), Ok(64));
+        let err = unit(&format!("{name} = -1;\n")).unwrap_err();
+        assert!(err.contains("SDPA_MIXED_UNIT_ROWS"), "{err}");
     }
 }

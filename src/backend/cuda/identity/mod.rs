@@ -344,6 +344,7 @@ mod tests {
                 switch: published,
                 v_swizzle: false,
                 causal_heads_first: false,
+                mixed_unit_rows: 0,
                 rescale_threshold: 0,
             },
             ptxas: clean.clone(),
