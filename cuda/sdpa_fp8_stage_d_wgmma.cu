@@ -157,7 +157,8 @@
 //                   costs, for scripts/stage_d/variants.sh only.
 //
 // Launch: grid (ceil(S_q / rows), B*H) (causal with SDPA_CAUSAL_HEADS_FIRST: (B*H, ceil(S_q /
-// rows))) with THREADS threads and rows = BLOCK_M (each head dim's),
+// rows)); a mixed launch, unmasked: (B*H, T) with T > ceil(S_q / rows), cta_work) with THREADS
+// threads and rows = BLOCK_M (each head dim's),
 // or 128 x (1 + c) threads and rows = 64c for c < CONSUMERS (the entry narrowed), or the
 // companion's SDPA_COMPANION_THREADS_D<D> and _ROWS_D<D> in its own function; SDPA_SMEM_BYTES_D<D>
 // bytes of dynamic shared memory; tensor maps (3-D: dim, row, batch·head) over Q [D, S_q, B·H] with box
@@ -463,8 +464,8 @@ __device__ __forceinline__ CtaWork cta_work(int Sq) {
     if (wide < 0) __trap(); // more tiles than units of nc - 1
     // Tile y >= wide starts at unit wide + (nc - 1) y = nc y - (y - wide).
 #ifdef MUTANT_MIXED_SHORT_START
-    // Planted: the shorter tiles start a unit late (the unit after the wide ones is never
-    // written).
+    // Planted: every shorter tile but the first starts a unit late (the first unit of tile
+    // W + 1 is never written).
     return {y, (int)blockIdx.x, max(0, y - wide - 1), y < wide ? 0 : 1};
 #else
     return {y, (int)blockIdx.x, max(0, y - wide), y < wide ? 0 : 1};

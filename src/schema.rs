@@ -440,7 +440,8 @@ pub struct Measurement {
 
 /// One kernel launch's geometry: query rows and threads of a CTA, the grid (query tiles, B·H,
 /// KV split; (B·H, query tiles, KV split) for a causal launch of a module that publishes
-/// `SDPA_CAUSAL_HEADS_FIRST`, since stop 56), and the function that ran (an entry, or its
+/// `SDPA_CAUSAL_HEADS_FIRST`, since stop 56; (B·H, T, 1) for a mixed launch of T query tiles a
+/// head, some a unit short, since stop 57), and the function that ran (an entry, or its
 /// companion: docs/DESIGN.md "Kernel ABI"; absent in records written before stop 48).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchRecord {

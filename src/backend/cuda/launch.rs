@@ -428,7 +428,8 @@ impl QueryTile {
     /// When a launch of this tile ends in the model of [`QueryTile::choose`]: its whole waves
     /// of CTAs on `slots` times a CTA's `cta_time` (the entry's own tile's CTA is 1).
     fn time(self, slots: u32, cta_time: f64, sq: u32, ctas: u32) -> f64 {
-        f64::from((sq.div_ceil(self.rows) * ctas).div_ceil(slots.max(1))) * cta_time
+        let all = u64::from(sq.div_ceil(self.rows)) * u64::from(ctas);
+        all.div_ceil(u64::from(slots.max(1))) as f64 * cta_time
     }
 
     /// The entry's own (a module may publish D 128's apart).
@@ -621,8 +622,10 @@ fn launch_dims(
 
 /// The shorter tile a launch of `tile` may mix in (the manifest's `tiles.mixed_d<D>`), where
 /// it may: an unmasked launch of the entry's own tile, unsplit, of a module that publishes
-/// `SDPA_MIXED_UNIT_ROWS`, whose tile is whole units and the manifest's shorter one a unit
-/// short (a manifest that names another mixes nothing: the kernel's rule is one unit).
+/// `SDPA_MIXED_UNIT_ROWS`, whose entry narrows by that unit (`SDPA_NARROW_ROWS_D<D>`: the
+/// kernel mixes only in entries that may leave a consumer without rows, those without turns of
+/// their own), whose tile is whole units and the manifest's shorter one a unit short (a
+/// manifest that names another mixes nothing: the kernel's rule is one unit).
 fn mixed_tile(
     consts: &KernelConstants,
     entry: crate::shapes::Entry,
@@ -632,7 +635,10 @@ fn mixed_tile(
 ) -> Option<NarrowTile> {
     let unit = consts.mixed_unit_rows;
     let short = mixed?;
-    let whole = unit > 0 && tile.rows.is_multiple_of(unit) && tile.rows / unit >= 2;
+    let whole = unit > 0
+        && consts.narrow_step(entry) == unit
+        && tile.rows.is_multiple_of(unit)
+        && tile.rows / unit >= 2;
     (!entry.causal
         && kv_ctas == 1
         && whole
@@ -941,10 +947,19 @@ mod tests {
 
     #[test]
     fn a_mixed_launch_needs_an_unmasked_unsplit_own_tile_of_whole_units_and_a_module_that_mixes() {
-        let plain = super::super::identity::stage_d_constants();
+        let plain = KernelConstants {
+            narrow_rows: 64,
+            ..super::super::identity::stage_d_constants()
+        };
         let mixes = KernelConstants {
             mixed_unit_rows: 64,
             ..plain
+        };
+        // An entry with turns of its own publishes no narrowing (a build of PINGPONG_D64=3):
+        // its kernel never mixes, so neither does the host.
+        let turns = KernelConstants {
+            narrow_rows: 0,
+            ..mixes
         };
         let d64 = Entry::BASE;
         let own = QueryTile::own(&mixes, d64);
@@ -974,6 +989,10 @@ mod tests {
                 "two units short",
                 mixed_tile(&mixes, d64, own, 1, Some(two_short)),
             ),
+            (
+                "an entry with turns",
+                mixed_tile(&turns, d64, own, 1, Some(short)),
+            ),
         ] {
             assert_eq!(got, None, "{why}");
         }
@@ -984,8 +1003,10 @@ mod tests {
             mixed_plan(&mixes, q, own, short, 132, f64::INFINITY),
             Some(24)
         );
-        // A narrower tile whose waves end at 2.84 of a full CTA (4 of 0.71) keeps its launch.
+        // A narrower tile whose waves end at 2.84 of a full CTA (4 of 0.71) keeps its launch, one
+        // at 3.04 (4 of 0.76, the companion's time since stop 57) does not.
         assert_eq!(mixed_plan(&mixes, q, own, short, 132, 2.84), None);
+        assert_eq!(mixed_plan(&mixes, q, own, short, 132, 3.04), Some(24));
         assert_eq!(
             launch_dims(own, q, 1, Order::Mixed(24)),
             ((16, 24, 1), (512, 1, 1))

@@ -59,12 +59,16 @@ impl Launch {
         )
     }
 
-    /// The end of a mixed launch of `tiles` query tiles a head on the grid (heads, tiles): a
-    /// head's first W = units - (n - 1) tiles of n units, the rest of n - 1 (the kernel's
-    /// cta_work), so every head's full CTAs start first.
+    /// The end of a mixed launch of `tiles` query tiles a head on the grid (heads, tiles), every
+    /// head's full CTAs first ([`mixed_units`]).
     fn mixed(&self, tiles: u32) -> f64 {
-        let wide = self.units - (self.n - 1) * tiles;
-        let time = |y: u32| if y < wide { 1.0 } else { self.short };
+        let time = |y: u32| {
+            if mixed_units(self.units, self.n, tiles, y).1 == self.n {
+                1.0
+            } else {
+                self.short
+            }
+        };
         finish(
             (0..tiles).flat_map(|y| (0..self.heads).map(move |_| time(y))),
             self.slots,
@@ -81,7 +85,11 @@ impl Launch {
             return None;
         }
         let unmixed_tiles = self.units.div_ceil(self.n);
-        let most = (self.units / (self.n - 1)).min(y_max);
+        // Past a wave of more CTAs than the unmixed launch's, more tiles only add short CTAs
+        // (and the model's cost with them).
+        let most = (self.units / (self.n - 1))
+            .min(unmixed_tiles + self.slots.div_ceil(self.heads) + 1)
+            .min(y_max);
         if u64::from(self.heads) * u64::from(most) > MAX_CTAS {
             return None;
         }
@@ -95,6 +103,18 @@ impl Launch {
         }
         best.filter(|&(end, _)| end <= unmixed * (1.0 - MIX_MARGIN))
             .map(|(_, tiles)| tiles)
+    }
+}
+
+/// The first unit and the units of query tile `y` of a head of `units` units in a mixed launch
+/// of `tiles` tiles of n units: the first W = units - (n - 1) tiles own n, the rest n - 1
+/// (cuda/sdpa_fp8_stage_d_wgmma.cu `cta_work`: tile y >= W starts at n y - (y - W)).
+fn mixed_units(units: u32, n: u32, tiles: u32, y: u32) -> (u32, u32) {
+    let wide = units - (n - 1) * tiles;
+    if y < wide {
+        (n * y, n)
+    } else {
+        (n * y - (y - wide), n - 1)
     }
 }
 
@@ -144,7 +164,7 @@ mod tests {
     use super::*;
 
     /// Stage D's D 64 entry on an H100: 192-row CTAs (3 units of 64), one an SM, a CTA of
-    /// two units `short` of a full one's time.
+    /// two units `short` of a full one's time (the tests' own figures; the manifest's is 0.88).
     fn d64(b: u32, h: u32, sq: u32, short: f64) -> Launch {
         Launch {
             units: sq.div_ceil(64),
@@ -152,6 +172,32 @@ mod tests {
             heads: b * h,
             slots: 132,
             short,
+        }
+    }
+
+    #[test]
+    fn a_mixed_launchs_tiles_cover_every_unit_once_full_ones_first() {
+        // Every grid the host may choose: T from one past the unmixed tiles to units / (n - 1).
+        for n in [2u32, 3] {
+            for units in 1..=200u32 {
+                for tiles in units.div_ceil(n) + 1..=units / (n - 1) {
+                    let mut next = 0;
+                    let mut shorter = false;
+                    for y in 0..tiles {
+                        let (first, count) = mixed_units(units, n, tiles, y);
+                        assert_eq!(first, next, "n {n} units {units} tiles {tiles} y {y}");
+                        assert!(count == n || count == n - 1);
+                        assert!(
+                            !shorter || count == n - 1,
+                            "a full tile after a shorter one"
+                        );
+                        shorter |= count == n - 1;
+                        next += count;
+                    }
+                    assert_eq!(next, units, "n {n} units {units} tiles {tiles}");
+                    assert!(shorter, "a mixed launch has a shorter tile");
+                }
+            }
         }
     }
 
