@@ -553,6 +553,25 @@ impl KernelSpec {
                 !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
             });
         let v = &self.variants;
+        // A tile of each head dim below the manifest's own where it names one (else the
+        // module's, checked when it loads: backend/cuda/kernel.rs `narrow_not_run`, a warning,
+        // the launch then takes its own; launch.rs `mixed_tile`, a launch that does not match
+        // mixes nothing), with a CTA time in (0, 1].
+        let below_own = |tiles: [(usize, &Option<NarrowTile>); 2]| {
+            tiles.into_iter().all(|(d, tile)| {
+                tile.is_none_or(|n| {
+                    let own = if d == 128 {
+                        self.tiles.block_m_d128.or(self.tiles.block_m)
+                    } else {
+                        self.tiles.block_m
+                    };
+                    query_tile(n.rows)
+                        && own.is_none_or(|m| n.rows < m)
+                        && n.cta_time > 0.0
+                        && n.cta_time <= 1.0
+                })
+            })
+        };
         let checks: [(bool, &'static str, String); 21] = [
             (
                 !self.name.is_empty()
@@ -655,47 +674,14 @@ impl KernelSpec {
                 "a multiple of 16 (one MMA tile) up to 256, beside a block_m".into(),
             ),
             (
-                [(64, &self.tiles.narrow_d64), (128, &self.tiles.narrow_d128)]
-                    .into_iter()
-                    .all(|(d, narrow)| {
-                        narrow.is_none_or(|n| {
-                            let own = if d == 128 {
-                                self.tiles.block_m_d128.or(self.tiles.block_m)
-                            } else {
-                                self.tiles.block_m
-                            };
-                            // Below the manifest's own tile where it names one; else the
-                            // module's, checked when it loads (backend/cuda/kernel.rs
-                            // `narrow_not_run`: a warning, the launch then takes its own).
-                            query_tile(n.rows)
-                                && own.is_none_or(|m| n.rows < m)
-                                && n.cta_time > 0.0
-                                && n.cta_time <= 1.0
-                        })
-                    }),
+                below_own([(64, &self.tiles.narrow_d64), (128, &self.tiles.narrow_d128)]),
                 "tiles.narrow_d64 / tiles.narrow_d128",
                 "rows: a multiple of 16 below the head dim's block_m (where given); cta_time: \
                  in (0, 1], a narrower CTA's time relative to a CTA of its entry's own rows"
                     .into(),
             ),
             (
-                [(64, &self.tiles.mixed_d64), (128, &self.tiles.mixed_d128)]
-                    .into_iter()
-                    .all(|(d, mixed)| {
-                        mixed.is_none_or(|n| {
-                            let own = if d == 128 {
-                                self.tiles.block_m_d128.or(self.tiles.block_m)
-                            } else {
-                                self.tiles.block_m
-                            };
-                            // The module's unit is checked when it loads (launch.rs
-                            // `mixed_tile`: a launch that does not match mixes nothing).
-                            query_tile(n.rows)
-                                && own.is_none_or(|m| n.rows < m)
-                                && n.cta_time > 0.0
-                                && n.cta_time <= 1.0
-                        })
-                    }),
+                below_own([(64, &self.tiles.mixed_d64), (128, &self.tiles.mixed_d128)]),
                 "tiles.mixed_d64 / tiles.mixed_d128",
                 "rows: a multiple of 16 below the head dim's block_m (where given); cta_time: \
                  in (0, 1], a shorter CTA's time relative to a CTA of its entry's own rows"
@@ -1049,6 +1035,16 @@ mod tests {
                 "narrow_d64 = { rows = 64, cta_time = 0.8 }",
                 "narrow_d64 = { rows = 64 }",
                 "cta_time",
+            ),
+            (
+                "mixed_d64 = { rows = 128, cta_time = 0.88 }",
+                "mixed_d64 = { rows = 192, cta_time = 0.88 }",
+                "tiles.mixed_d64",
+            ),
+            (
+                "mixed_d128 = { rows = 128, cta_time = 0.89 }",
+                "mixed_d128 = { rows = 128, cta_time = 0 }",
+                "tiles.mixed_d64 / tiles.mixed_d128",
             ),
             ("p_precision = \"f16\"", "p_precision = \"bf16\"", "bf16"),
             (
