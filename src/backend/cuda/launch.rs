@@ -321,7 +321,6 @@ impl DeviceProblem {
             return Ok(*g);
         }
         let (consts, sms) = (&variant.identity.constants, variant.sms);
-        let narrow = variant.kernel.tiles.narrow(self.entry.d).copied();
         let shape = self.shape;
         let kv_ctas = consts.kv_ctas(self.entry, shape);
         let smem_bytes = consts.launch_smem_bytes(self.entry, shape, sms);
@@ -333,30 +332,15 @@ impl DeviceProblem {
                     None,
                 )
         };
-        let (mut tile, mut other) =
-            plan_tiles(consts, self.entry, shape, kv_ctas, narrow, sms, occupancy)?;
-        // A mixed launch of the entry's own tile, where it ends sooner than the tile chosen.
-        let own = QueryTile::own(consts, self.entry);
-        let mixed = variant.kernel.tiles.mixed(self.entry.d).copied();
-        let mut order = Order::of(self.heads_first(variant));
-        if let Some(short) = mixed_tile(consts, self.entry, own, kv_ctas, mixed) {
-            let own_slots = sms * occupancy(own)?.max(1);
-            let rival = match narrow {
-                Some(n) if tile != own => {
-                    let ctas = (shape.b * shape.h) as u32 * kv_ctas;
-                    let slots = sms * occupancy(tile)?.max(1);
-                    QueryTile::time(tile, slots, n.cta_time, shape.sq as u32, ctas)
-                }
-                _ => f64::INFINITY,
-            };
-            if let Some(t) = mixed_plan(consts, shape, own, short, own_slots, rival) {
-                if tile != own {
-                    other = Some(tile);
-                    tile = own;
-                }
-                order = Order::Mixed(t);
-            }
-        }
+        let Plan { tile, other, order } = plan_launch(
+            consts,
+            self.entry,
+            shape,
+            kv_ctas,
+            &variant.kernel.tiles,
+            sms,
+            occupancy,
+        )?;
         crate::trace::mark(|| {
             format!(
                 "launch {}: {} query rows a CTA, {} threads, {} bytes of shared memory, \
@@ -471,6 +455,59 @@ impl QueryTile {
             own.0
         }
     }
+}
+
+/// A launch's query tile, the other one it may run (None where it runs one) and its grid's
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Plan {
+    tile: QueryTile,
+    other: Option<QueryTile>,
+    order: Order,
+}
+
+/// The launch of `entry` on `q`: [`plan_tiles`]' choice among the manifest's `tiles` (its
+/// narrower tile of the head dim), laid out as the module orders it ([`heads_first`]), or a
+/// mixed launch of the entry's own tile (`tiles.mixed_d<D>`, [`mixed_tile`]) where the model
+/// has it end sooner than the unmixed launch and than the narrower tile where that was chosen
+/// ([`mixed_plan`]); the tile not run is then the other one.
+fn plan_launch(
+    consts: &KernelConstants,
+    entry: crate::shapes::Entry,
+    q: LaunchShape,
+    kv_ctas: u32,
+    tiles: &crate::kernels::Tiles,
+    sms: u32,
+    occupancy: impl Fn(QueryTile) -> Result<u32, DriverError>,
+) -> Result<Plan, DriverError> {
+    let narrow = tiles.narrow(entry.d).copied();
+    let (tile, other) = plan_tiles(consts, entry, q, kv_ctas, narrow, sms, &occupancy)?;
+    let planned = Plan {
+        tile,
+        other,
+        order: Order::of(heads_first(entry, consts)),
+    };
+    let Some(short) = mixed_tile(consts, entry, kv_ctas, tiles.mixed(entry.d).copied()) else {
+        return Ok(planned);
+    };
+    let own = QueryTile::own(consts, entry);
+    let rival = match narrow {
+        Some(n) if tile != own => {
+            let ctas = (q.b * q.h) as u32 * kv_ctas;
+            let slots = sms * occupancy(tile)?.max(1);
+            tile.time(slots, n.cta_time, q.sq as u32, ctas)
+        }
+        _ => f64::INFINITY,
+    };
+    let own_slots = sms * occupancy(own)?.max(1);
+    Ok(match mixed_plan(consts, q, own, short, own_slots, rival) {
+        Some(t) => Plan {
+            tile: own,
+            other: if tile == own { other } else { Some(tile) },
+            order: Order::Mixed(t),
+        },
+        None => planned,
+    })
 }
 
 /// The query tile a launch of `entry` on `q` runs, and the other one it may run (None where it
@@ -620,8 +657,8 @@ fn launch_dims(
     (grid, (tile.threads, 1, 1))
 }
 
-/// The shorter tile a launch of `tile` may mix in (the manifest's `tiles.mixed_d<D>`), where
-/// it may: an unmasked launch of the entry's own tile, unsplit, of a module that publishes
+/// The shorter tile a launch of the entry's own tile may mix in (the manifest's
+/// `tiles.mixed_d<D>`), where it may: an unmasked, unsplit launch, of a module that publishes
 /// `SDPA_MIXED_UNIT_ROWS`, whose entry narrows by that unit (`SDPA_NARROW_ROWS_D<D>`: the
 /// kernel mixes only in entries that may leave a consumer without rows, those without turns of
 /// their own), whose tile is whole units and the manifest's shorter one a unit short (a
@@ -629,22 +666,16 @@ fn launch_dims(
 fn mixed_tile(
     consts: &KernelConstants,
     entry: crate::shapes::Entry,
-    tile: QueryTile,
     kv_ctas: u32,
     mixed: Option<NarrowTile>,
 ) -> Option<NarrowTile> {
-    let unit = consts.mixed_unit_rows;
+    let (unit, tile) = (consts.mixed_unit_rows, QueryTile::own(consts, entry));
     let short = mixed?;
     let whole = unit > 0
         && consts.narrow_step(entry) == unit
         && tile.rows.is_multiple_of(unit)
         && tile.rows / unit >= 2;
-    (!entry.causal
-        && kv_ctas == 1
-        && whole
-        && tile == QueryTile::own(consts, entry)
-        && short.rows + unit == tile.rows)
-        .then_some(short)
+    (!entry.causal && kv_ctas == 1 && whole && short.rows + unit == tile.rows).then_some(short)
 }
 
 /// The query tiles a head of the mixed launch of `tile` (with `short`, its CTAs on `slots`
@@ -967,31 +998,27 @@ mod tests {
             rows: 128,
             cta_time: 0.89,
         };
-        assert_eq!(mixed_tile(&mixes, d64, own, 1, Some(short)), Some(short));
+        assert_eq!(mixed_tile(&mixes, d64, 1, Some(short)), Some(short));
         let causal = Entry {
             causal: true,
             ..d64
         };
         let two_short = NarrowTile { rows: 64, ..short };
         for (why, got) in [
-            ("causal", mixed_tile(&mixes, causal, own, 1, Some(short))),
-            ("split KV", mixed_tile(&mixes, d64, own, 2, Some(short))),
-            ("no manifest tile", mixed_tile(&mixes, d64, own, 1, None)),
+            ("causal", mixed_tile(&mixes, causal, 1, Some(short))),
+            ("split KV", mixed_tile(&mixes, d64, 2, Some(short))),
+            ("no manifest tile", mixed_tile(&mixes, d64, 1, None)),
             (
                 "a module that never mixes",
-                mixed_tile(&plain, d64, own, 1, Some(short)),
-            ),
-            (
-                "the narrower tile chosen",
-                mixed_tile(&mixes, d64, tile(64, 256), 1, Some(short)),
+                mixed_tile(&plain, d64, 1, Some(short)),
             ),
             (
                 "two units short",
-                mixed_tile(&mixes, d64, own, 1, Some(two_short)),
+                mixed_tile(&mixes, d64, 1, Some(two_short)),
             ),
             (
                 "an entry with turns",
-                mixed_tile(&turns, d64, own, 1, Some(short)),
+                mixed_tile(&turns, d64, 1, Some(short)),
             ),
         ] {
             assert_eq!(got, None, "{why}");
@@ -1011,6 +1038,74 @@ mod tests {
             launch_dims(own, q, 1, Order::Mixed(24)),
             ((16, 24, 1), (512, 1, 1))
         );
+    }
+
+    #[test]
+    fn a_mixed_launch_replaces_the_chosen_tile_only_where_it_ends_sooner_than_it() {
+        // Stage D at D 128 (192-row entry, 128-row companion, one CTA an SM) on 1x16x4096: 3
+        // waves of the entry, 4 of the companion, the entry mixed ends at 2 + the short time.
+        let c = KernelConstants {
+            narrow_rows_d128: 64,
+            mixed_unit_rows: 64,
+            causal_heads_first: true,
+            ..super::super::identity::stage_d_constants()
+        };
+        let manifest = |narrow: f64, mixed: f64| crate::kernels::Tiles {
+            block_m: Some(192),
+            block_m_d128: Some(192),
+            block_n: 128,
+            kv_split: 1,
+            narrow_d64: None,
+            narrow_d128: Some(NarrowTile {
+                rows: 128,
+                cta_time: narrow,
+            }),
+            mixed_d64: None,
+            mixed_d128: Some(NarrowTile {
+                rows: 128,
+                cta_time: mixed,
+            }),
+        };
+        let d128 = Entry {
+            d: 128,
+            causal: false,
+        };
+        let (own, companion) = (tile(192, 512), tile(128, 384));
+        let plan = |entry, narrow, mixed| {
+            plan_launch(
+                &c,
+                entry,
+                q(1, 16, 4096),
+                1,
+                &manifest(narrow, mixed),
+                132,
+                |_| Ok(1),
+            )
+            .unwrap()
+        };
+        let mixed = |other| Plan {
+            tile: own,
+            other: Some(other),
+            order: Order::Mixed(24),
+        };
+        // The entry chosen (3.0 against 3.04), mixed (2.89): the companion stays the other.
+        assert_eq!(plan(d128, 0.76, 0.89), mixed(companion));
+        // The companion chosen at 2.84, below the mixed 2.89: unmixed, as chosen.
+        let unmixed = Plan {
+            tile: companion,
+            other: Some(own),
+            order: Order::TilesFirst,
+        };
+        assert_eq!(plan(d128, 0.71, 0.89), unmixed);
+        // The companion chosen at 2.94, the mixed entry 2.85 (3% sooner): the entry runs mixed
+        // and the companion is the other.
+        assert_eq!(plan(d128, 0.735, 0.85), mixed(companion));
+        // Causal: never mixed, laid out heads first.
+        let causal = Entry {
+            causal: true,
+            ..d128
+        };
+        assert_eq!(plan(causal, 0.76, 0.89).order, Order::HeadsFirst);
     }
 
     #[test]
