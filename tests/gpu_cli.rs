@@ -214,6 +214,30 @@ fn stage_d_runs_the_main_job_through_tensor_maps_and_proves_its_pipeline_depth()
     assert_eq!(switch, [2, 3], "SDPA_KV_STAGES as each module publishes it");
 }
 
+/// The constant `key` each variant of a run published (build_meta.json's identity), in order.
+fn published_constant(dir: &std::path::Path, key: &str) -> Vec<serde_json::Value> {
+    let meta = read_json(&dir.join("build_meta.json"));
+    meta["backend_details"]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["identity"]["constants"][key].clone())
+        .collect()
+}
+
+/// Each shape's output checksums over the run's variants and seeds (correctness.json).
+fn checksums_by_shape(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    let correctness = read_json(&dir.join("correctness.json"));
+    let mut checksums = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for r in correctness["results"].as_array().unwrap() {
+        checksums
+            .entry(r["shape"].as_str().unwrap().to_string())
+            .or_default()
+            .push(r["output_checksum"].as_str().unwrap().to_string());
+    }
+    checksums
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU (an H100 or H200: Stage D is sm_90a)"]
 fn stage_d_causal_grid_of_the_heads_first_gives_the_bits_of_the_query_tiles_first() {
@@ -244,22 +268,12 @@ fn stage_d_causal_grid_of_the_heads_first_gives_the_bits_of_the_query_tiles_firs
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("12/12 PASS"), "{stdout}");
     let dir = &run_dirs(results.path())[0];
-    let meta = read_json(&dir.join("build_meta.json"));
-    let published: Vec<_> = meta["backend_details"]["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["identity"]["constants"]["causal_heads_first"].as_bool())
-        .collect();
-    assert_eq!(published, [Some(true), Some(false)]);
-    let correctness = read_json(&dir.join("correctness.json"));
-    let mut checksums = std::collections::BTreeMap::<String, Vec<String>>::new();
-    for r in correctness["results"].as_array().unwrap() {
-        checksums
-            .entry(r["shape"].as_str().unwrap().to_string())
-            .or_default()
-            .push(r["output_checksum"].as_str().unwrap().to_string());
-    }
+    let published = published_constant(dir, "causal_heads_first");
+    assert_eq!(
+        published,
+        [serde_json::json!(true), serde_json::json!(false)]
+    );
+    let checksums = checksums_by_shape(dir);
     assert_eq!(checksums.len(), 6, "{checksums:?}");
     for (shape, sums) in &checksums {
         assert!(sums.len() == 2 && sums[0] == sums[1], "{shape}: {sums:?}");
@@ -298,14 +312,8 @@ fn stage_d_mixed_grid_gives_the_bits_of_the_unmixed_one() {
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("8/8 PASS"), "{stdout}");
     let dir = &run_dirs(results.path())[0];
-    let meta = read_json(&dir.join("build_meta.json"));
-    let published: Vec<_> = meta["backend_details"]["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["identity"]["constants"]["mixed_unit_rows"].as_u64())
-        .collect();
-    assert_eq!(published, [Some(64), Some(0)]);
+    let published = published_constant(dir, "mixed_unit_rows");
+    assert_eq!(published, [serde_json::json!(64), serde_json::json!(0)]);
     let perf = read_json(&dir.join("perf.json"));
     let mut grids = std::collections::BTreeMap::<(String, String), Vec<u64>>::new();
     for m in perf["measurements"].as_array().unwrap() {
@@ -337,14 +345,7 @@ fn stage_d_mixed_grid_gives_the_bits_of_the_unmixed_one() {
     for v in ["st2", "st2+MIXED_TILES=0"] {
         assert_eq!(grid("4x16x4096x64", v), [22, 64, 1], "{grids:?}");
     }
-    let correctness = read_json(&dir.join("correctness.json"));
-    let mut checksums = std::collections::BTreeMap::<String, Vec<String>>::new();
-    for r in correctness["results"].as_array().unwrap() {
-        checksums
-            .entry(r["shape"].as_str().unwrap().to_string())
-            .or_default()
-            .push(r["output_checksum"].as_str().unwrap().to_string());
-    }
+    let checksums = checksums_by_shape(dir);
     assert_eq!(checksums.len(), 4, "{checksums:?}");
     for (shape, sums) in &checksums {
         assert!(sums.len() == 2 && sums[0] == sums[1], "{shape}: {sums:?}");
