@@ -762,11 +762,9 @@ fn sanitize_is_offered_refused_on_the_cpu_backend_and_a_too_old_sanitizer_exits_
     refused(&["--sanitize-timeout", "0"], 2, &["--sanitize-timeout"]);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let fake = dir.path().join("compute-sanitizer");
-        std::fs::write(&fake, "#!/bin/sh\necho 'Version 2020.1.0'\n").unwrap();
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        common::fake_executable(&fake, "echo 'Version 2020.1.0'");
         common::refused_with_env(
             &["--sanitize", "--shapes", "small"],
             &[("COMPUTE_SANITIZER", fake.to_str().unwrap())],
