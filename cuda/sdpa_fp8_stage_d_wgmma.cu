@@ -992,6 +992,31 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         TL_STAMP(1 + c, j, 3);
         const WgmmaDesc vt_desc = vt_ready(j);
         TL_STAMP(1 + c, j, 4);
+#ifdef MUTANT_NO_PROMOTION
+        // Planted: P·V accumulates straight into O on the tensor cores (O·alpha first, skipped
+        // where no row of the warp moved), without the per-tile Ô promoted to f32: O in FP22
+        // steps over every key, as a kernel that drops the promotion for speed does. It
+        // stagnates once O is 2^13 times one key's product (dist=flat_positive_v: 13% short at
+        // S_k 8192; docs/PERF.md "Stage D, stop 58"). scripts/stage_d/probe.sh times it.
+        if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+            for (int i = 0; i < T::O_REGS; ++i) o[i] *= alpha[(i >> 1) & 1];
+        }
+        turn_wait<PP>(c, TURN_PV, turns);
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < T::PV_STEPS; ++kb) {
+            if constexpr (T::O_REGS == 32)
+                wgmma_rs_n64(o, pa[kb], vt_desc.at(32 * kb), 1);
+            else
+                wgmma_rs_n128(o, pa[kb], vt_desc.at(32 * kb), 1);
+        }
+        wgmma_commit();
+        turn_pass<PP>(turns, TURN_PV, last);
+        wgmma_wait<0>();
+        wgmma_hold(o);
+        mbar_arrive(&bars.empty[j % KV_STAGES]);
+#else
         float ot[T::OT_REGS];
         auto pv_wait = [&]() { // Ô ended
 #ifdef MUTANT_EARLY_ACCUMULATOR_READ
@@ -1017,6 +1042,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
             mbar_arrive(&bars.empty[j % KV_STAGES]);
             update_o(ot, alpha);
         }
+#endif
         TL_STAMP(1 + c, j, 6);
     };
     // A warpgroup whose rows all lie past S_q (in the last query tile of a short S_q) only keeps

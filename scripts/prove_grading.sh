@@ -8,6 +8,8 @@
 #   llm       `--shapes llm --seeds 0`
 #   outliers  FlashAttention-3's outlier distribution at 1x16x4096x128, beside normal inputs
 #   rotated   the same two problems with Q, K, V rotated by the Hadamard matrix (`:rotate`)
+#   stagnation  near-equal scores and V > 0 at S_k 8192 and 16384 (`dist=flat_positive_v`), where
+#             an O summed in FP22 steps over every key comes out short, beside normal inputs
 # OUT_DIR/summary.txt holds the key lines, OUT_DIR.tgz everything.
 set -u
 out=${1:?OUT_DIR}
@@ -51,6 +53,7 @@ for set in $sets; do
   case $set in
     llm) grade llm llm ;;
     outliers) grade outliers 1x16x4096x128:dist=fa3_outliers,1x16x4096x128 ;;
+    stagnation) grade stagnation 1x4x512x128:sk=16384:dist=flat_positive_v,1x4x512x64:sk=8192:dist=flat_positive_v,1x4x512x128:sk=16384 ;;
     rotated) grade rotated 1x16x4096x128:dist=fa3_outliers:rotate,1x16x4096x128:rotate ;;
     *) echo "unknown set $set" >>"$summary" ;;
   esac

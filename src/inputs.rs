@@ -133,6 +133,10 @@ fn shape_group(shape: &Shape, rng: &mut ChaCha8Rng, q: &mut [f32], k: &mut [f32]
             }
         }
         Dist::Flat => q.iter_mut().for_each(|x| *x *= 1e-3),
+        Dist::FlatPositiveV => {
+            q.iter_mut().for_each(|x| *x *= 1e-3);
+            v.iter_mut().for_each(|x| *x = x.abs() + 0.5);
+        }
         Dist::Fa3Outliers => {
             // N(0, 100) has variance 100: standard deviation 10.
             for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
@@ -403,6 +407,32 @@ mod tests {
         let wide = all.iter().filter(|x| x.abs() > 6.0).count() as f64 / all.len() as f64;
         assert!((0.0004..0.0007).contains(&wide), "{wide}");
         assert!(all.iter().any(|x| x.abs() > 20.0));
+    }
+
+    #[test]
+    fn flat_positive_v_makes_every_value_positive_and_the_scores_near_equal() {
+        // An O summed over every key in FP22 steps stagnates only where P·V's products share a
+        // sign and the weights are alike: a negative value, or a spread of scores, would hide it.
+        let mut sh = shape(1024);
+        sh.dist = Dist::FlatPositiveV;
+        let a = generate(&sh, 3);
+        let mean = |x: &[f32]| x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
+        let sd = |x: &[f32]| {
+            (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
+        };
+        assert!(a.v.iter().all(|&x| x >= 0.5), "every value at least 1/2");
+        // E|N(0, 1)| = √(2/π) ≈ 0.798.
+        assert!(
+            (mean(&a.v) - 1.298).abs() < 0.02,
+            "mean |N(0, 1)| + 1/2: {}",
+            mean(&a.v)
+        );
+        assert!(
+            (sd(&a.q) - 1e-3).abs() < 5e-5,
+            "Q times 10^-3: {}",
+            sd(&a.q)
+        );
+        assert!((sd(&a.k) - 1.0).abs() < 0.05, "K as drawn: {}", sd(&a.k));
     }
 
     #[test]

@@ -164,6 +164,7 @@ fn the_device_references_equal_the_hosts_on_the_configurations_under_both_models
         ("1x4x129x128:hkv=1:causal:qk=20", Dist::ConstantRows),
         ("2x4x16x128:sk=1000:hkv=2:causal", Dist::Fa3Outliers),
         ("1x4x300x128:hkv=2", Dist::Negative),
+        ("1x2x64x64:sk=2000:hkv=1", Dist::FlatPositiveV),
     ] {
         shapes.push(Shape {
             dist,

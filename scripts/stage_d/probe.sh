@@ -8,11 +8,16 @@
 #     mixed  unmasked problems at each grid of a mixed launch (MIXED_SPAN tiles past the unmixed): bits, times
 #     timeline  (a build with STAGE_D_DEFINES=-DDIAG_TIMELINE=X) where CTA (X, 0) spends each tile
 #     peers  cuDNN FP8 (carry .whl/nvidia_cudnn_frontend-*.whl), cuDNN fp16, flash fp16
+#     stagnation  cuDNN FP8 and fp16 on near-equal scores with V > 0 and signed V, per S_k: whether
+#            O stagnates in the FP8 tensor cores' FP22 accumulator (stagnation.py)
 #     profile  Nsight Compute (--set full: clocks locked at base) on one launch of the entry
 #            $PROFILE_ENTRY (default sdpa_fp8_stage_d_wgmma_d128) in `perf`'s first problem of
 #            its head dim; saves the report and its source and raw pages, and prints where each
 #            warp role waits (stalls.py)
-# Extra nvcc defines in STAGE_D_DEFINES (e.g. "-DKV_STAGES=3"). Logs go to $OUT (or /tmp/stage_d).
+# Extra nvcc defines in STAGE_D_DEFINES (e.g. "-DKV_STAGES=3"); PROBE_INPUTS=flat_positive_v gives
+# check and perf near-equal scores and V > 0. Each problem's line has `bias`, Σ(got − ref) / Σ|ref|
+# over the checked elements (on flat_positive_v, where every reference is positive, O's lean toward
+# zero when negative). Logs go to $OUT (or /tmp/stage_d).
 set -u
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/stage_d}
@@ -39,9 +44,10 @@ for m in "$@"; do
            ncu -i "$OUT/profile_$e.ncu-rep" --page raw --csv > "$OUT/profile_$e.raw.csv"
            echo "profile $e: rc=$r"
            python3 stalls.py "$OUT/profile_$e.source.csv" "$OUT/profile_$e.raw.csv" ;;
-    peers) mkdir -p /tmp/cudnn
+    stagnation|peers) # cudnn-frontend from the carried wheel, then the script of the mode's name
+           mkdir -p /tmp/cudnn
            python3 -m pip install -q --no-deps --no-index --target /tmp/cudnn ../../.whl/nvidia_cudnn_frontend-*.whl > "$OUT/pip.log" 2>&1
-           PYTHONPATH=/tmp/cudnn timeout 300 python3 peers.py 2>&1 | tee "$OUT/peers.log" ;;
+           PYTHONPATH=/tmp/cudnn timeout 300 python3 "$m.py" 2>&1 | tee "$OUT/$m.log" ;;
     *) timeout 300 "$BIN" "$m" > "$OUT/run_$m.log" 2>&1; r=$?; [ $r = 0 ] || rc=1
        echo "$m: rc=$r"; cat "$OUT/run_$m.log" ;;
   esac

@@ -663,6 +663,47 @@ mod tests {
     }
 
     #[test]
+    fn on_flat_positive_v_an_fp22_sum_over_every_key_stagnates_where_per_tile_promotion_does_not() {
+        // Stage D promotes each 128-key tile's Ô to f32 (pv = per-tile); a kernel that sums O
+        // in the FP8 tensor cores' FP22 steps over every key (pv = running) loses the products
+        // below 2^-13 of O. With every product positive that loss only grows: at S_k 8192
+        // cuDNN's FP8 SDPA measured 18% short (scripts/stage_d/stagnation.py, its inputs) and
+        // Stage D's MUTANT_NO_PROMOTION 12.8% (scripts/stage_d/probe.cu, flat_positive_v).
+        use crate::kernels::PvAccumulation;
+        let d = Algorithm::of(&crate::kernels::project_spec("stage-d"));
+        assert_eq!(d.pv, PvAccumulation::PerTile);
+        let unpromoted = Algorithm {
+            pv: PvAccumulation::Running,
+            ..d
+        };
+        let sh = Shape::parse_inline("1x1x2x64:sk=8192:dist=flat_positive_v")
+            .unwrap()
+            .unwrap();
+        let p = Problem::new(&sh, 1);
+        let rows = all(&p);
+        let refs = References::compute(&p, d, &rows);
+        assert!(
+            refs.kernel.iter().all(|&r| r > 0.5),
+            "O is a mean of values above 1/2"
+        );
+        // How far the output leans from the reference, over the reference's mean.
+        let lean = |out: &[f16]| {
+            let dev: f64 = out
+                .iter()
+                .zip(&refs.kernel)
+                .map(|(o, r)| o.to_f64() - r)
+                .sum();
+            dev / refs.kernel.iter().sum::<f64>()
+        };
+        let (promoted, running) = (
+            lean(&clean(&p, d, &rows)),
+            lean(&clean(&p, unpromoted, &rows)),
+        );
+        assert!(running < -0.08, "running FP22: {running}");
+        assert!(promoted.abs() < 0.03, "per-tile: {promoted}");
+    }
+
+    #[test]
     fn every_kv_split_gives_the_same_answer_up_to_rounding() {
         // S = 300: five tiles, so 2 and 3 splits get unequal shares and a split may be empty.
         let p = problem(1, 2, 300, 1.0);

@@ -265,6 +265,7 @@ impl References {
             assert!(spread.is_empty(), "sums with spread for a model without it");
             vec![&[][..]; rows.heads()]
         };
+        let symmetric = p.shape.dist.v_signs_symmetric();
         refs.heads(rows, d)
             .into_par_iter()
             .zip(spreads)
@@ -281,7 +282,11 @@ impl References {
                         score_shift: t.score_shift,
                     };
                     let at = i * d..(i + 1) * d;
-                    let spread = spread.get(at.clone());
+                    // The statistical terms assume V's signs are fair coins
+                    // (Dist::v_signs_symmetric); where they are not, the worst case alone.
+                    // (The sums still carry the spread: the reading is the model's, not the
+                    // problem's, and the device's reference modules are built per reading.)
+                    let spread = spread.get(at.clone()).filter(|_| symmetric);
                     let out = [
                         &mut k[at.clone()],
                         &mut e[at.clone()],
@@ -925,7 +930,7 @@ mod tests {
     }
 
     #[test]
-    fn a_coarse_fp8_implementation_stays_well_inside_the_statistical_bound_on_every_distribution() {
+    fn a_coarse_fp8_implementation_stays_well_inside_its_bound_on_every_distribution() {
         for text in [
             "1x2x1x128:sk=8192",
             "1x2x2x64:sk=4096:qk=2",
@@ -937,8 +942,12 @@ mod tests {
                     ..Shape::parse_inline(text).unwrap().unwrap()
                 };
                 let (worst, _) = coarse_fp8(&sh);
-                // Measured up to 0.098 (huge_v, rotated decode). Hoeffding's factor c = 7.5 is
-                // what keeps it there: with c = 1 the same implementation reaches 0.49.
+                // Measured up to 0.098 (huge_v, rotated decode) where the statistical terms
+                // bound it. Hoeffding's factor c = 7.5 is what keeps it there: with c = 1 the
+                // same implementation reaches 0.49. This implementation sums O in FP22 over
+                // every key: on flat_positive_v, whose V signs are not fair coins, the bound
+                // is the worst case alone (Dist::v_signs_symmetric) and it reaches 0.128
+                // (S_k 8192); with the statistical terms it reached 1.88.
                 assert!(worst < 0.25, "{text} {dist:?}: err/bound {worst}");
             }
         }

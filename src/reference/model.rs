@@ -29,9 +29,11 @@
 //!     v (FP8: 2^-4 and 2^-10 of the head's scale; fp16 2^-11 and 2^-25; bf16 2^-8; fp32
 //!     none), and the scores' measured shift Δ_i, as in the kernel's model.
 //!
-//!   Where V's signs are fair coins given Q, K and |V| (every distribution of src/inputs.rs),
-//!   the terms that V's signs carry also have a statistical bound (Hoeffding), and each takes
-//!   the smaller of the two ([`implementation_element`], [`Spread`]).
+//!   Where V's signs are fair coins given Q, K and |V| (every distribution of src/inputs.rs
+//!   but `flat_positive_v`: [`crate::shapes::Dist::v_signs_symmetric`]), the terms that V's
+//!   signs carry also have a statistical bound (Hoeffding), and each takes the smaller of the
+//!   two ([`implementation_element`], [`Spread`]); for the others `References::finish` passes
+//!   no spread, and the worst case alone bounds them.
 
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
@@ -342,8 +344,9 @@ impl Reader {
 ///
 /// The worst case (module docs) assumes every weight's error lines up with the sign of its
 /// key's v̂. Those errors (P's rounding, the scores' accumulation, `exp`) are functions of Q
-/// and K alone, and every distribution draws V independently of Q and K, its rows independent
-/// and each row's distribution unchanged by v_j → −v_j (src/inputs.rs): given Q, K and each
+/// and K alone, and every distribution but `flat_positive_v` (whose elements get no spread:
+/// [`crate::shapes::Dist::v_signs_symmetric`]) draws V independently of Q and K, its rows
+/// independent and each row's distribution unchanged by v_j → −v_j (src/inputs.rs): given Q, K and each
 /// row of V up to its sign, the elements of a column of V have independent fair signs. So
 /// with `spread`, three terms are also bounded by Hoeffding's inequality over those signs,
 /// and each takes the smaller of its two bounds:

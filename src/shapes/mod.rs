@@ -198,6 +198,13 @@ pub enum Dist {
     HugeV,
     /// Q times 10^-3: near-constant scores, nearly uniform weights, every key counts.
     Flat,
+    /// Q times 10^-3 as in `Flat`, and every value |x| + 1/2 (mean about 1.3): every key
+    /// weighs about the same and every product of P·V has one sign, so O grows with S_k. An O
+    /// summed in the FP8 tensor cores' FP22 accumulator over every key, without a promotion to
+    /// f32 every few steps, stagnates once it is 2^13 times one key's product: cuDNN's FP8
+    /// SDPA comes out 18% short at S_k 8192 and 35% at 16384 on an H100 and an H200, where Stage D, which
+    /// promotes every 128-key tile, does not (docs/PERF.md "Stage D, stop 58").
+    FlatPositiveV,
     /// Every query gets +u and key 0 becomes c·u, with c set so its score sits ln 64 above
     /// a typical key's: the other weights land around 2^-6 of the largest, E4M3's smallest
     /// normal, where a P rounded to e4m3 (FP8 attention's second GEMM) turns subnormal.
@@ -214,7 +221,7 @@ pub enum Dist {
 }
 
 impl Dist {
-    pub const ALL: [Dist; 11] = [
+    pub const ALL: [Dist; 12] = [
         Dist::Normal,
         Dist::Outliers,
         Dist::ConstantRows,
@@ -226,10 +233,19 @@ impl Dist {
         Dist::Flat,
         Dist::PEdge,
         Dist::Negative,
+        Dist::FlatPositiveV,
     ];
 
     pub fn is_normal(&self) -> bool {
         *self == Dist::Normal
+    }
+
+    /// Whether each row of V is drawn independently of Q, K and the other rows, with a
+    /// distribution that v_j → −v_j leaves unchanged: the premise of the FP8 implementation
+    /// model's statistical terms (src/reference/model.rs; docs/DESIGN.md "Grading other implementations"),
+    /// which bound sums over V's signs as fair coins. Where it fails, only the worst case holds.
+    pub fn v_signs_symmetric(&self) -> bool {
+        !matches!(self, Dist::FlatPositiveV)
     }
 
     pub fn name(&self) -> &'static str {
@@ -245,6 +261,7 @@ impl Dist {
             Dist::Flat => "flat",
             Dist::PEdge => "p_edge",
             Dist::Negative => "negative",
+            Dist::FlatPositiveV => "flat_positive_v",
         }
     }
 
