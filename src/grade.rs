@@ -105,10 +105,10 @@ impl<'a> ProblemTruth<'a> {
         let sums = wanted
             .into_iter()
             .map(|precision| {
-                let reading = Model::Implementation(Implementation {
+                let reading = Model::Implementation(Implementation::any(
                     precision,
-                    output: crate::reference::OutputFormat::F32,
-                })
+                    crate::reference::OutputFormat::F32,
+                ))
                 .reading();
                 (precision, RowSums::read(problem, rows, reading))
             })
@@ -158,10 +158,7 @@ impl<'a> ProblemTruth<'a> {
             .find(|(p, _)| *p == precision)
             .map(|(_, s)| s.clone())
             .expect("the sums of every graded precision were computed");
-        let model = Model::Implementation(Implementation {
-            precision,
-            output: output.format,
-        });
+        let model = Model::Implementation(Implementation::any(precision, output.format));
         let refs = References::finish(self.problem, &model, self.rows, sums);
         let shape = &self.problem.shape;
         let measure = |reference: &[f64], bound: &[f64]| {

@@ -666,9 +666,9 @@ mod tests {
     fn on_flat_positive_v_an_fp22_sum_over_every_key_stagnates_where_per_tile_promotion_does_not() {
         // Stage D promotes each 128-key tile's Ô to f32 (pv = per-tile); a kernel that sums O
         // in the FP8 tensor cores' FP22 steps over every key (pv = running) loses the products
-        // below 2^-13 of O. With every product positive that loss only grows: at S_k 8192
-        // cuDNN's FP8 SDPA measured 18% short (scripts/stage_d/stagnation.py, its inputs) and
-        // Stage D's MUTANT_NO_PROMOTION 12.8% (scripts/stage_d/probe.cu, flat_positive_v).
+        // below 2^-13 of O. With every product positive that loss only grows: at S_k 16384
+        // cuDNN's FP8 SDPA measured 35% short (scripts/stage_d/stagnation.py, its inputs) and
+        // Stage D's MUTANT_NO_PROMOTION 28.4% (scripts/stage_d/probe.cu, flat_positive_v).
         use crate::kernels::PvAccumulation;
         let d = Algorithm::of(&crate::kernels::project_spec("stage-d"));
         assert_eq!(d.pv, PvAccumulation::PerTile);
@@ -676,7 +676,7 @@ mod tests {
             pv: PvAccumulation::Running,
             ..d
         };
-        let sh = Shape::parse_inline("1x1x2x64:sk=8192:dist=flat_positive_v")
+        let sh = Shape::parse_inline("1x1x2x64:sk=16384:dist=flat_positive_v")
             .unwrap()
             .unwrap();
         let p = Problem::new(&sh, 1);
@@ -695,12 +695,26 @@ mod tests {
                 .sum();
             dev / refs.kernel.iter().sum::<f64>()
         };
-        let (promoted, running) = (
-            lean(&clean(&p, d, &rows)),
-            lean(&clean(&p, unpromoted, &rows)),
-        );
-        assert!(running < -0.08, "running FP22: {running}");
+        let (ours, theirs) = (clean(&p, d, &rows), clean(&p, unpromoted, &rows));
+        let (promoted, running) = (lean(&ours), lean(&theirs));
+        assert!(running < -0.2, "running FP22: {running}");
         assert!(promoted.abs() < 0.03, "per-tile: {promoted}");
+        // Stage D's bound has FP22 chains of its 128-key tiles (Model::of): the f64 gate holds
+        // the kernel to its promotion, and a kernel that drops it fails there once its loss
+        // passes the worst case of P's rounding (2^-4 of A through V and of |O|; at S_k 8192 the
+        // running sum is 13.8% short and reaches 0.98 of the bound: the relative gate's catch).
+        let worst = |out: &[f16]| {
+            out.iter()
+                .zip(&refs.kernel)
+                .zip(&refs.kernel_bound)
+                .map(|((o, r), b)| (o.to_f64() - r).abs() / b)
+                .fold(0.0, f64::max)
+        };
+        let (ours, theirs) = (worst(&ours), worst(&theirs));
+        assert!(
+            ours < 0.5 && theirs > 1.0,
+            "err/bound: {ours} per-tile, {theirs} running"
+        );
     }
 
     #[test]

@@ -849,10 +849,7 @@ mod tests {
     }
 
     fn implementation(precision: Precision) -> Model {
-        Model::Implementation(Implementation {
-            precision,
-            output: OutputFormat::F32,
-        })
+        Model::Implementation(Implementation::any(precision, OutputFormat::F32))
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! - [`Model::StageC`]: the kernel under test's own algorithm, step for step
 //!   ([`super::bound::element`]); the runner's gates.
 //! - [`Model::Implementation`]: any attention implementation that read its inputs in one
-//!   [`Precision`] and wrote its output in one [`OutputFormat`] (`sdpa-runner check`). It
-//!   knows nothing of the implementation's tiles, so every step is bounded for the worst
-//!   algorithm of its class:
+//!   [`Precision`] and wrote its output in one [`OutputFormat`] (`sdpa-runner check`, and
+//!   the runner's gates of a kernel that is not Stage C). It knows nothing of the
+//!   implementation's tiles but, for a manifest kernel, the length of its FP8 accumulation
+//!   chains, so every step is bounded for the worst algorithm of its class:
 //!   - scores: f32 accumulation, (D + 8) u32 of the magnitudes' sum at 16-bit inputs
 //!     (products exact, as on tensor cores), (2D + 8) u32 at fp32 (products rounded); at FP8
 //!     add (⌈D / 32⌉ + 2) · 2^-13: Hopper's FP8 tensor cores keep about 14 bits while they
@@ -20,8 +21,10 @@
 //!     most half its subnormal step h_P: ρ = (2^δ − 1) + 2^-21 + u_P moves the output by
 //!     ρ (A + |O|), the small weights by n_small · h_P · (max |v̂| + |O|) / l.
 //!   - P·V: f32 accumulation over the row's n keys with a rescale per tile,
-//!     (1.0625 n + 16) u32 · A; at FP8 plus (⌈n / 32⌉ + 2) · 2^-13 · A (the same 14-bit
-//!     accumulation).
+//!     (1.0625 n + 16) u32 · A; at FP8 plus (⌈c / 32⌉ + 2) · 2^-13 · A (the same 14-bit
+//!     accumulation) and the products' truncation, min(A′, c · 2^-13 · A′), in FP22 chains of
+//!     c keys ([`Implementation::fp22_chain`]: every key where the tiles are unknown, a
+//!     kernel's KV tile where its manifest says it promotes each tile to f32).
 //!   - the row sum l in f32: (n + 16) u32 · |O|.
 //!   - the output's rounding ([`OutputFormat`]): relative u_O · |O| plus half its smallest
 //!     subnormal step (times the output's scale for e4m3).
@@ -40,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::emulation::Algorithm;
 use crate::fp8::Fp8Tensor;
+use crate::kernels::PvAccumulation;
 
 const U32: f64 = 1.0 / (1u64 << 24) as f64;
 
@@ -106,11 +110,15 @@ impl Precision {
         }
     }
 
-    /// Relative error of P·V over `n` keys, of Σ p |v̂|.
-    fn pv_accumulation(self, n: usize) -> f64 {
+    /// Relative error of P·V over `n` keys, at FP8 in FP22 chains of at most `chain` keys, of
+    /// a magnitude that bounds the sum of the chains' partial sums (the worst case: each
+    /// chain's steps are relative to its own partial sums, whose magnitudes add up to at most
+    /// Σ |p̃ v̂|). Against a bound on every partial sum instead (the statistical branch's M),
+    /// every step of the row counts: `chain` = `n`.
+    fn pv_accumulation(self, n: usize, chain: usize) -> f64 {
         let f32_chain = (1.0625 * n as f64 + 16.0) * U32;
         match self {
-            Precision::Fp8 => f32_chain + fp8_accumulation(n),
+            Precision::Fp8 => f32_chain + fp8_accumulation(chain),
             _ => f32_chain,
         }
     }
@@ -191,11 +199,33 @@ impl OutputFormat {
     }
 }
 
-/// An implementation graded by `check`: what it read and what it wrote.
+/// An implementation graded by `check`, or a kernel the runner bounds by this model
+/// ([`Model::of`]): what it read and what it wrote, and at FP8 how long its accumulation
+/// chains may be.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Implementation {
     pub precision: Precision,
     pub output: OutputFormat,
+    /// At FP8, the most keys whose products of P·V one FP22 accumulator sums before it is
+    /// promoted to f32 (a kernel's per-tile Ô: its KV tile); `None`, every key of the row
+    /// (an implementation of unknown tiles, as `check` grades: cuDNN's FP8 SDPA is one).
+    pub fp22_chain: Option<usize>,
+}
+
+impl Implementation {
+    /// An implementation of unknown tiles: its FP8 accumulation may run over every key.
+    pub fn any(precision: Precision, output: OutputFormat) -> Self {
+        Implementation {
+            precision,
+            output,
+            fp22_chain: None,
+        }
+    }
+
+    /// The keys one FP22 chain of P·V sums at most on a row of `n` keys.
+    fn chain(&self, n: usize) -> usize {
+        self.fp22_chain.map_or(n, |c| c.min(n))
+    }
 }
 
 /// The error model that bounds an output.
@@ -213,16 +243,20 @@ impl Model {
     /// (`bound.rs`), for Stage C's arithmetic; for any other kernel, the model of an FP8
     /// implementation that writes f16 (P rounded to e4m3, FP8 tensor-core accumulation, f32
     /// chains over the row's keys): it bounds the worst algorithm of that class, and a P in
-    /// f16 or a shorter chain only rounds finer.
+    /// f16 or a shorter chain only rounds finer. A kernel whose P·V sums each KV tile in FP22
+    /// and adds it to O in f32 (`pv = per-tile`, `accumulator = fp22`: Stage D) is bounded with
+    /// FP22 chains of its tile's keys, as its manifest says; a kernel that does not keep that
+    /// promise (`MUTANT_NO_PROMOTION`) exceeds the bound where its sum stagnates.
     pub fn of(alg: Algorithm) -> Self {
         if alg.is_stage_c() {
             Model::StageC {
                 kv_split: alg.kv_split,
             }
         } else {
+            let promoted = alg.pv == PvAccumulation::PerTile;
             Model::Implementation(Implementation {
-                precision: Precision::Fp8,
-                output: OutputFormat::F16,
+                fp22_chain: promoted.then_some(alg.block_n),
+                ..Implementation::any(Precision::Fp8, OutputFormat::F16)
             })
         }
     }
@@ -385,11 +419,14 @@ pub fn implementation_element(
     // term.
     let mut through_v = rho * a + small * head.v_abs_max;
     let a_t = (1.0 + rho) * a + small * head.v_abs_max;
+    // In FP22 chains of at most `chain` keys, each product is truncated to 2^-13 of its chain's
+    // largest term, itself at most the chain's share of A'; the shares add up to A'.
+    let chain = imp.chain(n);
     let truncated = match prec {
-        Precision::Fp8 => a_t.min(n as f64 * FP22_STEP * a_t),
+        Precision::Fp8 => a_t.min(chain as f64 * FP22_STEP * a_t),
         _ => 0.0,
     };
-    let mut accumulation = prec.pv_accumulation(n) * a + truncated;
+    let mut accumulation = prec.pv_accumulation(n, chain) * a_t + truncated;
     if let Some(Spread { pp, rr }) = spread.filter(|_| rho + small < 0.5) {
         // Second order: l̃ ≥ l (1 − ρ − small), and P is rounded from p̃ ≤ (1 + wr) w, whose
         // rounding is at most (1 + wr) r(w).
@@ -403,7 +440,8 @@ pub fn implementation_element(
             Precision::Fp8 => c * root_t.min((n as f64).sqrt() * FP22_STEP * m),
             _ => 0.0,
         };
-        accumulation = accumulation.min(prec.pv_accumulation(n) * m + products);
+        // M bounds each partial sum, not their total over the chains: every step of the row.
+        accumulation = accumulation.min(prec.pv_accumulation(n, n) * m + products);
     }
     let kernel = through_v
         + (rho + small) * ok
@@ -440,7 +478,7 @@ mod tests {
     };
 
     fn bounds(precision: Precision, output: OutputFormat, row: &RowFacts) -> (f64, f64) {
-        let imp = Implementation { precision, output };
+        let imp = Implementation::any(precision, output);
         implementation_element(&imp, &HEAD, row, (0.8, 0.3, 0.3, 100.0), None)
     }
 
@@ -488,8 +526,12 @@ mod tests {
         let (few, _) = bounds(Precision::Fp8, OutputFormat::F32, &ROW);
         let (lots, _) = bounds(Precision::Fp8, OutputFormat::F32, &many);
         // 1000 · 2^-10 · (4 + 0.3) / 100, and the FP8 products' truncation (4096 · 2^-13 = a
-        // half of every term's magnitude, which the small weights raise by 1000 · 2^-10 · 4 / 100).
-        let expected = 1000.0 / 1024.0 * 4.3 / 100.0 + 0.5 * 1000.0 / 1024.0 * 4.0 / 100.0;
+        // half of every term's magnitude, which the small weights raise by 1000 · 2^-10 · 4 / 100)
+        // and the accumulation's steps, relative to the same magnitude.
+        let raised = 1000.0 / 1024.0 * 4.0 / 100.0;
+        let expected = 1000.0 / 1024.0 * 4.3 / 100.0
+            + 0.5 * raised
+            + Precision::Fp8.pv_accumulation(4096, 4096) * raised;
         assert!((lots - few - expected).abs() < 1e-12, "{}", lots - few);
     }
 
@@ -497,10 +539,7 @@ mod tests {
     fn with_spread_each_signed_term_takes_the_smaller_of_its_worst_case_and_hoeffdings_bound() {
         // A decode-like row: 8192 keys of similar weight, l = 300, A = 0.8, O = 0.01.
         let row = RowFacts { keys: 8192, ..ROW };
-        let imp = Implementation {
-            precision: Precision::Fp8,
-            output: OutputFormat::F32,
-        };
+        let imp = Implementation::any(Precision::Fp8, OutputFormat::F32);
         let sums = (0.8, 0.01, 0.01, 300.0);
         let worst = implementation_element(&imp, &HEAD, &row, sums, None).0;
         // Σ w² v̂² = 11 (8192 weights of about l / 8192, v̂² about 1), P's rounding 2^-4 of
@@ -529,7 +568,7 @@ mod tests {
         let products = c * root_t.min(8192f64.sqrt() * 2f64.powi(-13) * m);
         let expected = through_v
             + (wr + E4M3.rel) * 0.01
-            + Precision::Fp8.pv_accumulation(8192) * m
+            + Precision::Fp8.pv_accumulation(8192, 8192) * m
             + products
             + (8192.0 + 16.0) * U32 * 0.01
             + U32 * 0.01
@@ -541,6 +580,55 @@ mod tests {
         let wide = Spread { pp: 1e8, rr: 1e8 };
         let same = implementation_element(&imp, &HEAD, &row, sums, Some(wide)).0;
         assert_eq!(same, worst);
+        // Chains of 128 keys tighten the worst case only: M bounds each partial sum, not
+        // their total, so the statistical terms count every step of the row whatever the chain.
+        let chained = Implementation {
+            fp22_chain: Some(128),
+            ..imp
+        };
+        let chained_tight = implementation_element(&chained, &HEAD, &row, sums, Some(spread)).0;
+        let chained_worst = implementation_element(&chained, &HEAD, &row, sums, None).0;
+        assert!(
+            chained_worst < worst && tight < chained_worst,
+            "{tight} {chained_worst}"
+        );
+        assert_eq!(chained_tight, tight);
+    }
+
+    #[test]
+    fn a_kernel_that_promotes_each_tile_to_f32_is_bounded_by_fp22_chains_of_its_tile() {
+        let stage_d = Algorithm::of(&crate::kernels::project_spec("stage-d"));
+        let Model::Implementation(promoted) = Model::of(stage_d) else {
+            panic!("Stage D is bounded as an FP8 implementation")
+        };
+        assert_eq!(promoted.fp22_chain, Some(128), "its 128-key tiles");
+        let running = Algorithm {
+            pv: PvAccumulation::Running,
+            ..stage_d
+        };
+        let Model::Implementation(unknown) = Model::of(running) else {
+            panic!("an FP8 implementation")
+        };
+        assert_eq!(unknown.fp22_chain, None, "every key of the row");
+        // A long row of one sign: 8192 keys, O = A = 0.8.
+        let row = RowFacts { keys: 8192, ..ROW };
+        let sums = (0.8, 0.8, 0.8, 8000.0);
+        let bound = |imp: &Implementation| implementation_element(imp, &HEAD, &row, sums, None).0;
+        let (tight, wide) = (bound(&promoted), bound(&unknown));
+        // Every key in one chain: its truncation alone may take all of A' (8192 · 2^-13 = 1), and
+        // zeros pass. In chains of 128 keys, 128 · 2^-13 of A' and six steps a chain, beside
+        // P's rounding through V and O (2ρA, about 0.1).
+        assert!(wide > 0.8 && tight < wide / 6.0, "{tight} {wide}");
+        let delta = Precision::Fp8.score_accumulation(64) * HEAD.qk_scale_log2 * 8.0 * 10.0;
+        let rho = delta.exp2() - 1.0 + 2f64.powi(-21) + E4M3.rel;
+        let a_t = (1.0 + rho) * 0.8;
+        let expected = a_t * (1.0 - 128.0 * FP22_STEP)
+            + (fp8_accumulation(8192) - fp8_accumulation(128)) * a_t;
+        assert!(
+            (wide - tight - expected).abs() < 1e-12,
+            "{} {expected}",
+            wide - tight
+        );
     }
 
     #[test]
