@@ -25,6 +25,10 @@ pub struct CheckFile<'a> {
     pub git: GitInfo,
     pub created: String,
     pub export_dir: String,
+    /// `--fp8-chain`: the most keys an FP8 implementation was allowed to sum in one FP22
+    /// accumulator (absent: every key of the row).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8_chain: Option<usize>,
     pub implementations: Vec<ImplementationRecord>,
     pub problems: &'a [CheckedProblem],
     pub pass: bool,
@@ -93,6 +97,8 @@ pub struct ProblemTruth<'a> {
     problem: &'a Problem,
     rows: &'a RowSet,
     sums: Vec<(Precision, RowSums)>,
+    /// The FP22 chain FP8 implementations are held to (`check --fp8-chain`).
+    fp8_chain: Option<usize>,
 }
 
 impl<'a> ProblemTruth<'a> {
@@ -117,7 +123,15 @@ impl<'a> ProblemTruth<'a> {
             problem,
             rows,
             sums,
+            fp8_chain: None,
         }
+    }
+
+    /// Holds FP8 implementations to FP22 sums of at most `chain` keys
+    /// ([`Implementation::fp22_chain`]; `None`: every key of the row).
+    pub fn with_fp8_chain(mut self, chain: Option<usize>) -> Self {
+        self.fp8_chain = chain;
+        self
     }
 
     /// Grades `output` (or its fault) of an implementation that read `precision`.
@@ -158,7 +172,10 @@ impl<'a> ProblemTruth<'a> {
             .find(|(p, _)| *p == precision)
             .map(|(_, s)| s.clone())
             .expect("the sums of every graded precision were computed");
-        let model = Model::Implementation(Implementation::any(precision, output.format));
+        let model = Model::Implementation(Implementation {
+            fp22_chain: self.fp8_chain.filter(|_| precision == Precision::Fp8),
+            ..Implementation::any(precision, output.format)
+        });
         let refs = References::finish(self.problem, &model, self.rows, sums);
         let shape = &self.problem.shape;
         let measure = |reference: &[f64], bound: &[f64]| {

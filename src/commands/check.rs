@@ -34,6 +34,10 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
     let gates = &project.gates.gates.correctness;
     let manifest = exchange::load_manifest(&args.dir)?;
     let graded = implementations(args)?;
+    let fp8_chain = args.fp8_chain.map(|c| c as usize);
+    if let Some(c) = fp8_chain {
+        outln!("FP8 implementations held to FP22 sums of at most {c} keys (--fp8-chain)");
+    }
     // One problem held at a time, its references as a run's under --check-rows.
     let shapes = manifest
         .problems
@@ -83,7 +87,7 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
         exchange::verify_files(&args.dir, exported, &p)
             .map_err(|why| ConfigError::Usage(format!("{why}; export the problems again")))?;
         let rows = RowSet::choose(args.check_rows, shape, exported.seed, &[64, 128]);
-        let truth = ProblemTruth::new(&p, &rows, &precisions);
+        let truth = ProblemTruth::new(&p, &rows, &precisions).with_fp8_chain(fp8_chain);
         if let Some(lost) = crate::quantizer::InputRange::of(&p).summary() {
             outln!("  {}: inputs in E4M3: {lost}", exported.id);
         }
@@ -132,6 +136,7 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
         git: crate::report::git_info(),
         created: crate::report::now_rfc3339(),
         export_dir: args.dir.display().to_string(),
+        fp8_chain,
         implementations: ours_records(ours.as_deref())
             .into_iter()
             .chain(graded.iter().map(|g| ImplementationRecord {
@@ -147,7 +152,7 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
     run.write_json("correctness.json", &record)?;
     run.write_text(
         "COMPARE.md",
-        &crate::render::grades::markdown(&args.dir, &checked, gates),
+        &crate::render::grades::markdown(&args.dir, &checked, gates, fp8_chain),
     )?;
     let dir = run.commit()?;
     let (fails, total) = checked

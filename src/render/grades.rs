@@ -7,7 +7,13 @@ use std::path::Path;
 use crate::gates::CorrectnessGates;
 use crate::grade::{CheckedProblem, Grade};
 
-pub fn markdown(dir: &Path, problems: &[CheckedProblem], gates: &CorrectnessGates) -> String {
+/// `fp8_chain`: `check --fp8-chain`, the FP22 sums FP8 implementations were held to.
+pub fn markdown(
+    dir: &Path,
+    problems: &[CheckedProblem],
+    gates: &CorrectnessGates,
+    fp8_chain: Option<usize>,
+) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "# Implementations graded on {}\n", dir.display());
     let _ = writeln!(
@@ -20,6 +26,14 @@ pub fn markdown(dir: &Path, problems: &[CheckedProblem], gates: &CorrectnessGate
          over its bound.\n",
         gates.kernel.max_err_over_bound, gates.end_to_end.max_err_over_bound
     );
+    if let Some(c) = fp8_chain {
+        let _ = writeln!(
+            t,
+            "FP8 implementations are held to FP8 tensor-core (FP22) sums of at most {c} keys of \
+             P·V, each added to O in f32 (`--fp8-chain {c}`); without it, to a sum over every \
+             key of the row.\n"
+        );
+    }
     for c in problems {
         let p = &c.problem;
         let _ = writeln!(
