@@ -35,8 +35,22 @@ pub fn check(args: &CheckArgs) -> Result<Outcome, AppError> {
     let manifest = exchange::load_manifest(&args.dir)?;
     let graded = implementations(args)?;
     let fp8_chain = args.fp8_chain.map(|c| c as usize);
+    if fp8_chain.is_some()
+        && args.ours.is_none()
+        && graded.iter().all(|g| g.precision != Precision::Fp8)
+    {
+        return Err(ConfigError::Usage(
+            "--fp8-chain holds FP8 implementations, and none is graded here: drop it, or grade \
+             an implementation that read fp8 (--precision fp8, or --ours)"
+                .into(),
+        )
+        .into());
+    }
     if let Some(c) = fp8_chain {
-        outln!("FP8 implementations held to FP22 sums of at most {c} keys (--fp8-chain)");
+        outln!(
+            "FP8 implementations (ours too, with --ours) held to FP22 sums of at most {c} keys \
+             (--fp8-chain)"
+        );
     }
     // One problem held at a time, its references as a run's under --check-rows.
     let shapes = manifest
