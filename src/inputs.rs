@@ -261,6 +261,11 @@ mod tests {
         Shape::new("t", 1, 2, s, 64)
     }
 
+    /// The root mean square of `x`: its spread about zero.
+    fn rms(x: &[f32]) -> f64 {
+        (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
+    }
+
     #[test]
     fn same_shape_and_seed_give_identical_inputs() {
         let a = generate(&shape(17), 3);
@@ -296,11 +301,8 @@ mod tests {
         let mut wide = shape(512);
         wide.qk_std = 3.0;
         let a = generate(&wide, 0);
-        let sd = |x: &[f32]| {
-            (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
-        };
-        assert!((sd(&a.q) - 3.0).abs() < 0.1 && (sd(&a.k) - 3.0).abs() < 0.1);
-        assert!((sd(&a.v) - 1.0).abs() < 0.05);
+        assert!((rms(&a.q) - 3.0).abs() < 0.1 && (rms(&a.k) - 3.0).abs() < 0.1);
+        assert!((rms(&a.v) - 1.0).abs() < 0.05);
     }
 
     #[test]
@@ -417,9 +419,6 @@ mod tests {
         sh.dist = Dist::FlatPositiveV;
         let a = generate(&sh, 3);
         let mean = |x: &[f32]| x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
-        let sd = |x: &[f32]| {
-            (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
-        };
         assert!(a.v.iter().all(|&x| x >= 0.5), "every value at least 1/2");
         // E|N(0, 1)| = √(2/π) ≈ 0.798.
         assert!(
@@ -428,11 +427,11 @@ mod tests {
             mean(&a.v)
         );
         assert!(
-            (sd(&a.q) - 1e-3).abs() < 5e-5,
+            (rms(&a.q) - 1e-3).abs() < 5e-5,
             "Q times 10^-3: {}",
-            sd(&a.q)
+            rms(&a.q)
         );
-        assert!((sd(&a.k) - 1.0).abs() < 0.05, "K as drawn: {}", sd(&a.k));
+        assert!((rms(&a.k) - 1.0).abs() < 0.05, "K as drawn: {}", rms(&a.k));
     }
 
     #[test]
