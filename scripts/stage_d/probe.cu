@@ -170,6 +170,22 @@ int main(int argc, char** argv) {
         {4, 16, 16, 4096, 4096, 64, 0}, {1, 12, 12, 4096, 4096, 64, 0}, {2, 8, 8, 2048, 2048, 64, 0},
         {1, 16, 16, 4096, 4096, 128, 0}, {4, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 16384, 16384, 128, 0},
     };
+    // PROBE_PROBLEMS="B,H,Hkv,Sq,Sk,D,causal;..." replaces the mode's problems (e.g. perf at S_k
+    // and 2 S_k on one grid: the time of a CTA's fixed work, its start and end, beside its tiles').
+    if (const char* env = getenv("PROBE_PROBLEMS")) {
+        probs.clear();
+        for (const char* s = env; *s;) {
+            Prob q{};
+            if (sscanf(s, "%d,%d,%d,%d,%d,%d,%d", &q.B, &q.H, &q.Hkv, &q.Sq, &q.Sk, &q.D, &q.causal) != 7) {
+                printf("PROBE_PROBLEMS: expected B,H,Hkv,Sq,Sk,D,causal;... at \"%s\"\n", s);
+                return 2;
+            }
+            probs.push_back(q);
+            const char* semi = strchr(s, ';');
+            if (!semi) break;
+            s = semi + 1;
+        }
+    }
     CU(cuInit(0));
     int fails = 0;
     for (auto p : probs) {

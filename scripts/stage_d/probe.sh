@@ -17,7 +17,8 @@
 # Extra nvcc defines in STAGE_D_DEFINES (e.g. "-DKV_STAGES=3"); PROBE_INPUTS=flat_positive_v gives
 # check and perf near-equal scores and V > 0. Each problem's line has `bias`, Σ(got − ref) / Σ|ref|
 # over the checked elements (on flat_positive_v, where every reference is positive, O's lean toward
-# zero when negative). Logs go to $OUT (or /tmp/stage_d).
+# zero when negative). PROBE_PROBLEMS="B,H,Hkv,Sq,Sk,D,causal;..." replaces a mode's problems.
+# Logs go to $OUT (or /tmp/stage_d).
 set -u
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/stage_d}
