@@ -48,6 +48,8 @@ pub(crate) mod sensitivity;
 pub mod shapes;
 pub(crate) mod shard;
 pub(crate) mod stats;
+#[doc(hidden)]
+pub mod testing;
 pub(crate) mod timing;
 pub mod trace;
 pub(crate) mod usage;

@@ -336,27 +336,11 @@ mod tests {
         assert_eq!(parse_version("nothing"), None);
     }
 
-    /// A fake compute-sanitizer running `body`. A child process writes it: a file this
-    /// process held open for writing could leak into another test thread's fork (until that
-    /// child's exec) and make running it fail with "Text file busy" (ETXTBSY), as it once did
-    /// in CI.
+    /// A fake compute-sanitizer running `body` (crate::testing::fake_executable).
     #[cfg(unix)]
     fn fake(dir: &Path, body: &str) -> Sanitizer {
-        use std::io::Write;
         let path = dir.join("compute-sanitizer");
-        let mut sh = std::process::Command::new("sh")
-            .args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
-            .arg(&path)
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let script = format!("#!/bin/sh\n{body}\n");
-        sh.stdin
-            .take()
-            .unwrap()
-            .write_all(script.as_bytes())
-            .unwrap();
-        assert!(sh.wait().unwrap().success());
+        crate::testing::fake_executable(&path, body);
         Sanitizer {
             path,
             version: "test".into(),

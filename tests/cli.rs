@@ -764,7 +764,7 @@ fn sanitize_is_offered_refused_on_the_cpu_backend_and_a_too_old_sanitizer_exits_
     {
         let dir = tempfile::tempdir().unwrap();
         let fake = dir.path().join("compute-sanitizer");
-        common::fake_executable(&fake, "echo 'Version 2020.1.0'");
+        sdpa_runner::testing::fake_executable(&fake, "echo 'Version 2020.1.0'");
         common::refused_with_env(
             &["--sanitize", "--shapes", "small"],
             &[("COMPUTE_SANITIZER", fake.to_str().unwrap())],

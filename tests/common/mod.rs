@@ -190,24 +190,3 @@ pub fn three_heads(heads: usize, bytes: impl Fn(usize) -> u64) -> u64 {
         .max()
         .unwrap()
 }
-
-/// An executable shell script at `path` running `body`. A child process writes it: a file this
-/// test process held open for writing could leak into another test thread's fork (until that
-/// child's exec) and make running it fail with "Text file busy" (ETXTBSY).
-#[cfg(unix)]
-pub fn fake_executable(path: &std::path::Path, body: &str) {
-    use std::io::Write;
-    let mut sh = Command::new("sh")
-        .args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let script = format!("#!/bin/sh\n{body}\n");
-    sh.stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    assert!(sh.wait().unwrap().success());
-}
