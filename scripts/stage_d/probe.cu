@@ -51,6 +51,21 @@ static void quantize(std::mt19937& rng, int heads, size_t per_head, std::vector<
     }
 }
 
+// The mean time of one launch in µs: 3 warm-ups, then 10, 40, ... launches back to back between
+// the events a and z until they take over 20 ms (or 20,000 launches).
+template <class F>
+static double mean_launch_us(F launch, cudaEvent_t a, cudaEvent_t z) {
+    for (int w = 0; w < 3; ++w) launch();
+    int iters = 10; float ms = 0;
+    for (;;) {
+        cudaEventRecord(a); for (int w = 0; w < iters; ++w) launch(); cudaEventRecord(z);
+        CK(cudaEventSynchronize(z)); cudaEventElapsedTime(&ms, a, z);
+        if (ms > 20 || iters >= 20000) break;
+        iters *= 4;
+    }
+    return ms * 1000.0 / iters;
+}
+
 #ifdef DIAG_TIMELINE
 // One CTA's clock64 stamps (the kernel's TL_STAMP): per tile, the producer's waits (empty,
 // v_full), its transpose and its next issue; each consumer's waits (k_full, vt_full), Q·Kᵀ,
@@ -253,15 +268,7 @@ int main(int argc, char** argv) {
                     CK(cudaMemset(dout, 0xFF, on * 2));
                     launch(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
                     CK(cudaMemcpy(T == tn ? ref.data() : got.data(), dout, on * 2, cudaMemcpyDeviceToHost));
-                    for (int w = 0; w < 3; ++w) launch();
-                    int iters = 10; float ms = 0;
-                    for (;;) {
-                        cudaEventRecord(a); for (int w = 0; w < iters; ++w) launch(); cudaEventRecord(z);
-                        CK(cudaEventSynchronize(z)); cudaEventElapsedTime(&ms, a, z);
-                        if (ms > 20 || iters >= 20000) break;
-                        iters *= 4;
-                    }
-                    best = std::min(best, ms * 1000.0 / iters);
+                    best = std::min(best, mean_launch_us(launch, a, z));
                 }
                 const bool same = T == tn || memcmp(ref.data(), got.data(), on * 2) == 0;
                 if (!same) fails++;
@@ -293,15 +300,7 @@ int main(int argc, char** argv) {
                     launch(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
                     CK(cudaMemcpy(nc == widest ? ref.data() : got.data(), dout, on * 2, cudaMemcpyDeviceToHost));
                     if (nc != widest && memcmp(ref.data(), got.data(), on * 2) != 0) same[nc] = false;
-                    for (int w = 0; w < 3; ++w) launch();
-                    int iters = 10; float ms = 0;
-                    for (;;) {
-                        cudaEventRecord(a); for (int w = 0; w < iters; ++w) launch(); cudaEventRecord(z);
-                        CK(cudaEventSynchronize(z)); cudaEventElapsedTime(&ms, a, z);
-                        if (ms > 20 || iters >= 20000) break;
-                        iters *= 4;
-                    }
-                    best[nc] = std::min(best[nc], ms * 1000.0 / iters);
+                    best[nc] = std::min(best[nc], mean_launch_us(launch, a, z));
                 }
             int sms = 0; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
             printf("geom %dx%dx%d sq=%d sk=%d causal=%d:", p.B, p.H, p.Hkv, p.Sq, p.Sk, p.causal);
