@@ -46,6 +46,19 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
         : "memory");
 }
 
+// ---- shared memory by its 32-bit address (a generic pointer's accesses would be generic) ----
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(unsigned addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
 // ---- TMA ---------------------------------------------------------------------------------
 // Loads the box at coordinates (c0, c1, c2) of a 3-D tensor map into shared memory; elements
 // outside the tensor are zero-filled and count toward the transaction bytes.

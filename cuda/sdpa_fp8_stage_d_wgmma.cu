@@ -53,10 +53,12 @@
 //     traced).
 //     Without turns, a consumer whose rows all lie past S_q only releases each stage.
 //   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
-//   writes f16(O · v_scale / l), zero where l = 0.
+//   writes f16(O · v_scale / l), zero where l = 0, through the consumer's Q tile (STAGED_O).
 //
 // Shared memory (dynamic, base aligned to 1024 bytes; every tile starts at a multiple of 1024):
-//   Q      BLOCK_M x D codes, TMA swizzle of D bytes (64B or 128B), K-major for wgmma A.
+//   Q      BLOCK_M x D codes, TMA swizzle of D bytes (64B or 128B), K-major for wgmma A. At the
+//          end, consumer c's 64 x D bytes hold half of its O rows' dims at a time, as f16 in
+//          16-byte chunks XOR-swizzled by row (STAGED_O), on their way to global memory.
 //   per stage s < KV_STAGES:
 //     K[s]   BLOCK_N x D codes, swizzle of D bytes, K-major for wgmma B of Q Kᵀ.
 //     V[s]   BLOCK_N x D codes as TMA writes them, [key][dim]: unswizzled, or (V_SWIZZLE=1)
@@ -149,10 +151,22 @@
 //                   SDPA_CAUSAL_HEADS_FIRST, from which the host builds the grid. 1 is up
 //                   to 24% faster on causal problems of many query tiles, on an H100 and an
 //                   H200, the same elsewhere (docs/PERF.md "Stage C and D, change 36").
+//   STAGED_O=0|1    how the epilogue writes O: 1, the default, through the consumer's own Q tile
+//                   in shared memory (swizzled 32-bit stores, then 16-byte loads and 16-byte
+//                   global stores of each half row's D bytes, half the dims at a time); 0,
+//                   straight from the accumulators, 4 bytes a thread a store (8 rows x 16 bytes
+//                   a warp store). The same values, so the same bits. On an H200 1 is 2-6.6%
+//                   faster on the 4,096-key, causal and GQA D 128 problems and up to 3.4% slower
+//                   on problems of a few query rows (docs/PERF.md "Stage D, change 38").
 //   DIAG_TIMELINE=X  diagnostic, never in normal builds: thread 0 of each warpgroup of CTA
 //                   (X, 0) of the grid (causal: head X's last query tile) stamps clock64() at
 //                   each step of its first TL_TILES tiles into sdpa_timeline, which
 //                   scripts/stage_d/probe.cu `timeline` reads and prints.
+//   DIAG_SPANS      diagnostic, never in normal builds: thread 0 of each warpgroup of every CTA
+//                   stamps its SM, its start, Q's landing, its first and fifth S, each
+//                   consumer's last tile and end into sdpa_spans, which scripts/stage_d/probe.cu
+//                   `spans` reads: where a launch's SM time goes (start, tiles, ends, the gaps
+//                   between CTAs on an SM, idle SMs at its start and end).
 //   DIAG_NO_TRANSPOSE  skips the V transpose (wrong output): the bound on what the transpose
 //                   costs, for scripts/stage_d/variants.sh only.
 //
@@ -171,6 +185,9 @@
 
 #ifndef KV_STAGES
 #define KV_STAGES 2
+#endif
+#ifndef STAGED_O
+#define STAGED_O 1
 #endif
 #ifndef SDPA_D
 #define SDPA_D 0
@@ -389,6 +406,43 @@ __device__ long long sdpa_timeline[4][TL_TILES][TL_EVENTS]; // the producer and 
     } while (0)
 #else
 #define TL_STAMP(wg, j, e) \
+    do {               \
+    } while (0)
+#endif
+
+#ifdef DIAG_SPANS
+// Every CTA of the launch (x + gridDim.x · y, the first SP_CTAS): its SM, its KV tiles, and
+// when its warpgroups' thread 0 reach each point (clock64, which only compares within an SM,
+// and %globaltimer at its start and ends), for scripts/stage_d/probe.cu `spans`: where a
+// launch's SM time goes beside its tiles' steady work.
+constexpr int SP_CTAS = 16384, SP_EVENTS = 22;
+enum SpanEvent {
+    SP_SM, SP_TILES, SP_GT_ENTRY, SP_CK_ENTRY, SP_CK_INIT, SP_CK_SYNCED, SP_CK_ISSUED, SP_CK_Q,
+    SP_CK_FIRST_S, SP_CK_TILE4,
+    SP_CK_LAST,                    // + c: consumer c's last tile done
+    SP_CK_PRESTORE = SP_CK_LAST + 3, // + c: its epilogue's first store
+    SP_CK_END = SP_CK_PRESTORE + 3,  // + c: its epilogue's stores issued
+    SP_GT_END = SP_CK_END + 3,       // + c: the same, %globaltimer
+};
+static_assert(SP_GT_END + 3 == SP_EVENTS, "span events");
+__device__ long long sdpa_spans[SP_CTAS][SP_EVENTS];
+__device__ __forceinline__ long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return (long long)t;
+}
+__device__ __forceinline__ long long sm_id() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+#define SP_STAMP(e, v)                                                                         \
+    do {                                                                                       \
+        const unsigned sp_cta = blockIdx.x + gridDim.x * blockIdx.y;                           \
+        if (sp_cta < SP_CTAS) sdpa_spans[sp_cta][e] = (v);                                     \
+    } while (0)
+#else
+#define SP_STAMP(e, v) \
     do {               \
     } while (0)
 #endif
@@ -644,6 +698,7 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
                         bh);
         for (int i = 0; i < KV_STAGES - 1 && i < n_tiles; ++i)
             issue_kv<T>(smem, bars, tm_k, tm_v, i, kv_bh, Sk);
+        SP_STAMP(SP_CK_ISSUED, clock64());
     }
     // Tiles run LOOKAHEAD ahead of the transpose. Tile j is transposed into Vt of its stage as
     // soon as its V has landed (the stage's last Vt reader, tile j - KV_STAGES, was waited for
@@ -916,6 +971,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n_tiles > 0) mbar_wait(&bars.q_full, 0);
+    if (c == 0 && ctid == 0) SP_STAMP(SP_CK_Q, clock64());
     // Without turns, consumer c starts c x STAGGER cycles after the first (T::STAGGER), so that
     // the consumers' exponentials and GEMMs do not all fall on the same cycles (docs/PERF.md
     // change 24).
@@ -984,6 +1040,8 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         wgmma_wait<0>();
         wgmma_hold(sc);
         TL_STAMP(1 + c, j, 2);
+        if (c == 0 && ctid == 0 && (j == 0 || j == 4))
+            SP_STAMP(j == 0 ? SP_CK_FIRST_S : SP_CK_TILE4, clock64());
         unsigned pa[T::PV_STEPS][4];
         turn_wait<PP>(c, TURN_SOFTMAX, turns);
         softmax(sc, j, masked, alpha);
@@ -1059,6 +1117,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     int j = 0;
     for (; j < n_full; ++j) tile(j, false);
     for (; j < n_tiles; ++j) tile(j, true);
+    if (ctid == 0) SP_STAMP(SP_CK_LAST + c, clock64());
 
     // Epilogue: l over the quad, O · v_scale / l (0 for a row that saw no key), f16 stores.
 #pragma unroll
@@ -1068,6 +1127,48 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     }
     const float inv[2] = {l[0] > 0.f ? v_scale / l[0] : 0.f, l[1] > 0.f ? v_scale / l[1] : 0.f};
     __half* o_bh = out + (size_t)bh * Sq * D;
+    if (ctid == 0) SP_STAMP(SP_CK_PRESTORE + c, clock64());
+#if STAGED_O
+    // STAGED_O: each warp's 16 rows go out through the consumer's own Q tile (64 rows x D bytes,
+    // free since its last Q·Kᵀ ended), half the dims at a time (D/2 f16: D bytes a row). A
+    // thread's words land in 16-byte chunk n ^ key(row), so that a warp's 32 stores fall in 32
+    // banks; each lane then reads back 16-byte chunks and stores those of rows before S_q to
+    // global, each half row's D bytes. A warp reads only its own rows: __syncwarp orders it.
+    {
+        // NCH chunks a row of a half, RPL rows a 128-byte line; a row's key is (row / RPL) % NCH,
+        // which is (g / RPL) % NCH for both of a thread's rows (8 / RPL is a multiple of NCH)
+        // and depends on f alone for a read (16 warp / RPL is one too).
+        constexpr unsigned NCH = D / 16, RPL = 128 / D;
+        const unsigned wrows = smem_addr(smem + c * 64 * D + 16 * warp * D); // the warp's 16 rows
+        const unsigned key_w = ((unsigned)g / RPL) % NCH;
+        __half* const o_rows = o_bh + (size_t)(cta_row0 + 64 * c + 16 * warp) * D;
+        const int rows_left = Sq - (cta_row0 + 64 * c + 16 * warp);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+#pragma unroll
+                for (unsigned nl = 0; nl < NCH; ++nl) {
+                    const int n = half * NCH + nl;
+                    const __half2 v2 = __floats2half2_rn(o[4 * n + 2 * r] * inv[r],
+                                                         o[4 * n + 2 * r + 1] * inv[r]);
+                    st_shared_u32(wrows + (g + 8 * r) * D + ((nl ^ key_w) * 16) + 4 * t,
+                                  *(const unsigned*)&v2);
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (unsigned i = 0; i < 16 * NCH / 32; ++i) {
+                const unsigned f = 32 * i + lane, rl = f / NCH, cl = f % NCH;
+                const uint4 v = ld_shared_v4(wrows + rl * D + ((cl ^ ((rl / RPL) % NCH)) * 16));
+                if ((int)rl < rows_left)
+                    *(uint4*)(o_rows + (size_t)rl * D + half * (D / 2) + cl * 8) = v;
+            }
+            __syncwarp();
+        }
+    }
+#else
+    // Straight from the accumulators: 4 bytes a thread a store, 8 rows x 16 bytes a warp store.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
@@ -1079,6 +1180,11 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
                                                  o[4 * n + 2 * r + 1] * inv[r]);
             *(__half2*)(dst + 8 * n) = v2;
         }
+    }
+#endif
+    if (ctid == 0) {
+        SP_STAMP(SP_CK_END + c, clock64());
+        SP_STAMP(SP_GT_END + c, global_ns());
     }
 }
 
@@ -1093,6 +1199,11 @@ __device__ __forceinline__ void sdpa_cta(u8* smem, Barriers& bars, const TmaDesc
                                          const float* __restrict__ v_scale,
                                          __half* __restrict__ out, int B, int H, int Hkv, int Sq,
                                          int Sk, float softmax_scale) {
+    if (threadIdx.x == 0) {
+        SP_STAMP(SP_GT_ENTRY, global_ns());
+        SP_STAMP(SP_CK_ENTRY, clock64());
+        SP_STAMP(SP_SM, sm_id());
+    }
     const CtaWork work = cta_work<CAUSAL, MIXED>(Sq);
     const int m_block = work.m_block, bh = work.bh, b = bh / H, h = bh % H;
     const int kv_bh = b * Hkv + h / (H / Hkv);
@@ -1104,6 +1215,7 @@ __device__ __forceinline__ void sdpa_cta(u8* smem, Barriers& bars, const TmaDesc
         __trap(); // a launch of another geometry than the module publishes
     const int n_tiles = kv_tiles(m_block, 64 * nc, Sq, Sk, CAUSAL);
     const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) SP_STAMP(SP_TILES, n_tiles);
 
     if (threadIdx.x == 0) {
         tma_prefetch_desc(tm_q);
@@ -1117,6 +1229,7 @@ __device__ __forceinline__ void sdpa_cta(u8* smem, Barriers& bars, const TmaDesc
             mbar_init(&bars.empty[s], 128 * nc);
         }
         mbar_init_fence();
+        SP_STAMP(SP_CK_INIT, clock64());
 #if SDPA_DELAY_CYCLES > 0
         const long long t0 = clock64();
         while (clock64() - t0 < SDPA_DELAY_CYCLES) {
@@ -1124,6 +1237,7 @@ __device__ __forceinline__ void sdpa_cta(u8* smem, Barriers& bars, const TmaDesc
 #endif
     }
     __syncthreads();
+    if (threadIdx.x == 0) SP_STAMP(SP_CK_SYNCED, clock64());
 
     if (wg == 0) {
         regs_dealloc<T::PRODUCER_REGS>();

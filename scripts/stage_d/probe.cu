@@ -2,7 +2,8 @@
 // the runner: builds the tensor maps as the runner will, runs each problem, checks sampled rows
 // against a host f64 reference (rel. RMSE < 5%, no non-finite element, rows that see no key
 // exactly 0) and, with `perf`, times it; with `timeline` (a build with -DDIAG_TIMELINE=X) it
-// prints where CTA (X, 0) spends each tile. Driven by scripts/stage_d/probe.sh on the device.
+// prints where CTA (X, 0) spends each tile; with `spans` (-DDIAG_SPANS) where a launch's SM time
+// goes beside its tiles. Driven by scripts/stage_d/probe.sh on the device.
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -16,6 +17,7 @@
 #include <random>
 #include <algorithm>
 #include <string>
+#include <climits>
 #include "../../cuda/sdpa_fp8_stage_d_wgmma.cu"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); exit(3);} } while (0)
@@ -132,6 +134,93 @@ static void print_timeline(F launch, const Prob& p) {
 }
 #endif
 
+#ifdef DIAG_SPANS
+// Where one launch's SM time goes (the kernel's SP_STAMP): 3 warm-ups, then one launch between
+// events with the stamps cleared. Each SM runs its CTAs one after another (one CTA an SM); its
+// time from the launch's first CTA start to its last CTA end (%globaltimer) is split into: idle
+// before its first CTA ("head"), each CTA's start (to its barriers set up, to the CTA's
+// __syncthreads, to Q landed, then to consumer 0's first S),
+// consumer 0's first four tiles after that and its later ones, the other consumers' last tiles
+// after consumer 0's ("skew"), the epilogue (to the last consumer's first store, then its
+// stores), the gaps between one CTA's end and the next one's
+// start on the SM, and idle after its last CTA ("tail"). Cycles become ns at the clock the
+// CTAs ran at (their clock64 over %globaltimer). The later tiles' figure a tile runs a little
+// high: it divides tile 4's S to the end of the last tile, which holds the last tile's part
+// after its S too, by the tiles after tile 4.
+template <class F>
+static void print_spans(F launch, const Prob& p, unsigned ctas, int sms) {
+    static long long sp[SP_CTAS][SP_EVENTS];
+    if (ctas > (unsigned)SP_CTAS) { printf("spans: %u CTAs, more than %d\n", ctas, SP_CTAS); return; }
+    for (int w = 0; w < 3; ++w) launch();
+    void* sym; CK(cudaGetSymbolAddress(&sym, sdpa_spans)); CK(cudaMemset(sym, 0, sizeof sp));
+    cudaEvent_t a, z; cudaEventCreate(&a); cudaEventCreate(&z);
+    cudaEventRecord(a); launch(); cudaEventRecord(z); CK(cudaEventSynchronize(z));
+    float ms; cudaEventElapsedTime(&ms, a, z);
+    CK(cudaMemcpyFromSymbol(sp, sdpa_spans, sizeof sp));
+    struct Cta { long long sm, tiles, g0, g1, c0, init, synced, issued, q, s0, s4, last0, lastmax, prestore, end; };
+    std::vector<Cta> v;
+    long long G0 = LLONG_MAX, G1 = 0; double ck_sum = 0, ns_sum = 0;
+    for (unsigned i = 0; i < ctas; ++i) {
+        const long long* e = sp[i];
+        if (e[SP_CK_ENTRY] == 0) { printf("spans: CTA %u has no start stamp\n", i); return; }
+        Cta c{e[SP_SM], e[SP_TILES], e[SP_GT_ENTRY], 0, e[SP_CK_ENTRY], e[SP_CK_INIT], e[SP_CK_SYNCED], e[SP_CK_ISSUED], e[SP_CK_Q], e[SP_CK_FIRST_S], e[SP_CK_TILE4], e[SP_CK_LAST], 0, 0, 0};
+        for (int k = 0; k < 3; ++k) {
+            c.lastmax = std::max(c.lastmax, e[SP_CK_LAST + k]);
+            if (e[SP_CK_END + k] > c.end) { c.end = e[SP_CK_END + k]; c.prestore = e[SP_CK_PRESTORE + k]; }
+            c.g1 = std::max(c.g1, e[SP_GT_END + k]);
+        }
+        if (c.tiles == 0 || c.end == 0) continue; // a CTA without work (none in spans' problems)
+        G0 = std::min(G0, c.g0); G1 = std::max(G1, c.g1);
+        ck_sum += c.end - c.c0; ns_sum += c.g1 - c.g0;
+        v.push_back(c);
+    }
+    const double ghz = ck_sum / ns_sum; // cycles a ns
+    std::sort(v.begin(), v.end(), [](const Cta& x, const Cta& y) { return x.sm != y.sm ? x.sm < y.sm : x.c0 < y.c0; });
+    // Shares of the SMs' time, ns.
+    enum { HEAD, TO_INIT, TO_SYNC, TO_Q, TO_S, EARLY, LATER, SKEW, EPI_PRE, EPI_STORE, GAP, TAIL, N };
+    const char* names[N] = {"idle before first CTA", "start: to barriers set up", "start: to the CTA's barrier",
+                            "start: to Q landed",
+                            "start: to first S", "consumer 0, tiles 1-4", "consumer 0, later tiles",
+                            "others' last tiles after c0", "epilogue: to first store",
+                            "epilogue: stores (last consumer)", "gaps between CTAs", "idle after last CTA"};
+    double part[N] = {};
+    int used_sms = 0; double later_tiles = 0, early_tiles = 0, issue_at = 0, q_after_issue = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+        const Cta& c = v[i];
+        const bool first = i == 0 || v[i - 1].sm != c.sm, last = i + 1 == v.size() || v[i + 1].sm != c.sm;
+        if (first) { part[HEAD] += c.g0 - G0; used_sms++; }
+        if (last) part[TAIL] += G1 - c.g1;
+        else part[GAP] += (v[i + 1].c0 - c.end) / ghz;
+        part[TO_INIT] += (c.init - c.c0) / ghz;
+        part[TO_SYNC] += (c.synced - c.init) / ghz;
+        part[TO_Q] += (c.q - c.synced) / ghz;
+        issue_at += c.issued - c.c0; q_after_issue += c.q - c.issued;
+        part[TO_S] += (c.s0 - c.q) / ghz;
+        const long long mid = c.tiles > 4 && c.s4 ? c.s4 : c.s0;
+        part[EARLY] += (mid - c.s0) / ghz;
+        part[LATER] += (c.last0 - mid) / ghz;
+        part[SKEW] += (c.lastmax - c.last0) / ghz;
+        part[EPI_PRE] += (c.prestore - c.lastmax) / ghz;
+        part[EPI_STORE] += (c.end - c.prestore) / ghz;
+        if (c.tiles > 4 && c.s4) { early_tiles += 4; later_tiles += c.tiles - 5; }
+    }
+    part[HEAD] += (double)(sms - used_sms) * (G1 - G0); // SMs that ran nothing
+    const double total = (double)sms * (G1 - G0);
+    double acc = 0; for (double x : part) acc += x;
+    printf("spans %dx%dx%d sq=%d sk=%d d=%d causal=%d: %u CTAs on %d SMs, event %.1f us, first start to last end %.1f us, clock %.2f GHz\n",
+           p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.causal, ctas, used_sms, ms * 1e3, (G1 - G0) * 1e-3, ghz);
+    for (int k = 0; k < N; ++k)
+        printf("    %-30s %6.2f%%  %8.0f cycles a CTA\n", names[k], 100 * part[k] / total, part[k] * ghz / v.size());
+    printf("    %-30s %6.2f%%  (sum of the above)\n", "accounted", 100 * acc / total);
+    printf("    first loads issued %.0f cycles after the CTA's start, Q landed %.0f cycles after that\n",
+           issue_at / v.size(), q_after_issue / v.size());
+    if (early_tiles > 0 && later_tiles > 0)
+        printf("    consumer 0 a tile: %.0f cycles in tiles 1-4, %.0f after\n",
+               part[EARLY] * ghz / early_tiles, part[LATER] * ghz / later_tiles);
+    fflush(stdout);
+}
+#endif
+
 int main(int argc, char** argv) {
     std::vector<Prob> probs = {
         {1, 2, 2, 128, 128, 64, 0}, {1, 2, 2, 128, 128, 128, 0}, {1, 2, 1, 77, 300, 64, 0},
@@ -140,6 +229,7 @@ int main(int argc, char** argv) {
         {1, 4, 4, 1000, 1000, 64, 1}, {1, 3, 3, 256, 512, 128, 0},
     };
     bool perf = argc > 1 && std::string(argv[1]) == "perf";
+    const bool sampled = perf || (argc > 1 && std::string(argv[1]) == "spans"); // few rows checked
     bool quick = argc > 1 && std::string(argv[1]) == "quick";
     // timeline (a build with -DDIAG_TIMELINE=X): where one CTA's warpgroups spend each tile.
     bool timeline = argc > 1 && std::string(argv[1]) == "timeline";
@@ -151,6 +241,19 @@ int main(int argc, char** argv) {
 #endif
     if (timeline) probs = {{1, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 4096, 4096, 64, 0},
                            {1, 16, 16, 4096, 4096, 128, 1}};
+    // spans (a build with -DDIAG_SPANS): where each launch's SM time goes, at S_k and 2 S_k.
+    bool spans = argc > 1 && std::string(argv[1]) == "spans";
+#ifndef DIAG_SPANS
+    if (spans) {
+        printf("spans needs a build with STAGE_D_DEFINES=-DDIAG_SPANS\n");
+        return 2;
+    }
+#endif
+    if (spans) probs = {
+        {1, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 4096, 8192, 128, 0}, {4, 16, 16, 4096, 4096, 128, 0},
+        {4, 16, 16, 4096, 8192, 128, 0}, {1, 16, 16, 16384, 16384, 128, 0}, {1, 16, 16, 4096, 4096, 64, 0},
+        {1, 16, 16, 4096, 8192, 64, 0}, {4, 16, 16, 8192, 8192, 128, 1},
+    };
     if (perf) probs = {
         {1, 16, 16, 4096, 4096, 64, 0}, {4, 16, 16, 4096, 4096, 64, 0}, {1, 16, 16, 4096, 4096, 128, 0},
         {4, 16, 16, 4096, 4096, 128, 0}, {1, 16, 16, 16384, 16384, 128, 0}, {4, 16, 16, 8192, 8192, 128, 0},
@@ -328,11 +431,13 @@ int main(int argc, char** argv) {
         double max_err = 0, sum_err2 = 0, sum_ref2 = 0, sum_dev = 0, sum_abs = 0; long n = 0, bad = 0;
         int group = p.H / p.Hkv;
         std::vector<double> sc(p.Sk);
-        for (int bh = 0; bh < p.B * p.H; bh += perf ? p.B * p.H / 3 + 1 : 1) {
+        // PROBE_SKIP_CHECK=1: no reference (timing rounds after a checked one); the line says SKIP.
+        const bool skip_check = getenv("PROBE_SKIP_CHECK") && std::string(getenv("PROBE_SKIP_CHECK")) == "1";
+        for (int bh = 0; !skip_check && bh < p.B * p.H; bh += sampled ? p.B * p.H / 3 + 1 : 1) {
             int b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / group;
-            int stride = std::max(1, p.Sq / (perf ? 16 : 64));
+            int stride = std::max(1, p.Sq / (sampled ? 16 : 64));
             for (int i = 0; i < p.Sq; ++i) {
-                if (!(i % stride == 0 || i == p.Sq - 1 || (!perf && ((i % BLOCK_M) < 2 || (i % BLOCK_M) > BLOCK_M - 3)))) continue;
+                if (!(i % stride == 0 || i == p.Sq - 1 || (!sampled && ((i % BLOCK_M) < 2 || (i % BLOCK_M) > BLOCK_M - 3)))) continue;
                 const float* q = &qd[((size_t)bh * p.Sq + i) * p.D];
                 double mx = -1e300; int lim = p.causal ? std::min(p.Sk - 1, i + p.Sk - p.Sq) : p.Sk - 1;
                 for (int j = 0; j <= lim; ++j) {
@@ -361,6 +466,12 @@ int main(int argc, char** argv) {
 #ifdef DIAG_TIMELINE
         if (timeline) print_timeline(launch, p);
 #endif
+#ifdef DIAG_SPANS
+        if (spans) {
+            int sms = 0; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+            print_spans(launch, p, grid.x * grid.y, sms);
+        }
+#endif
         if (perf) {
             cudaEvent_t a, z; cudaEventCreate(&a); cudaEventCreate(&z);
             for (int w = 0; w < 3; ++w) launch();
@@ -371,7 +482,7 @@ int main(int argc, char** argv) {
             tflops = 4.0 * p.B * p.H * p.D * pairs / (us * 1e-6) / 1e12;
         }
         printf("%s %dx%dx%d sq=%d sk=%d d=%d causal=%d: rel_rmse=%.4f bias=%+.4f max_err=%.4g nonfinite=%ld checked=%ld  %.1f us %.1f TFLOP/s\n",
-               ok ? "PASS" : "FAIL", p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.causal, rel_rmse, sum_dev / std::max(1e-30, sum_abs), max_err, bad, n, us, tflops);
+               !ok ? "FAIL" : skip_check ? "SKIP" : "PASS", p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.causal, rel_rmse, sum_dev / std::max(1e-30, sum_abs), max_err, bad, n, us, tflops);
         fflush(stdout);
         cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dqs); cudaFree(dks); cudaFree(dvs); cudaFree(dout);
     }

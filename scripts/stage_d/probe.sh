@@ -7,6 +7,8 @@
 #     geom   D 64 and D 128 problems at each query tile the entry runs: bits against the widest, times
 #     mixed  unmasked problems at each grid of a mixed launch (MIXED_SPAN tiles past the unmixed): bits, times
 #     timeline  (a build with STAGE_D_DEFINES=-DDIAG_TIMELINE=X) where CTA (X, 0) spends each tile
+#     spans  (a build with STAGE_D_DEFINES=-DDIAG_SPANS) where each launch's SM time goes: CTA
+#            starts, tiles, ends, gaps between CTAs on an SM, idle SMs, at S_k and 2 S_k
 #     peers  cuDNN FP8 (carry .whl/nvidia_cudnn_frontend-*.whl), cuDNN fp16, flash fp16
 #     stagnation  cuDNN FP8 and fp16 on near-equal scores with V > 0 and signed V, per S_k: whether
 #            O stagnates in the FP8 tensor cores' FP22 accumulator (stagnation.py)
@@ -17,7 +19,8 @@
 # Extra nvcc defines in STAGE_D_DEFINES (e.g. "-DKV_STAGES=3"); PROBE_INPUTS=flat_positive_v gives
 # check and perf near-equal scores and V > 0. Each problem's line has `bias`, Σ(got − ref) / Σ|ref|
 # over the checked elements (on flat_positive_v, where every reference is positive, O's lean toward
-# zero when negative). PROBE_PROBLEMS="B,H,Hkv,Sq,Sk,D,causal;..." replaces a mode's problems.
+# zero when negative). PROBE_SKIP_CHECK=1 skips the reference (a line then says SKIP, not PASS).
+# PROBE_PROBLEMS="B,H,Hkv,Sq,Sk,D,causal;..." replaces a mode's problems.
 # Logs go to $OUT (or /tmp/stage_d).
 set -u
 cd "$(dirname "$0")"
