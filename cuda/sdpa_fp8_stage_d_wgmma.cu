@@ -157,7 +157,10 @@
 //                   straight from the accumulators, 4 bytes a thread a store (8 rows x 16 bytes
 //                   a warp store). The same values, so the same bits. On an H200 1 is 2-6.6%
 //                   faster on the 4,096-key, causal and GQA D 128 problems and up to 3.4% slower
-//                   on problems of a few query rows (docs/PERF.md "Stage D, change 38").
+//                   on problems of a few query rows (docs/PERF.md "Stage D, change 38"). Since
+//                   change 39 the unmasked D 128 companion's warps of fewer than 16 rows store
+//                   straight (DIRECT_FEW: cfg-pack 2.6-3.8% faster); D 64's few-row problems
+//                   keep up to 2.7% of the loss.
 //   DIAG_TIMELINE=X  diagnostic, never in normal builds: thread 0 of each warpgroup of CTA
 //                   (X, 0) of the grid (causal: head X's last query tile) stamps clock64() at
 //                   each step of its first TL_TILES tiles into sdpa_timeline, which
@@ -1128,13 +1131,21 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     const float inv[2] = {l[0] > 0.f ? v_scale / l[0] : 0.f, l[1] > 0.f ? v_scale / l[1] : 0.f};
     __half* o_bh = out + (size_t)bh * Sq * D;
     if (ctid == 0) SP_STAMP(SP_CK_PRESTORE + c, clock64());
-#if STAGED_O
     // STAGED_O: each warp's 16 rows go out through the consumer's own Q tile (64 rows x D bytes,
     // free since its last Q·Kᵀ ended), half the dims at a time (D/2 f16: D bytes a row). A
     // thread's words land in 16-byte chunk n ^ key(row), so that a warp's 32 stores fall in 32
     // banks; each lane then reads back 16-byte chunks and stores those of rows before S_q to
     // global, each half row's D bytes. A warp reads only its own rows: __syncwarp orders it.
-    {
+    // DIRECT_FEW: in the unmasked D 128 companion (and the D 128 entry itself where
+    // CONSUMERS_D128=2: no P·V in halves), a warp with fewer than 16 rows before S_q stores
+    // straight from its accumulators instead (the branch below), as every warp does with
+    // STAGED_O=0. That function runs D 128's problems of a few query rows (decode, draft tokens),
+    // which the staging made 2.6-3.8% slower (cfg-pack; docs/PERF.md "Stage D, change 39"). The
+    // other functions stage every warp: the same branch changed far more than the epilogue's
+    // code in D 64's entries and the causal companion and cost them up to 7%, and spilled 4
+    // bytes in the 192-row D 128 causal entry (NVRTC 13.0).
+    constexpr bool DIRECT_FEW = D == 128 && !CAUSAL && !T::PV_HALVES;
+    if (STAGED_O && (!DIRECT_FEW || Sq - (cta_row0 + 64 * c + 16 * warp) >= 16)) {
         // NCH chunks a row of a half, RPL rows a 128-byte line; a row's key is (row / RPL) % NCH,
         // which is (g / RPL) % NCH for both of a thread's rows (8 / RPL is a multiple of NCH)
         // and depends on f alone for a read (16 warp / RPL is one too).
@@ -1166,22 +1177,21 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
             }
             __syncwarp();
         }
-    }
-#else
-    // Straight from the accumulators: 4 bytes a thread a store, 8 rows x 16 bytes a warp store.
+    } else {
+        // Straight from the accumulators: 4 bytes a thread a store, 8 rows x 16 bytes a warp store.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row0 + 8 * r;
-        if (row >= Sq) continue;
-        __half* dst = o_bh + (size_t)row * D + 2 * t;
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 8 * r;
+            if (row >= Sq) continue;
+            __half* dst = o_bh + (size_t)row * D + 2 * t;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const __half2 v2 = __floats2half2_rn(o[4 * n + 2 * r] * inv[r],
-                                                 o[4 * n + 2 * r + 1] * inv[r]);
-            *(__half2*)(dst + 8 * n) = v2;
+            for (int n = 0; n < D / 8; ++n) {
+                const __half2 v2 = __floats2half2_rn(o[4 * n + 2 * r] * inv[r],
+                                                     o[4 * n + 2 * r + 1] * inv[r]);
+                *(__half2*)(dst + 8 * n) = v2;
+            }
         }
     }
-#endif
     if (ctid == 0) {
         SP_STAMP(SP_CK_END + c, clock64());
         SP_STAMP(SP_GT_END + c, global_ns());
