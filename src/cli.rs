@@ -374,6 +374,15 @@ pub struct BuildArgs {
     pub arch: String,
     #[command(flatten)]
     pub kernel: KernelArgs,
+    /// Also build a base kernel (a file, or a git revision: git:origin/main, git:REV:PATH) and
+    /// compare each variant's machine code with its twin's, module by module and function by
+    /// function: which kernels a change moved
+    #[arg(long, value_name = "FILE|git:REV[:PATH]", value_parser = KernelLocation::parse)]
+    pub base_kernel: Option<KernelLocation>,
+    /// With --base-kernel: exit 1 unless every function's machine code is the base's (a change
+    /// that must not move the code: a refactor, comments)
+    #[arg(long, requires = "base_kernel")]
+    pub require_same_code: bool,
     #[command(flatten)]
     pub project: ProjectArgs,
 }

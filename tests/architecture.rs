@@ -22,6 +22,9 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
                 stack.push(path);
                 continue;
             }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue; // test fixtures (src/backend/cuda/testdata): not Rust
+            }
             let rel = path
                 .strip_prefix(&src)
                 .unwrap()

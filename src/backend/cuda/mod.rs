@@ -15,6 +15,7 @@ pub mod headers;
 pub mod identity;
 pub mod kernel;
 pub mod launch;
+pub mod machine_code;
 pub mod nvrtc;
 mod open;
 pub mod reference;
