@@ -20,15 +20,11 @@ pub fn build(args: &BuildArgs) -> Result<Outcome, AppError> {
     let specs = variant_specs(&args.kernel, &chosen.spec)?;
     let cuda_dir = project.root.cuda_dir();
     let source = KernelSource::load(&chosen.path, &cuda_dir, &chosen.spec)?;
-    let base = match &args.base_kernel {
-        Some(at) => Some(KernelSource::locate(
-            at,
-            project.root.path(),
-            &cuda_dir,
-            &chosen.spec,
-        )?),
-        None => None,
-    };
+    let base = args
+        .base_kernel
+        .as_ref()
+        .map(|at| KernelSource::locate(at, project.root.path(), &cuda_dir, &chosen.spec))
+        .transpose()?;
     let nvrtc_version = kernel::require_nvrtc()?;
     let include =
         headers::find_in_environment().map_err(|e| BackendError::Environment(e.to_string()))?;

@@ -125,14 +125,8 @@ pub fn parse(cubin: &[u8]) -> Result<Module, String> {
 /// Compares two modules function by function, in name order.
 pub fn compare(base: &Module, candidate: &Module) -> Vec<Compared> {
     let globals_differ = base.globals != candidate.globals;
-    let by_name = |m: &Module| -> BTreeMap<String, Function> {
-        m.functions
-            .iter()
-            .map(|f| (f.name.clone(), f.clone()))
-            .collect()
-    };
     let (b, c) = (by_name(base), by_name(candidate));
-    let names: BTreeSet<&String> = b.keys().chain(c.keys()).collect();
+    let names: BTreeSet<&str> = b.keys().chain(c.keys()).copied().collect();
     let mut rows: Vec<Compared> = names
         .into_iter()
         .map(|name| {
@@ -153,7 +147,7 @@ pub fn compare(base: &Module, candidate: &Module) -> Vec<Compared> {
                 _ => Change::OnlyInCandidate,
             };
             Compared {
-                name: name.clone(),
+                name: name.to_string(),
                 bytes: fc.map_or(0, |f| f.code_bytes),
                 base_bytes: fb.map_or(0, |f| f.code_bytes),
                 change,
@@ -176,7 +170,7 @@ pub fn compare(base: &Module, candidate: &Module) -> Vec<Compared> {
             .collect();
         let mut moved = false;
         for row in rows.iter_mut().filter(|r| r.change.is_same()) {
-            let calls_one = c[&row.name]
+            let calls_one = c[row.name.as_str()]
                 .relocations
                 .iter()
                 .map(|r| &r.symbol)
@@ -191,6 +185,10 @@ pub fn compare(base: &Module, candidate: &Module) -> Vec<Compared> {
             return rows;
         }
     }
+}
+
+fn by_name(m: &Module) -> BTreeMap<&str, &Function> {
+    m.functions.iter().map(|f| (f.name.as_str(), f)).collect()
 }
 
 /// What differs between two builds of one function, in words.
