@@ -266,6 +266,7 @@ pub fn analyze_run(
             }
         }
     }
+    notices.extend(false_verdicts(cmps));
     if let Some(p) = &perf {
         notices.extend(timing_notices(p));
     }
@@ -390,7 +391,7 @@ pub fn analyze_compare(
         targets: targets(cmps, gates),
         regressions,
         failures,
-        notices: Vec::new(),
+        notices: false_verdicts(cmps),
     }
 }
 
@@ -454,11 +455,14 @@ fn target_failures(
         .collect()
 }
 
-/// The shapes whose candidate is SLOWER by more than `max_regression_pct`.
+/// The shapes whose candidate is SLOWER by more than `max_regression_pct`, except where both
+/// sides ran the same machine code ([`ShapeComparison::false_verdict`]: noise, not the
+/// change; [`false_verdicts`] names them).
 pub fn regressions(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<Regression> {
     cmps.iter()
         .filter(|c| {
             c.verdict == PerfVerdict::Slower
+                && !c.false_verdict()
                 && (c.estimate.ratio - 1.0) * 100.0 > gates.max_regression_pct
         })
         .map(|c| Regression {
@@ -480,6 +484,11 @@ pub fn targets(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<(Strin
         .map(|t| {
             let status = match cmps.iter().find(|c| &c.shape == t) {
                 None => TargetStatus::NotMeasured,
+                Some(c) if c.same_machine_code == Some(true) => TargetStatus::NotMet(format!(
+                    "{:+.1}% ({}), but both sides ran the same machine code: no speedup is \
+                     possible",
+                    c.speedup_pct, c.verdict
+                )),
                 Some(c)
                     if c.verdict == PerfVerdict::Faster
                         && c.speedup_pct >= gates.min_speedup_pct =>
@@ -492,6 +501,27 @@ pub fn targets(cmps: &[ShapeComparison], gates: &PerformanceGates) -> Vec<(Strin
                 )),
             };
             (t.clone(), status)
+        })
+        .collect()
+}
+
+/// One notice per comparison whose two sides ran the same machine code in the same launches
+/// on the same inputs yet whose verdict is not SAME: an A/A by construction that the
+/// statistics called a difference, so this run's noise exceeded that shape's floor.
+pub fn false_verdicts(cmps: &[ShapeComparison]) -> Vec<String> {
+    cmps.iter()
+        .filter(|c| c.false_verdict())
+        .map(|c| {
+            format!(
+                "{}: {} {:+.2}% although both sides ran the same machine code in the same \
+                 launches on the same inputs: a false verdict (this run's noise exceeded the \
+                 ±{:.2}% floor; `sdpa-runner noise --paired` measures this GPU's), neither a \
+                 regression nor a speedup",
+                comparison_subject(c),
+                c.verdict,
+                c.speedup_pct,
+                c.noise_floor_pct
+            )
         })
         .collect()
 }
@@ -593,6 +623,111 @@ mod tests {
         );
         assert!(reported.decision.failures.is_empty());
         assert_eq!(reported.decision.regressions.len(), 2);
+    }
+
+    /// `m` with every timing launching `f` on one grid, and each variant's `f` of the code
+    /// `codes` gives it, in the order (cp0, cp1, base-cp0, base-cp1).
+    fn with_code(mut m: RunMeasured, codes: [&str; 4]) -> RunMeasured {
+        let p = m.perf.as_mut().unwrap();
+        for x in &mut p.measurements {
+            x.launch = Some(crate::schema::LaunchRecord {
+                query_rows: 64,
+                threads: 256,
+                grid: [8, 8, 1],
+                function: Some("f".into()),
+            });
+        }
+        for (v, code) in p.variants.iter_mut().zip(codes) {
+            v.machine_code = vec![crate::schema::FunctionCode {
+                module: "d64".into(),
+                function: "f".into(),
+                sha256: code.into(),
+            }];
+        }
+        m.variants = p.variants.clone();
+        m
+    }
+
+    #[test]
+    fn slower_on_the_same_machine_code_is_a_false_verdict_not_a_regression() {
+        // cp0 kept its base's code, cp1's moved; both read 5% slower.
+        let m = with_code(
+            measured([1.05, 1.05, 1.0, 1.0], [true; 4]),
+            ["a", "b", "a", "c"],
+        );
+        let a = analyze_run(m, &gates(), GATE, &crate::perf::fixtures::constant_floor);
+        let failed: Vec<&str> = a
+            .decision
+            .failures
+            .iter()
+            .map(|f| f.subject.as_str())
+            .collect();
+        assert_eq!(failed, ["mission: cp1 vs base-cp1"]);
+        assert_eq!(a.decision.regressions.len(), 1);
+        let notices: Vec<&String> = a
+            .decision
+            .notices
+            .iter()
+            .filter(|n| n.contains("same machine code"))
+            .collect();
+        assert_eq!(notices.len(), 1, "{:?}", a.decision.notices);
+        assert!(
+            notices[0].starts_with("mission: cp0 vs base-cp0: SLOWER")
+                && notices[0].contains("a false verdict"),
+            "{notices:?}"
+        );
+        let cmps = &a.perf.as_ref().unwrap().comparisons;
+        let same: Vec<(&str, &str, Option<bool>)> = cmps
+            .iter()
+            .map(|c| {
+                (
+                    c.baseline.as_str(),
+                    c.candidate.as_str(),
+                    c.same_machine_code,
+                )
+            })
+            .collect();
+        assert_eq!(
+            same,
+            [
+                ("cp0", "cp1", Some(false)),
+                ("base-cp0", "cp0", Some(true)),
+                ("base-cp1", "cp1", Some(false)),
+            ]
+        );
+    }
+
+    #[test]
+    fn faster_on_the_same_machine_code_does_not_meet_a_target() {
+        let policy = RunPolicy {
+            require_speedup: true,
+            gate: false,
+        };
+        let fast = [1.0, 0.8, 1.0, 0.8];
+        let run = |codes| {
+            let m = with_code(measured(fast, [true; 4]), codes);
+            analyze_run(m, &gates(), policy, &crate::perf::fixtures::constant_floor)
+        };
+        let moved = run(["a", "b", "a", "b"]);
+        assert!(
+            moved.decision.failures.is_empty(),
+            "{:?}",
+            moved.decision.failures
+        );
+        let same = run(["a", "a", "a", "a"]);
+        assert_eq!(
+            same.decision.failures.len(),
+            1,
+            "{:?}",
+            same.decision.failures
+        );
+        assert!(
+            same.decision.failures[0]
+                .why
+                .contains("both sides ran the same machine code"),
+            "{:?}",
+            same.decision.failures
+        );
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub fn verdict_lines(cmps: &[ShapeComparison], w: &Widths) -> String {
     cmps.iter()
         .map(|c| {
             format!(
-                "[{:<ws$}] {} vs {}: speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e} {} (noise floor ±{:.2}%, detects ±{:.2}%)\n",
+                "[{:<ws$}] {} vs {}: speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e} {} (noise floor ±{:.2}%, detects ±{:.2}%){}\n",
                 c.shape,
                 c.candidate,
                 c.baseline,
@@ -209,6 +209,11 @@ pub fn verdict_lines(cmps: &[ShapeComparison], w: &Widths) -> String {
                 c.verdict,
                 c.noise_floor_pct,
                 c.mde_pct(),
+                match (c.same_machine_code, c.false_verdict()) {
+                    (Some(true), true) => ", same machine code: a false verdict",
+                    (Some(true), false) => ", same machine code",
+                    _ => "",
+                },
                 ws = w.shape
             )
         })
@@ -289,5 +294,33 @@ mod tests {
         ];
         assert_eq!(summary(&rs), "3/4 PASS (cp0 2/2, cp1 1/2)");
         assert_eq!(summary(&rs[..1]), "1/1 PASS");
+    }
+
+    #[test]
+    fn a_verdict_line_says_when_both_sides_ran_the_same_machine_code() {
+        let w = Widths {
+            shape: 8,
+            variant: 7,
+        };
+        let estimate = crate::stats::paired_ratio(&[1.0; 20], &[1.05; 20], 0.95);
+        let mut c = ShapeComparison::new(
+            "mission",
+            vec![0],
+            ("base-cp0", "cp0"),
+            (&[1.0], &[1.05]),
+            estimate,
+            1.0,
+        );
+        let line = |c: &ShapeComparison| verdict_lines(std::slice::from_ref(c), &w);
+        assert!(!line(&c).contains("machine code"), "{}", line(&c));
+        c.same_machine_code = Some(true);
+        assert!(
+            line(&c).contains("SLOWER")
+                && line(&c).ends_with("same machine code: a false verdict\n"),
+            "{}",
+            line(&c)
+        );
+        c.same_machine_code = Some(false);
+        assert!(!line(&c).contains("machine code"), "{}", line(&c));
     }
 }

@@ -173,8 +173,13 @@ pub fn merge(shards: &[Shard]) -> Result<Vec<(String, RunMeasured)>, ConfigError
         };
         let part = &mut parts[at].1;
         for v in s.variants() {
-            if !part.variants.iter().any(|m| m.name == v.name) {
-                part.variants.push(v);
+            match part.variants.iter_mut().find(|m| m.name == v.name) {
+                None => part.variants.push(v),
+                // Shards whose builds of one variant ran other machine code (another NVRTC,
+                // other headers) leave it unknown: no comparison may call its sides the same
+                // code (src/perf/same_code.rs).
+                Some(m) if m.machine_code != v.machine_code => m.machine_code.clear(),
+                Some(_) => {}
             }
         }
         part.records
@@ -371,5 +376,45 @@ mod tests {
         let perf = merged[0].1.perf.as_ref().unwrap();
         assert_eq!(perf.gpus, [slot(0), slot(1), slot(2)]);
         assert_eq!(perf.measurements.len(), 4);
+    }
+
+    #[test]
+    fn shards_whose_builds_ran_other_machine_code_leave_it_unknown() {
+        let code = |sha: &str| crate::schema::FunctionCode {
+            module: "d64".into(),
+            function: "f".into(),
+            sha256: sha.into(),
+        };
+        let timed = |seed: u64, sha: &str| {
+            let mut perf = crate::perf::fixtures::perf_file(
+                "NVIDIA H200",
+                &["mission"],
+                &[seed],
+                &[("cp0", 1.0), ("cp1", 0.9)],
+            );
+            for v in &mut perf.variants {
+                v.machine_code = vec![code(sha)];
+            }
+            Shard {
+                path: format!("run{seed}").into(),
+                perf: Some(perf),
+                ..untimed_gpu_shard()
+            }
+        };
+        let codes = |shards: &[Shard]| -> Vec<usize> {
+            let merged = merge(shards).unwrap();
+            let perf = merged[0].1.perf.as_ref().unwrap();
+            perf.variants.iter().map(|v| v.machine_code.len()).collect()
+        };
+        assert_eq!(
+            codes(&[timed(0, "a"), timed(1, "a")]),
+            [1, 1],
+            "kept where they agree"
+        );
+        assert_eq!(
+            codes(&[timed(0, "a"), timed(1, "b")]),
+            [0, 0],
+            "unknown where not"
+        );
     }
 }

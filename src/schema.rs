@@ -256,6 +256,22 @@ pub struct VariantMeta {
     /// What it compiled, by content: source texts, defines, options (GPU runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<CodeIdentity>,
+    /// Each function of its modules, by the machine code it runs (GPU runs; empty in files
+    /// of older runners and where a CUBIN could not be read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machine_code: Vec<FunctionCode>,
+}
+
+/// One function of a compiled module, by its machine code: a hash of its instructions,
+/// relocations, attributes, the functions it calls and its module's globals
+/// (src/backend/cuda/machine_code/ `fingerprints`). Two functions of the same hash run the
+/// same code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCode {
+    /// The module's entry (`d64`, `d128_causal`, ...).
+    pub module: String,
+    pub function: String,
+    pub sha256: String,
 }
 
 impl VariantMeta {
@@ -480,6 +496,20 @@ pub struct ShapeComparison {
     pub rounds_dropped_for_clock: usize,
     #[serde(default)]
     pub rounds_total: usize,
+    /// Whether both sides ran the same machine code in the same launches on the same inputs
+    /// for every seed (src/perf/same_code.rs): an A/A by construction, where a verdict other
+    /// than SAME is noise beyond the floor. None where a side's code or launches were not
+    /// recorded (the CPU backend, files of older runners).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_machine_code: Option<bool>,
+}
+
+impl ShapeComparison {
+    /// A verdict other than SAME on a comparison of the same machine code: noise beyond the
+    /// floor, by construction.
+    pub fn false_verdict(&self) -> bool {
+        self.same_machine_code == Some(true) && self.verdict != crate::stats::PerfVerdict::Same
+    }
 }
 
 /// The two kinds of in-run comparison.
@@ -530,6 +560,7 @@ impl ShapeComparison {
             pair: PairKind::Variants,
             rounds_dropped_for_clock: 0,
             rounds_total: 0,
+            same_machine_code: None,
         }
     }
 }

@@ -76,12 +76,18 @@ fn the_kernel_against_itself_builds_four_variants_of_the_same_code_and_passes() 
             .iter()
             .any(|(s, b, c)| s == "mission" && b == "base-cp1" && c == "cp1")
     );
+    // Each problem ran the same machine code as its base twin; cp1's is not cp0's.
+    for c in perf["comparisons"].as_array().unwrap() {
+        let want = c["pair"] == "base_kernel";
+        assert_eq!(c["same_machine_code"], want, "{c}");
+    }
     let correctness = read_json(&run.join("correctness.json"));
     assert_eq!(correctness["results"].as_array().unwrap().len(), 8);
     let md = std::fs::read_to_string(run.join("COMPARE.md")).unwrap();
     assert!(
         md.contains("the kernel under test vs the base kernel")
-            && md.contains("SAME CODE: the kernel under test compiles to the same code"),
+            && md.contains("SAME CODE: the kernel under test compiles to the same code")
+            && md.contains("4 of 6 comparisons are such controls"),
         "{md}"
     );
     // Every block was released by the host (no expired hold kept) and has an SM clock.
@@ -94,6 +100,69 @@ fn the_kernel_against_itself_builds_four_variants_of_the_same_code_and_passes() 
             assert!((300.0..4000.0).contains(&mhz), "{mhz} MHz");
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_change_to_one_function_leaves_the_problems_of_the_others_as_same_code_controls() {
+    // Stage D's base without DIRECT_FEW (change 39): only the unmasked D 128 companion's code
+    // differs, which cfg-pack runs; small runs D 64's entry, whose code is the same.
+    let text =
+        std::fs::read_to_string(project_root().join("cuda/sdpa_fp8_stage_d_wgmma.cu")).unwrap();
+    let line = "constexpr bool DIRECT_FEW = D == 128 && !CAUSAL && !T::PV_HALVES;";
+    assert!(text.contains(line), "the kernel's DIRECT_FEW line moved");
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("without_direct_few.cu");
+    std::fs::write(
+        &base,
+        text.replace(line, "constexpr bool DIRECT_FEW = false;"),
+    )
+    .unwrap();
+    let results = dir.path().join("results");
+    let (code, stdout, stderr) = output(
+        runner()
+            .args([
+                "--kernel",
+                "stage-d",
+                "--shapes",
+                "small,cfg-pack",
+                "--seeds",
+                "0",
+            ])
+            .arg("--base-kernel")
+            .arg(&base)
+            .arg("--results-dir")
+            .arg(&results),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let run = &run_dirs(&results)[0];
+    let perf = read_json(&run.join("perf.json"));
+    let mut same: Vec<(String, String, bool)> = perf["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["pair"] == "base_kernel")
+        .map(|c| {
+            (
+                c["shape"].as_str().unwrap().to_string(),
+                c["candidate"].as_str().unwrap().to_string(),
+                c["same_machine_code"].as_bool().expect("recorded"),
+            )
+        })
+        .collect();
+    same.sort();
+    let want: Vec<(String, String, bool)> = [
+        ("cfg-pack", "st2", false),
+        ("cfg-pack", "st3", false),
+        ("small", "st2", true),
+        ("small", "st3", true),
+    ]
+    .iter()
+    .map(|(s, v, b)| (s.to_string(), v.to_string(), *b))
+    .collect();
+    assert_eq!(same, want, "{stdout}");
+    let md = std::fs::read_to_string(run.join("COMPARE.md")).unwrap();
+    assert!(md.contains("2 of 6 comparisons are such controls"), "{md}");
 }
 
 #[test]

@@ -264,6 +264,9 @@ pub fn unpaired_comparisons_with(
             let (b_rounds, b_all, seeds) = gather(base, bv);
             let (c_rounds, c_all, _) = gather(cand, cv);
             let estimate = crate::stats::unpaired_ratio(&b_rounds, &c_rounds, gates.confidence);
+            // No `same_machine_code` across runs: the runner's host code, the driver and the
+            // plan may differ between two processes, so the same kernel code is no A/A there
+            // (src/perf/same_code.rs).
             ShapeComparison::new(
                 shape,
                 seeds,
@@ -446,5 +449,29 @@ mod tests {
             targets(&cmps, &gates())[0].1,
             TargetStatus::NotMet(_)
         ));
+    }
+
+    #[test]
+    fn two_saved_runs_of_the_same_machine_code_are_no_control_and_a_slowdown_still_counts() {
+        let run = |factor: f64| {
+            let mut f = perf_file("H200", &["mission"], &[0], &[("cp1", factor)]);
+            for m in &mut f.measurements {
+                m.launch = Some(crate::schema::LaunchRecord {
+                    query_rows: 64,
+                    threads: 128,
+                    grid: [8, 8, 1],
+                    function: Some("f".into()),
+                });
+            }
+            f.variants[0].machine_code = vec![crate::schema::FunctionCode {
+                module: "d64".into(),
+                function: "f".into(),
+                sha256: "same".into(),
+            }];
+            f
+        };
+        let cmps = unpaired_comparisons(&run(1.0), &run(1.05), ("cp1", "cp1"), &gates());
+        assert_eq!(cmps[0].same_machine_code, None);
+        assert_eq!(regressions(&cmps, &gates()).len(), 1);
     }
 }

@@ -3,6 +3,7 @@
 //! saved runs (unpaired), with the gates of the `performance` section applied.
 
 pub mod compare;
+pub mod same_code;
 
 use crate::floors::FloorChoice;
 use crate::gates::PerformanceGates;
@@ -158,6 +159,8 @@ pub fn paired_comparisons(
             cmp.pair = kind;
             cmp.rounds_dropped_for_clock = sagged;
             cmp.rounds_total = rounds.len();
+            cmp.same_machine_code =
+                same_code::same_machine_code((file, &base), (file, &cand), &shape);
             out.push(cmp);
         }
     }
@@ -303,16 +306,7 @@ pub(crate) mod fixtures {
                 .iter()
                 .map(|(n, _)| VariantMeta {
                     name: n.to_string(),
-                    defines: vec![],
-                    ptx_sha256: None,
-                    ptx_has_cp_async: None,
-                    registers: None,
-                    smem_bytes: None,
-                    spill_bytes: None,
-                    blocks_per_sm: None,
-                    kernel: None,
-                    ptx_code_sha256: None,
-                    code: None,
+                    ..VariantMeta::default()
                 })
                 .collect(),
             measurements,

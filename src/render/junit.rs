@@ -68,12 +68,17 @@ pub fn render(
             let mut case = TestCase::new(subject, status(&failures));
             case.set_classname("performance");
             case.set_system_out(format!(
-                "{} speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e}",
+                "{} speedup {:+.2}% [{:+.2}%, {:+.2}%] p={:.1e}{}",
                 c.verdict,
                 c.speedup_pct,
                 c.speedup_ci_pct[0],
                 c.speedup_ci_pct[1],
-                c.estimate.p_value
+                c.estimate.p_value,
+                if c.false_verdict() {
+                    " (both sides ran the same machine code: a false verdict, not gated)"
+                } else {
+                    ""
+                }
             ));
             suite.add_test_case(case);
         }

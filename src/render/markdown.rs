@@ -333,6 +333,10 @@ fn timings(s: &mut String, doc: &CompareDoc) {
     }
     let show_pair = pairs.len() > 1;
     let show_rounds = doc.comparisons.iter().any(|c| c.rounds_total > 0);
+    let show_code = doc
+        .comparisons
+        .iter()
+        .any(|c| c.same_machine_code.is_some());
     let _ = writeln!(s, "\n## Timing, µs per launch\n");
     let mut head = String::from("| shape |");
     if show_pair {
@@ -341,6 +345,9 @@ fn timings(s: &mut String, doc: &CompareDoc) {
     head.push_str(" seeds |");
     if show_rounds {
         head.push_str(" rounds |");
+    }
+    if show_code {
+        head.push_str(" code |");
     }
     head.push_str(&format!(
         " p50 base | p50 cand | p90 base | p90 cand | mean base | mean cand | speedup | {conf:.0}% CI | p | floor | detects | verdict |"
@@ -357,9 +364,16 @@ fn timings(s: &mut String, doc: &CompareDoc) {
         if show_rounds {
             row.push_str(&format!(" {}/{} |", c.estimate.n, c.rounds_total));
         }
+        if show_code {
+            row.push_str(match c.same_machine_code {
+                Some(true) => " same |",
+                Some(false) => " differs |",
+                None => " ? |",
+            });
+        }
         let _ = writeln!(
             s,
-            "{row} {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.2}% | ±{:.2}% | **{}** |",
+            "{row} {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {:.1e} | ±{:.2}% | ±{:.2}% | **{}**{} |",
             bs.p50,
             cs.p50,
             bs.p90,
@@ -372,7 +386,41 @@ fn timings(s: &mut String, doc: &CompareDoc) {
             c.estimate.p_value,
             c.noise_floor_pct,
             c.mde_pct(),
-            c.verdict
+            c.verdict,
+            if c.false_verdict() {
+                " (same code: noise)"
+            } else {
+                ""
+            }
+        );
+    }
+    if show_code {
+        let same: Vec<&ShapeComparison> = doc
+            .comparisons
+            .iter()
+            .filter(|c| c.same_machine_code == Some(true))
+            .collect();
+        let false_verdicts = same.iter().filter(|c| c.false_verdict()).count();
+        let widest = same
+            .iter()
+            .map(|c| c.speedup_pct.abs())
+            .fold(0.0f64, f64::max);
+        let _ = writeln!(
+            s,
+            "\nCode: `same` where both sides launched the same machine code (every function \
+             hashed: instructions, relocations, registers, attributes, callees, the module's \
+             globals) in the same launches on the same inputs, seed by seed: an A/A by \
+             construction, whatever else the change moved. {} of {} comparisons are such \
+             controls{}; a verdict other than SAME on one is noise beyond its floor, which \
+             neither fails the gate nor meets a target. `differs`: the change reached the \
+             code or the launch; `?`: not recorded.",
+            same.len(),
+            doc.comparisons.len(),
+            if same.is_empty() {
+                String::new()
+            } else {
+                format!(" (largest |speedup| {widest:.2}%; {false_verdicts} read other than SAME)")
+            }
         );
     }
     if show_rounds {
@@ -511,6 +559,80 @@ mod tests {
         ] {
             assert!(md.contains(needle), "missing `{needle}` in:\n{md}");
         }
+    }
+
+    #[test]
+    fn a_comparison_of_the_same_machine_code_is_marked_and_its_verdict_called_noise() {
+        let mut file = perf_file(
+            "NVIDIA H100 80GB HBM3",
+            &["mission", "small"],
+            &[0],
+            &[("base-cp0", 1.0), ("cp0", 1.05)],
+        );
+        for m in &mut file.measurements {
+            m.launch = Some(crate::schema::LaunchRecord {
+                query_rows: 64,
+                threads: 256,
+                grid: [8, 8, 1],
+                function: Some(format!("f_{}", m.shape)),
+            });
+        }
+        for v in &mut file.variants {
+            // small's function moved, mission's did not.
+            v.machine_code = ["mission", "small"]
+                .iter()
+                .map(|shape| crate::schema::FunctionCode {
+                    module: "d64".into(),
+                    function: format!("f_{shape}"),
+                    sha256: if *shape == "small" {
+                        v.name.clone()
+                    } else {
+                        "same".into()
+                    },
+                })
+                .collect();
+        }
+        let gates = crate::perf::fixtures::gates();
+        let cmps = paired_comparisons(&file, &gates, &crate::perf::fixtures::constant_floor);
+        let side = |i: usize| Side {
+            run: "this run".into(),
+            perf: &file,
+            variant: &file.variants[i],
+            correctness: Some((1, 1)),
+        };
+        let md = render(&CompareDoc {
+            design: "paired",
+            base: side(0),
+            cand: side(1),
+            others: vec![],
+            comparisons: &cmps,
+            gates: &gates,
+            decision: &crate::analysis::Decision::default(),
+            gate_enforced: true,
+            warnings: &[],
+            notes: &[],
+            svg: None,
+        });
+        let row = |shape: &str| {
+            md.lines()
+                .find(|l| l.starts_with(&format!("| {shape} |")))
+                .unwrap_or_else(|| panic!("no row of {shape} in:\n{md}"))
+                .to_string()
+        };
+        assert!(
+            row("mission").contains("| same |")
+                && row("mission").ends_with("**SLOWER** (same code: noise) |"),
+            "{md}"
+        );
+        assert!(
+            row("small").contains("| differs |") && row("small").ends_with("**SLOWER** |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("1 of 2 comparisons are such controls")
+                && md.contains("1 read other than SAME"),
+            "{md}"
+        );
     }
 
     #[test]

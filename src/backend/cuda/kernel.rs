@@ -375,6 +375,10 @@ pub fn build_variant(
         },
         ptx_code_sha256: sha256_hex(ptx_code(&compiled.ptx).as_bytes()),
         code,
+        machine_code: machine_code_of(
+            std::iter::once((Entry::BASE, &compiled.cubin))
+                .chain(others.iter().map(|(e, c)| (*e, &c.cubin))),
+        ),
     };
     toggle
         .check(&spec.name, "its module", &compiled.ptx)
@@ -386,6 +390,27 @@ pub fn build_variant(
         others,
         identity,
     })
+}
+
+/// Every function of the modules, by its machine code; empty if any CUBIN cannot be read
+/// (a comparison then says nothing of the code rather than something of part of it).
+fn machine_code_of<'a>(
+    modules: impl Iterator<Item = (Entry, &'a Vec<u8>)>,
+) -> Vec<crate::schema::FunctionCode> {
+    let mut out = Vec::new();
+    for (entry, cubin) in modules {
+        let Ok(module) = super::machine_code::parse(cubin) else {
+            return Vec::new();
+        };
+        out.extend(super::machine_code::fingerprints(&module).into_iter().map(
+            |(function, sha256)| crate::schema::FunctionCode {
+                module: entry.suffix(),
+                function,
+                sha256,
+            },
+        ));
+    }
+    out
 }
 
 /// Why a module's published tiles are not the ones its manifest entry describes (which the
@@ -618,6 +643,37 @@ fn compile_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_function_of_every_module_is_recorded_by_its_machine_code_or_none_is() {
+        let a = include_bytes!("machine_code/testdata/machine_code_a.cubin").to_vec();
+        let d = include_bytes!("machine_code/testdata/machine_code_d.cubin").to_vec();
+        let d128 = Entry {
+            d: 128,
+            causal: false,
+        };
+        let code = machine_code_of([(Entry::BASE, &a), (d128, &d)].into_iter());
+        let names: Vec<(&str, &str)> = code
+            .iter()
+            .map(|c| (c.module.as_str(), c.function.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("d64", "changed_fn"),
+                ("d64", "reloc_fn"),
+                ("d64", "same_fn"),
+                ("d128", "caller_fn"),
+                ("d128", "helper"),
+            ]
+        );
+        assert!(code.iter().all(|c| c.sha256.len() == 64));
+        let garbage = vec![0u8; 64];
+        assert!(
+            machine_code_of([(Entry::BASE, &a), (d128, &garbage)].into_iter()).is_empty(),
+            "a module that cannot be read makes the whole variant's code unknown"
+        );
+    }
 
     #[test]
     fn a_ptxas_message_the_manifest_forbids_is_found_by_its_code() {

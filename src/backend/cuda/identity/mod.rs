@@ -139,6 +139,10 @@ pub struct VariantIdentity {
     /// What it compiled, by content (src/backend/cuda/code.rs): the same code wherever the
     /// files lie.
     pub code: crate::schema::CodeIdentity,
+    /// Every function of its modules by its machine code (empty where a CUBIN could not be
+    /// read: then no comparison can say two launches ran the same code).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machine_code: Vec<crate::schema::FunctionCode>,
 }
 
 impl From<&VariantIdentity> for VariantMeta {
@@ -155,6 +159,7 @@ impl From<&VariantIdentity> for VariantMeta {
             kernel: Some(id.kernel.clone()),
             ptx_code_sha256: Some(id.ptx_code_sha256.clone()),
             code: Some(id.code.clone()),
+            machine_code: id.machine_code.clone(),
         }
     }
 }
@@ -371,6 +376,7 @@ mod tests {
                 defines: Vec::new(),
                 options: Vec::new(),
             },
+            machine_code: Vec::new(),
         }
     }
 

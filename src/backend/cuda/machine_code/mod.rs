@@ -187,6 +187,100 @@ pub fn compare(base: &Module, candidate: &Module) -> Vec<Compared> {
     }
 }
 
+/// Each function's machine code as one hash (sha256, hex), in name order: equal for two
+/// functions exactly where [`compare`] says `Same` of them. It covers what `compare` compares:
+/// the function's instructions, relocations (by symbol name), `.nv.info` values and own
+/// sections, the module's globals, and the same of every function of the module it calls,
+/// transitively (through a table the module holds: every function it names). Results files
+/// keep these hashes (`VariantMeta::machine_code`), so that two runs, or the two sides of an
+/// A/B, can tell which problems ran the same code (src/perf/same_code.rs).
+pub fn fingerprints(m: &Module) -> Vec<(String, String)> {
+    use sha2::{Digest, Sha256};
+    let functions = by_name(m);
+    let through_tables: BTreeSet<&str> = m
+        .globals
+        .iter()
+        .flat_map(|g| g.3.iter().map(|r| r.symbol.as_str()))
+        .filter(|s| functions.contains_key(s))
+        .collect();
+    let mut globals = Sha256::new();
+    for (name, size, bytes, relocations) in &m.globals {
+        field(&mut globals, name.as_bytes());
+        field(&mut globals, &size.to_le_bytes());
+        field(&mut globals, bytes);
+        field(&mut globals, &(relocations.len() as u64).to_le_bytes());
+        for r in relocations {
+            relocation(&mut globals, r);
+        }
+    }
+    let globals = globals.finalize();
+    m.functions
+        .iter()
+        .map(|f| {
+            // The functions it may run: itself, those it calls and theirs, and those a table
+            // names (any function may call through it).
+            let mut reached: BTreeSet<&str> = BTreeSet::new();
+            let mut todo: Vec<&str> = through_tables.iter().copied().collect();
+            todo.push(f.name.as_str());
+            while let Some(name) = todo.pop() {
+                if reached.insert(name) {
+                    todo.extend(
+                        functions[name]
+                            .relocations
+                            .iter()
+                            .map(|r| r.symbol.as_str())
+                            .filter(|s| functions.contains_key(s)),
+                    );
+                }
+            }
+            let mut h = Sha256::new();
+            field(&mut h, b"sdpa-runner machine code 1");
+            field(&mut h, &globals);
+            own_parts(&mut h, f);
+            for name in reached.iter().filter(|n| **n != f.name) {
+                own_parts(&mut h, functions[name]);
+            }
+            (f.name.clone(), crate::inputs::hex(&h.finalize()))
+        })
+        .collect()
+}
+
+/// One field of a hash, its length first, so that no two sequences of fields hash alike.
+fn field(h: &mut sha2::Sha256, bytes: &[u8]) {
+    use sha2::Digest;
+    h.update((bytes.len() as u64).to_le_bytes());
+    h.update(bytes);
+}
+
+fn relocation(h: &mut sha2::Sha256, r: &Relocation) {
+    field(h, &r.offset.to_le_bytes());
+    field(h, &r.kind.to_le_bytes());
+    field(h, r.symbol.as_bytes());
+    field(h, &r.addend.to_le_bytes());
+}
+
+/// A function's own parts: its name, instructions, relocations, `.nv.info` values and
+/// sections.
+fn own_parts(h: &mut sha2::Sha256, f: &Function) {
+    field(h, f.name.as_bytes());
+    field(h, &f.text);
+    field(h, &(f.relocations.len() as u64).to_le_bytes());
+    for r in &f.relocations {
+        relocation(h, r);
+    }
+    field(h, &(f.info.len() as u64).to_le_bytes());
+    for (k, v) in &f.info {
+        field(h, &[*k]);
+        field(h, &v.to_le_bytes());
+    }
+    field(h, &(f.own.len() as u64).to_le_bytes());
+    for (name, size, bytes) in &f.own {
+        field(h, name.as_bytes());
+        field(h, &size.to_le_bytes());
+        field(h, bytes);
+    }
+}
+
 fn by_name(m: &Module) -> BTreeMap<&str, &Function> {
     m.functions.iter().map(|f| (f.name.as_str(), f)).collect()
 }
@@ -386,9 +480,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_change_reaches_every_caller_up_a_chain_and_through_a_table() {
-        // top calls mid, mid calls leaf; by_table reaches leaf only through the module's table.
+    /// A synthetic module: top calls mid, mid calls leaf (of instructions `leaf_text`);
+    /// by_table reaches leaf only through the module's table (where `table`).
+    fn chain_module(leaf_text: u8, table: bool) -> Module {
         let reloc = |symbol: &str| Relocation {
             offset: 0,
             kind: 0,
@@ -403,7 +497,7 @@ mod tests {
             info: BTreeMap::new(),
             own: Vec::new(),
         };
-        let module = |leaf_text: u8| Module {
+        Module {
             functions: vec![
                 function("by_table", &[], 1),
                 function("leaf", &[], leaf_text),
@@ -411,8 +505,17 @@ mod tests {
                 function("top", &["mid"], 4),
                 function("unrelated", &[], 5),
             ],
-            globals: vec![(".nv.constant3".into(), 8, vec![0; 8], vec![reloc("leaf")])],
-        };
+            globals: if table {
+                vec![(".nv.constant3".into(), 8, vec![0; 8], vec![reloc("leaf")])]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    #[test]
+    fn a_change_reaches_every_caller_up_a_chain_and_through_a_table() {
+        let module = |leaf_text: u8| chain_module(leaf_text, true);
         let rows = compare(&module(2), &module(9));
         let of = |n: &str| rows.iter().find(|r| r.name == n).unwrap().change.clone();
         assert_eq!(of("leaf"), Change::Differs(vec!["instructions"]));
@@ -424,10 +527,7 @@ mod tests {
                 "{caller}"
             );
         }
-        let without_table = |leaf_text: u8| Module {
-            globals: Vec::new(),
-            ..module(leaf_text)
-        };
+        let without_table = |leaf_text: u8| chain_module(leaf_text, false);
         let rows = compare(&without_table(2), &without_table(9));
         let of = |n: &str| rows.iter().find(|r| r.name == n).unwrap().change.clone();
         assert_eq!(of("top"), Change::Differs(vec!["a function it calls"]));
@@ -450,5 +550,80 @@ mod tests {
             rows.iter().find(|r| r.name == "same_fn").unwrap().change,
             Change::OnlyInCandidate
         );
+    }
+
+    #[test]
+    fn two_functions_hash_alike_exactly_where_compare_calls_them_the_same() {
+        let regcount = {
+            let mut at = body_of(A, ".nv.info");
+            while A[at + 1] != EIATTR_REGCOUNT {
+                at += 4 + usize::from(u16::from_le_bytes([A[at + 2], A[at + 3]]));
+            }
+            patched(A, at + 4, |v| v + (1 << 32))
+        };
+        let addend = patched(D, body_of(D, ".rela.text.caller_fn") + 16, |a| a + 16);
+        let global = patched(A, header_of(A, ".nv.global") + 0x20, |n| n + 8);
+        let read = |c: &[u8]| parse(c).unwrap();
+        let mutated = |c: &[u8], name: &str, f: &dyn Fn(&mut Function)| {
+            let mut m = read(c);
+            f(m.functions.iter_mut().find(|f| f.name == name).unwrap());
+            m
+        };
+        let mut pairs = vec![
+            (read(A), read(A)),
+            (read(A), read(B)),
+            (read(A), read(C)),
+            (read(A), read(&regcount)),
+            (read(A), read(&global)),
+            (read(D), read(D)),
+            (read(D), read(E)),
+            (read(D), read(&addend)),
+            (chain_module(2, true), chain_module(9, true)),
+            (chain_module(2, false), chain_module(9, false)),
+            (chain_module(2, false), chain_module(2, false)),
+        ];
+        let changes: [&dyn Fn(&mut Function); 6] = [
+            &|f| f.own[0].2.push(0),
+            &|f| f.own[0].1 += 16,
+            &|f| {
+                f.info.insert(EIATTR_MAX_STACK_SIZE, 64);
+            },
+            &|f| {
+                f.info.insert(0x99, 1);
+            },
+            &|f| f.relocations[0].offset += 8,
+            &|f| f.relocations[0].kind += 1,
+        ];
+        for (i, change) in changes.into_iter().enumerate() {
+            // D's caller_fn has relocations; A's changed_fn has none.
+            pairs.push((read(D), mutated(D, "caller_fn", change)));
+            if i < 4 {
+                pairs.push((read(A), mutated(A, "changed_fn", change)));
+            }
+        }
+        let (mut same, mut differ) = (0, 0);
+        for (base, cand) in &pairs {
+            let (fb, fc) = (fingerprints(base), fingerprints(cand));
+            for row in compare(base, cand) {
+                let hash = |f: &[(String, String)]| {
+                    f.iter()
+                        .find(|(n, _)| *n == row.name)
+                        .map(|(_, h)| h.clone())
+                };
+                let (Some(hb), Some(hc)) = (hash(&fb), hash(&fc)) else {
+                    continue;
+                };
+                assert_eq!(hb == hc, row.change.is_same(), "{row:?}");
+                if row.change.is_same() {
+                    same += 1;
+                } else {
+                    differ += 1;
+                }
+            }
+        }
+        assert!(same >= 10 && differ >= 20, "same {same}, differ {differ}");
+        let hashes = fingerprints(&read(A));
+        let distinct: BTreeSet<&String> = hashes.iter().map(|(_, h)| h).collect();
+        assert_eq!(distinct.len(), hashes.len(), "each function hashes apart");
     }
 }
