@@ -256,7 +256,7 @@ fn record_paired(
     runs: &[SavedRun],
     processes: usize,
 ) -> Result<String, ConfigError> {
-    let speedups = a_a_speedups(runs.iter().map(|r| &r.perf));
+    let speedups = a_a_speedups(runs.iter().map(|r| &r.perf))?;
     let last = runs.last().expect("at least 3 processes");
     let gpu = last.perf.device_name.clone();
     let floors: BTreeMap<String, PairedShapeFloor> = speedups
@@ -304,8 +304,12 @@ fn record_paired(
 }
 
 /// Per shape, the speedup of every comparison against the base kernel in `runs`, run by run
-/// (each an A/A when the base is the kernel under test); comparisons of variants are not.
-fn a_a_speedups<'a>(runs: impl Iterator<Item = &'a PerfFile>) -> BTreeMap<String, Vec<f64>> {
+/// (each an A/A when the base is the kernel under test); comparisons of variants are not. A
+/// comparison whose two sides ran other machine code (src/perf/same_code.rs) is no A/A, and
+/// its run is refused rather than measured as noise.
+fn a_a_speedups<'a>(
+    runs: impl Iterator<Item = &'a PerfFile>,
+) -> Result<BTreeMap<String, Vec<f64>>, ConfigError> {
     let mut speedups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for perf in runs {
         for c in perf
@@ -313,13 +317,21 @@ fn a_a_speedups<'a>(runs: impl Iterator<Item = &'a PerfFile>) -> BTreeMap<String
             .iter()
             .filter(|c| c.pair == PairKind::BaseKernel)
         {
+            if c.same_machine_code == Some(false) {
+                return Err(ConfigError::Usage(format!(
+                    "{}: {} and {} ran other machine code or launches, so their comparison is \
+                     no A/A and cannot measure noise; the base built from the same source must \
+                     build the same code (is NVRTC or a header changing between the builds?)",
+                    c.shape, c.candidate, c.baseline
+                )));
+            }
             speedups
                 .entry(c.shape.clone())
                 .or_default()
                 .push(c.speedup_pct);
         }
     }
-    speedups
+    Ok(speedups)
 }
 
 #[cfg(test)]
@@ -345,11 +357,39 @@ mod tests {
             crate::perf::paired_comparisons(&one, &fixtures::gates(), &fixtures::constant_floor);
         // cp1 vs cp0 (variants, about +11%) and two A/A per shape.
         assert_eq!(one.comparisons.len(), 6);
-        let got = a_a_speedups([&one, &one].into_iter());
+        let got = a_a_speedups([&one, &one].into_iter()).unwrap();
         assert_eq!(got.keys().collect::<Vec<_>>(), ["large", "mission"]);
         for s in got.values() {
             assert_eq!(s.len(), 4);
             assert!(s.iter().all(|x| x.abs() < 1.0), "{s:?}");
         }
+    }
+
+    #[test]
+    fn a_comparison_of_other_machine_code_is_no_a_a_and_is_refused() {
+        let mut one = fixtures::perf_file(
+            "GPU",
+            &["mission"],
+            &[0],
+            &[("cp0", 1.0), ("base-cp0", 1.0)],
+        );
+        fixtures::mark_base(&mut one);
+        one.comparisons =
+            crate::perf::paired_comparisons(&one, &fixtures::gates(), &fixtures::constant_floor);
+        assert!(
+            a_a_speedups([&one].into_iter()).is_ok(),
+            "unknown code: measured"
+        );
+        let base = one
+            .comparisons
+            .iter_mut()
+            .find(|c| c.pair == PairKind::BaseKernel)
+            .unwrap();
+        base.same_machine_code = Some(false);
+        let err = a_a_speedups([&one].into_iter()).unwrap_err().to_string();
+        assert!(
+            err.contains("mission: cp0 and base-cp0 ran other machine code"),
+            "{err}"
+        );
     }
 }
