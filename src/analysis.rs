@@ -240,7 +240,9 @@ pub fn analyze_run(
              not trustworthy, rerun on an idle, cool GPU",
             c.rounds_dropped_for_clock, c.rounds_total
         );
-        if policy.gate && c.pair == PairKind::BaseKernel {
+        // Where both sides ran the same machine code the change cannot have moved the time,
+        // so an untrustworthy verdict there is a notice even under the gate.
+        if policy.gate && c.pair == PairKind::BaseKernel && c.same_machine_code != Some(true) {
             failures.push(GateFailure {
                 kind: GateKind::Performance,
                 subject: comparison_subject(c),
@@ -847,5 +849,22 @@ mod tests {
         );
         assert!(a.decision.failures.is_empty());
         assert_eq!(a.decision.notices.len(), 1, "{:?}", a.decision.notices);
+        // With the gate, where cp0 ran its base's machine code: a notice too.
+        let mut m = with_code(measured([1.0; 4], [true; 4]), ["a", "b", "a", "c"]);
+        for x in &mut m.perf.as_mut().unwrap().measurements {
+            if x.variant == "base-cp0" {
+                x.round_sm_mhz[..18].fill(Some(1500.0));
+            }
+        }
+        let a = analyze_run(m, &gates(), GATE, &crate::perf::fixtures::constant_floor);
+        assert!(a.decision.failures.is_empty(), "{:?}", a.decision.failures);
+        assert!(
+            a.decision
+                .notices
+                .iter()
+                .any(|n| n.starts_with("mission: cp0 vs base-cp0: the SM clock sagged")),
+            "{:?}",
+            a.decision.notices
+        );
     }
 }
