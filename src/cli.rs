@@ -607,6 +607,11 @@ pub struct NoiseArgs {
     /// the base is an A/A; at least 10 comparisons per shape (5 processes)
     #[arg(long)]
     pub paired: bool,
+    /// With --paired: the kernel to measure (a kernel of cuda/kernels.toml or a source file), its
+    /// floors kept under its source's file name, which its runs then use [default: the
+    /// manifest's default, whose floors are the file's `paired` section]
+    #[arg(long, value_name = "NAME|FILE", requires = "paired")]
+    pub kernel: Option<PathBuf>,
     /// cuda times the kernel; cpu the emulation (for trying the command without a GPU)
     #[arg(long, value_enum, default_value = "cuda")]
     pub backend: BackendKind,

@@ -43,9 +43,14 @@ pub struct FloorFile {
     pub version: u32,
     /// GPU model (as perf.json's `device_name`) -> its floors between processes.
     pub gpus: BTreeMap<String, GpuFloors>,
-    /// GPU model -> its in-run (paired) floors (`noise --paired`).
+    /// GPU model -> its in-run (paired) floors (`noise --paired`), of the default kernel.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub paired: BTreeMap<String, PairedFloors>,
+    /// Another kernel's source file name (e.g. `sdpa_fp8_stage_d_wgmma.cu`) -> GPU model -> its
+    /// in-run floors (`noise --paired --kernel`): a run of that kernel uses them before
+    /// `paired`'s.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub paired_kernels: BTreeMap<String, BTreeMap<String, PairedFloors>>,
 }
 
 /// The in-run floors of one GPU model: runs of the PR gate whose base kernel is the kernel
@@ -218,19 +223,29 @@ impl Floors {
             p.variants
                 .iter()
                 .find(|v| !v.is_base())
-                .and_then(|v| v.kernel.as_ref())
-                .map(|k| k.sha256.clone())
+                .and_then(|v| v.kernel.clone())
         });
+        let sha = kernel.as_ref().map(|k| k.sha256.clone());
+        let file_name = kernel.as_ref().and_then(|k| kernel_file_name(&k.source));
         move |shape| {
             FloorFile::choose_paired(
                 self.file.as_ref(),
                 &self.path,
-                (&gpu, kernel.as_deref()),
+                (&gpu, sha.as_deref(), file_name.as_deref()),
                 shape,
                 gates_floor,
             )
         }
     }
+}
+
+/// The file name of a kernel source as runs record it (`KernelRef::source`: a path, or
+/// `git:REV (sha):PATH`), the key of `FloorFile::paired_kernels`.
+pub fn kernel_file_name(source: &str) -> Option<String> {
+    let path = source.rsplit(':').next()?;
+    Path::new(path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
 }
 
 impl FloorFile {
@@ -267,7 +282,17 @@ impl FloorFile {
                 .iter()
                 .map(move |(shape, f)| (format!("paired.{gpu}.shapes.{shape}"), f.floor_pct))
         });
-        for (key, floor) in between.chain(in_run) {
+        let per_kernel = file.paired_kernels.iter().flat_map(|(kernel, gpus)| {
+            gpus.iter().flat_map(move |(gpu, g)| {
+                g.shapes.iter().map(move |(shape, f)| {
+                    (
+                        format!("paired_kernels.{kernel}.{gpu}.shapes.{shape}"),
+                        f.floor_pct,
+                    )
+                })
+            })
+        });
+        for (key, floor) in between.chain(in_run).chain(per_kernel) {
             if !(floor.is_finite() && floor >= MIN_FLOOR_PCT) {
                 return Err(ConfigError::invalid_key(
                     path,
@@ -279,14 +304,15 @@ impl FloorFile {
         Ok(Some(file))
     }
 
-    /// The in-run (paired) floor of `shape` on `gpu`: the measured one (`noise --paired`),
-    /// else the gates file's constant (`gates_floor`), each with its source in words.
-    /// Like [`FloorFile::choose`], a floor measured with another kernel source than the run's
-    /// (`kernel`) is used and says so.
+    /// The in-run (paired) floor of `shape` on `gpu`: the one measured for the run's kernel
+    /// file (`kernel_file`, `noise --paired --kernel`), else the default kernel's (`noise
+    /// --paired`), else the gates file's constant (`gates_floor`), each with its source in
+    /// words. Like [`FloorFile::choose`], a floor measured with another kernel source than the
+    /// run's (`kernel`, its sha256) is used and says so.
     pub fn choose_paired(
         file: Option<&FloorFile>,
         path: &Path,
-        (gpu, kernel): (&str, Option<&str>),
+        (gpu, kernel, kernel_file): (&str, Option<&str>, Option<&str>),
         shape: &str,
         gates_floor: f64,
     ) -> FloorChoice {
@@ -297,6 +323,24 @@ impl FloorFile {
         let Some(file) = file else {
             return fallback(format!("no floors file at {}", path.display()));
         };
+        let own = kernel_file
+            .and_then(|k| Some((k, file.paired_kernels.get(k)?.get(gpu)?)))
+            .filter(|(_, g)| g.shapes.contains_key(shape));
+        if let Some((k, g)) = own {
+            let f = &g.shapes[shape];
+            return FloorChoice {
+                pct: f.floor_pct,
+                source: format!(
+                    "measured on {gpu} for {k}: {} in-run A/A comparisons in {} runs (95% upper \
+                     bound of their spread, at least {MIN_FLOOR_PCT}%), {}, {}{}",
+                    f.speedups_pct.len(),
+                    g.runs,
+                    g.measured_at,
+                    path.display(),
+                    other_kernel(&g.kernel_sha256, kernel)
+                ),
+            };
+        }
         let Some(g) = file.paired.get(gpu) else {
             return fallback(format!(
                 "no in-run floors measured on {gpu} in {} (`sdpa-runner noise --paired`)",
@@ -462,12 +506,22 @@ mod tests {
                 .into(),
             },
         );
-        let got =
-            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", Some("k")), "large", 1.0);
+        let got = FloorFile::choose_paired(
+            Some(&file),
+            path,
+            ("NVIDIA H100", Some("k"), None),
+            "large",
+            1.0,
+        );
         assert_eq!(got.pct, MIN_FLOOR_PCT);
         assert!(!got.source.contains("measured with kernel"), "{got:?}");
-        let rebuilt =
-            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", Some("k2")), "large", 1.0);
+        let rebuilt = FloorFile::choose_paired(
+            Some(&file),
+            path,
+            ("NVIDIA H100", Some("k2"), None),
+            "large",
+            1.0,
+        );
         assert!(
             rebuilt.pct == got.pct
                 && rebuilt
@@ -481,7 +535,7 @@ mod tests {
             "{got:?}"
         );
         let other_gpu =
-            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H200", None), "large", 1.0);
+            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H200", None, None), "large", 1.0);
         assert_eq!(other_gpu.pct, 1.0);
         assert!(
             other_gpu
@@ -491,10 +545,84 @@ mod tests {
             "{other_gpu:?}"
         );
         let other_shape =
-            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", None), "small", 1.0);
+            FloorFile::choose_paired(Some(&file), path, ("NVIDIA H100", None, None), "small", 1.0);
         assert!(other_shape.pct == 1.0 && other_shape.source.contains("for small on NVIDIA H100"));
-        let none = FloorFile::choose_paired(None, path, ("NVIDIA H100", None), "large", 1.0);
+        let none = FloorFile::choose_paired(None, path, ("NVIDIA H100", None, None), "large", 1.0);
         assert!(none.pct == 1.0 && none.source.contains("no floors file"));
+    }
+
+    #[test]
+    fn a_run_of_another_kernel_uses_that_kernels_in_run_floor_before_the_default_kernels() {
+        let path = Path::new("gates/noise_floors.json");
+        let floors = |pct: f64, shape: &str| PairedFloors {
+            measured_at: "2026-11-27".into(),
+            runs: 5,
+            seeds: vec![0, 1, 2],
+            kernel_sha256: "k".into(),
+            shapes: [(
+                shape.to_string(),
+                PairedShapeFloor::from_speedups(&[pct; 10], 5).unwrap(),
+            )]
+            .into(),
+        };
+        let mut file = FloorFile {
+            version: 1,
+            ..FloorFile::default()
+        };
+        file.paired.insert("H100".into(), floors(0.1, "large"));
+        file.paired_kernels.insert(
+            "sdpa_fp8_stage_d_wgmma.cu".into(),
+            [("H100".to_string(), floors(1.0, "large"))].into(),
+        );
+        let choose = |kernel_file: Option<&str>, shape: &str| {
+            FloorFile::choose_paired(
+                Some(&file),
+                path,
+                ("H100", Some("k"), kernel_file),
+                shape,
+                1.0,
+            )
+        };
+        let d = choose(Some("sdpa_fp8_stage_d_wgmma.cu"), "large");
+        assert!(
+            d.pct > 1.5
+                && d.source
+                    .starts_with("measured on H100 for sdpa_fp8_stage_d_wgmma.cu"),
+            "{d:?}"
+        );
+        let c = choose(Some("sdpa_fp8_stage_c_mma.cu"), "large");
+        assert!(
+            c.pct < 0.5 && c.source.starts_with("measured on H100: 10"),
+            "{c:?}"
+        );
+        // A shape the kernel's own entry lacks falls back to the default kernel's, then the
+        // constant.
+        file.paired_kernels
+            .get_mut("sdpa_fp8_stage_d_wgmma.cu")
+            .unwrap()
+            .get_mut("H100")
+            .unwrap()
+            .shapes
+            .clear();
+        let choose = |kernel_file: Option<&str>, shape: &str| {
+            FloorFile::choose_paired(
+                Some(&file),
+                path,
+                ("H100", Some("k"), kernel_file),
+                shape,
+                1.0,
+            )
+        };
+        assert!(choose(Some("sdpa_fp8_stage_d_wgmma.cu"), "large").pct < 0.5);
+        assert_eq!(choose(Some("sdpa_fp8_stage_d_wgmma.cu"), "small").pct, 1.0);
+        assert_eq!(
+            kernel_file_name("git:main (0123456789ab):cuda/sdpa_fp8_stage_d_wgmma.cu").as_deref(),
+            Some("sdpa_fp8_stage_d_wgmma.cu")
+        );
+        assert_eq!(
+            kernel_file_name("/work/x/cuda/sdpa_fp8_stage_c_mma.cu").as_deref(),
+            Some("sdpa_fp8_stage_c_mma.cu")
+        );
     }
 
     #[test]
@@ -580,6 +708,23 @@ mod tests {
                 let f = &p.shapes[shape];
                 assert_eq!(f.speedups_pct.len(), 2 * p.runs, "{gpu} {shape}");
                 let again = PairedShapeFloor::from_speedups(&f.speedups_pct, p.runs).unwrap();
+                assert!(
+                    (again.floor_pct - f.floor_pct).abs() < 1e-9,
+                    "{gpu} {shape}: recomputed"
+                );
+            }
+            // Stage D's own, of issue 27's problems (stop 62).
+            let d = &file.paired_kernels["sdpa_fp8_stage_d_wgmma.cu"][gpu];
+            for shape in [
+                "1x16x4096x64",
+                "4x16x4096x64",
+                "1x16x4096x128",
+                "4x16x4096x128",
+                "1x32x4096x128:hkv=8:causal",
+            ] {
+                let f = &d.shapes[shape];
+                assert_eq!(f.speedups_pct.len(), 2 * d.runs, "{gpu} {shape}");
+                let again = PairedShapeFloor::from_speedups(&f.speedups_pct, d.runs).unwrap();
                 assert!(
                     (again.floor_pct - f.floor_pct).abs() < 1e-9,
                     "{gpu} {shape}: recomputed"

@@ -556,6 +556,29 @@ fn noise_paired_needs_a_gpu_kernel_and_enough_runs_and_touches_no_file_when_refu
         std::fs::read_to_string(&floors).unwrap(),
         "{\"version\": 1, \"gpus\": {}}"
     );
+    // --kernel names the kernel of an in-run measurement only, and must be one.
+    for (args, needle) in [
+        (&["noise", "--kernel", "stage-d"][..], "--paired"),
+        (
+            &[
+                "noise",
+                "--paired",
+                "--processes",
+                "5",
+                "--kernel",
+                "stage-x",
+            ][..],
+            "stage-x",
+        ),
+    ] {
+        let (code, out, err) = output(runner().args(args).arg("--floors").arg(&floors));
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&floors).unwrap(),
+        "{\"version\": 1, \"gpus\": {}}"
+    );
 }
 
 #[test]

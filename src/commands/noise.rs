@@ -87,7 +87,19 @@ pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
             .into());
         }
         let seeds: Vec<String> = PAIRED_SEEDS.iter().map(u64::to_string).collect();
-        let kernel = project.kernel_path(&crate::cli::KernelArgs::default())?;
+        let chosen = crate::cli::KernelArgs {
+            kernel: args.kernel.clone(),
+            ..crate::cli::KernelArgs::default()
+        };
+        let kernel = project.kernel_path(&chosen)?;
+        let default = project.kernel_path(&crate::cli::KernelArgs::default())?;
+        // Another kernel's floors go under its source's file name (FloorFile::paired_kernels).
+        let key = (kernel != default)
+            .then(|| crate::floors::kernel_file_name(&kernel.display().to_string()))
+            .flatten();
+        if let Some(k) = &args.kernel {
+            child.extend(["--kernel".into(), k.display().to_string()]);
+        }
         child.extend([
             "--seeds".into(),
             seeds.join(","),
@@ -95,7 +107,7 @@ pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
             kernel.display().to_string(),
         ]);
         let runs = child_runs(args, &project, &child)?;
-        record_paired(&mut file, &runs, args.processes as usize)?
+        record_paired(&mut file, &runs, args.processes as usize, key)?
     } else {
         let variant = match args.cp_async {
             Some(CpAsyncChoice::Off) | None => "0",
@@ -250,11 +262,14 @@ fn record_processes(file: &mut FloorFile, runs: &[SavedRun], processes: usize) -
     gpu
 }
 
-/// Records the in-run floors from every A/A comparison of every run; returns the GPU model.
+/// Records the in-run floors from every A/A comparison of every run, under the default
+/// kernel's section or, with `kernel` (a source file name), that kernel's; returns the GPU
+/// model.
 fn record_paired(
     file: &mut FloorFile,
     runs: &[SavedRun],
     processes: usize,
+    kernel: Option<String>,
 ) -> Result<String, ConfigError> {
     let speedups = a_a_speedups(runs.iter().map(|r| &r.perf))?;
     let last = runs.last().expect("at least 3 processes");
@@ -266,10 +281,14 @@ fn record_paired(
         })
         .collect();
     outln!("in-run noise floors on {gpu} ({processes} runs, A/A against the base kernel):");
-    outln!("shape            comparisons   rms %   rms upper %   max |A/A| %   floor %");
+    let w = speedups.keys().map(String::len).max().unwrap_or(0).max(16);
+    outln!(
+        "{:<w$} comparisons   rms %   rms upper %   max |A/A| %   floor %",
+        "shape"
+    );
     for (shape, f) in &floors {
         outln!(
-            "{shape:<16} {:>11} {:>7.3} {:>13.3} {:>13.3} {:>9.3}",
+            "{shape:<w$} {:>11} {:>7.3} {:>13.3} {:>13.3} {:>9.3}",
             f.speedups_pct.len(),
             f.rms_pct,
             f.rms_upper_pct,
@@ -279,7 +298,7 @@ fn record_paired(
     }
     for (shape, s) in speedups.iter().filter(|(s, _)| !floors.contains_key(*s)) {
         outln!(
-            "{shape:<16} {} comparisons: fewer than {} (use more --processes), not recorded",
+            "{shape:<w$} {} comparisons: fewer than {} (use more --processes), not recorded",
             s.len(),
             crate::floors::PAIRED_MIN_COMPARISONS
         );
@@ -290,16 +309,21 @@ fn record_paired(
             crate::floors::PAIRED_MIN_COMPARISONS
         )));
     }
-    file.paired.insert(
-        gpu.clone(),
-        PairedFloors {
-            measured_at: crate::report::now_rfc3339(),
-            runs: processes,
-            seeds: PAIRED_SEEDS.to_vec(),
-            kernel_sha256: kernel_of(last),
-            shapes: floors,
-        },
-    );
+    let entry = PairedFloors {
+        measured_at: crate::report::now_rfc3339(),
+        runs: processes,
+        seeds: PAIRED_SEEDS.to_vec(),
+        kernel_sha256: kernel_of(last),
+        shapes: floors,
+    };
+    match kernel {
+        None => file.paired.insert(gpu.clone(), entry),
+        Some(k) => file
+            .paired_kernels
+            .entry(k)
+            .or_default()
+            .insert(gpu.clone(), entry),
+    };
     Ok(gpu)
 }
 
