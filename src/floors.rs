@@ -626,6 +626,54 @@ mod tests {
     }
 
     #[test]
+    fn a_runs_floors_are_those_of_its_kernel_under_test_not_its_base_kernel() {
+        use crate::schema::{KernelRef, KernelRole};
+        let floors = |pct: f64| PairedFloors {
+            measured_at: "t".into(),
+            runs: 5,
+            seeds: vec![0],
+            kernel_sha256: "k".into(),
+            shapes: [(
+                "large".to_string(),
+                PairedShapeFloor::from_speedups(&[pct; 10], 5).unwrap(),
+            )]
+            .into(),
+        };
+        let mut file = FloorFile {
+            version: 1,
+            ..FloorFile::default()
+        };
+        file.paired.insert("H100".into(), floors(0.1));
+        file.paired_kernels
+            .insert("d.cu".into(), [("H100".to_string(), floors(1.0))].into());
+        let mut perf = crate::perf::fixtures::perf_file(
+            "H100",
+            &["large"],
+            &[0],
+            &[("base-st2", 1.0), ("st2", 1.0)],
+        );
+        for (v, (role, source)) in perf.variants.iter_mut().zip([
+            (KernelRole::Base, "git:main (0123456789ab):cuda/c.cu"),
+            (KernelRole::Candidate, "/elsewhere/cuda/d.cu"),
+        ]) {
+            v.kernel = Some(KernelRef {
+                role,
+                source: source.into(),
+                sha256: "k".into(),
+            });
+        }
+        let f = Floors {
+            path: "gates/noise_floors.json".into(),
+            file: Some(file),
+        };
+        let got = f.paired_chooser(Some(&perf), 1.0)("large");
+        assert!(
+            got.pct > 1.5 && got.source.starts_with("measured on H100 for d.cu"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
     fn compare_uses_the_measured_floor_and_otherwise_a_conservative_default_saying_why() {
         let path = Path::new("gates/noise_floors.json");
         let mut file = FloorFile {
@@ -749,6 +797,10 @@ mod tests {
             (
                 r#"{"version": 1, "gpus": {}, "paired": {"G": {"measured_at": "x", "runs": 5, "seeds": [0], "kernel_sha256": "k", "shapes": {"s": {"floor_pct": 0.05, "rms_pct": 0, "rms_upper_pct": 0, "max_abs_pct": 0, "speedups_pct": []}}}}}"#,
                 "paired.G.shapes.s.floor_pct",
+            ),
+            (
+                r#"{"version": 1, "gpus": {}, "paired_kernels": {"k.cu": {"G": {"measured_at": "x", "runs": 5, "seeds": [0], "kernel_sha256": "k", "shapes": {"s": {"floor_pct": 0.05, "rms_pct": 0, "rms_upper_pct": 0, "max_abs_pct": 0, "speedups_pct": []}}}}}}"#,
+                "paired_kernels.k.cu.G.shapes.s.floor_pct",
             ),
         ] {
             std::fs::write(&p, text).unwrap();

@@ -93,10 +93,7 @@ pub fn noise(args: &NoiseArgs) -> Result<Outcome, AppError> {
         };
         let kernel = project.kernel_path(&chosen)?;
         let default = project.kernel_path(&crate::cli::KernelArgs::default())?;
-        // Another kernel's floors go under its source's file name (FloorFile::paired_kernels).
-        let key = (kernel != default)
-            .then(|| crate::floors::kernel_file_name(&kernel.display().to_string()))
-            .flatten();
+        let key = paired_key(&kernel, &default);
         if let Some(k) = &args.kernel {
             child.extend(["--kernel".into(), k.display().to_string()]);
         }
@@ -316,15 +313,29 @@ fn record_paired(
         kernel_sha256: kernel_of(last),
         shapes: floors,
     };
+    insert_paired(file, &gpu, entry, kernel);
+    Ok(gpu)
+}
+
+/// Where `noise --paired` keeps the floors of `kernel`: None (the file's `paired` section) for
+/// the default kernel, however its path is spelled; another kernel's source file name
+/// (`paired_kernels`), the key its runs look up (`floors::kernel_file_name`).
+fn paired_key(kernel: &Path, default: &Path) -> Option<String> {
+    let name = |p: &Path| crate::floors::kernel_file_name(&p.display().to_string());
+    let own = name(kernel)?;
+    (Some(&own) != name(default).as_ref()).then_some(own)
+}
+
+/// Replaces `gpu`'s entry of the section `kernel` names ([`paired_key`]).
+fn insert_paired(file: &mut FloorFile, gpu: &str, entry: PairedFloors, kernel: Option<String>) {
     match kernel {
-        None => file.paired.insert(gpu.clone(), entry),
+        None => file.paired.insert(gpu.to_string(), entry),
         Some(k) => file
             .paired_kernels
             .entry(k)
             .or_default()
-            .insert(gpu.clone(), entry),
+            .insert(gpu.to_string(), entry),
     };
-    Ok(gpu)
 }
 
 /// Per shape, the speedup of every comparison against the base kernel in `runs`, run by run
@@ -415,5 +426,37 @@ mod tests {
             err.contains("mission: cp0 and base-cp0 ran other machine code"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_default_kernel_however_spelled_keeps_its_floors_in_paired_and_another_under_its_file() {
+        let default = Path::new("/work/main/cuda/sdpa_fp8_stage_c_mma.cu");
+        for same in [
+            "cuda/sdpa_fp8_stage_c_mma.cu",
+            "./cuda/sdpa_fp8_stage_c_mma.cu",
+            "/work/main/cuda/sdpa_fp8_stage_c_mma.cu",
+        ] {
+            assert_eq!(paired_key(Path::new(same), default), None, "{same}");
+        }
+        assert_eq!(
+            paired_key(
+                Path::new("/work/main/cuda/sdpa_fp8_stage_d_wgmma.cu"),
+                default
+            )
+            .as_deref(),
+            Some("sdpa_fp8_stage_d_wgmma.cu")
+        );
+        let entry = |runs: usize| PairedFloors {
+            measured_at: "t".into(),
+            runs,
+            seeds: vec![0],
+            kernel_sha256: "k".into(),
+            shapes: BTreeMap::new(),
+        };
+        let mut file = FloorFile::default();
+        insert_paired(&mut file, "G", entry(5), None);
+        insert_paired(&mut file, "G", entry(6), Some("d.cu".into()));
+        assert_eq!(file.paired["G"].runs, 5);
+        assert_eq!(file.paired_kernels["d.cu"]["G"].runs, 6);
     }
 }
