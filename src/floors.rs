@@ -277,22 +277,21 @@ impl FloorFile {
                 .iter()
                 .map(move |(shape, f)| (format!("gpus.{gpu}.shapes.{shape}"), f.floor_pct))
         });
-        let in_run = file.paired.iter().flat_map(|(gpu, g)| {
-            g.shapes
+        // In-run: the default kernel's section, then each other kernel's.
+        let sections = std::iter::once(("paired".to_string(), &file.paired)).chain(
+            file.paired_kernels
                 .iter()
-                .map(move |(shape, f)| (format!("paired.{gpu}.shapes.{shape}"), f.floor_pct))
-        });
-        let per_kernel = file.paired_kernels.iter().flat_map(|(kernel, gpus)| {
+                .map(|(k, gpus)| (format!("paired_kernels.{k}"), gpus)),
+        );
+        let in_run = sections.flat_map(|(section, gpus)| {
             gpus.iter().flat_map(move |(gpu, g)| {
-                g.shapes.iter().map(move |(shape, f)| {
-                    (
-                        format!("paired_kernels.{kernel}.{gpu}.shapes.{shape}"),
-                        f.floor_pct,
-                    )
-                })
+                let section = section.clone();
+                g.shapes
+                    .iter()
+                    .map(move |(shape, f)| (format!("{section}.{gpu}.shapes.{shape}"), f.floor_pct))
             })
         });
-        for (key, floor) in between.chain(in_run).chain(per_kernel) {
+        for (key, floor) in between.chain(in_run) {
             if !(floor.is_finite() && floor >= MIN_FLOOR_PCT) {
                 return Err(ConfigError::invalid_key(
                     path,
@@ -323,23 +322,24 @@ impl FloorFile {
         let Some(file) = file else {
             return fallback(format!("no floors file at {}", path.display()));
         };
-        let own = kernel_file
-            .and_then(|k| Some((k, file.paired_kernels.get(k)?.get(gpu)?)))
-            .filter(|(_, g)| g.shapes.contains_key(shape));
-        if let Some((k, g)) = own {
-            let f = &g.shapes[shape];
-            return FloorChoice {
-                pct: f.floor_pct,
-                source: format!(
-                    "measured on {gpu} for {k}: {} in-run A/A comparisons in {} runs (95% upper \
-                     bound of their spread, at least {MIN_FLOOR_PCT}%), {}, {}{}",
-                    f.speedups_pct.len(),
-                    g.runs,
-                    g.measured_at,
-                    path.display(),
-                    other_kernel(&g.kernel_sha256, kernel)
-                ),
-            };
+        let measured = |on: String, g: &PairedFloors, f: &PairedShapeFloor| FloorChoice {
+            pct: f.floor_pct,
+            source: format!(
+                "measured on {on}: {} in-run A/A comparisons in {} runs (95% upper bound of \
+                 their spread, at least {MIN_FLOOR_PCT}%), {}, {}{}",
+                f.speedups_pct.len(),
+                g.runs,
+                g.measured_at,
+                path.display(),
+                other_kernel(&g.kernel_sha256, kernel)
+            ),
+        };
+        let own = kernel_file.and_then(|k| {
+            let g = file.paired_kernels.get(k)?.get(gpu)?;
+            Some(measured(format!("{gpu} for {k}"), g, g.shapes.get(shape)?))
+        });
+        if let Some(choice) = own {
+            return choice;
         }
         let Some(g) = file.paired.get(gpu) else {
             return fallback(format!(
@@ -350,18 +350,7 @@ impl FloorFile {
         let Some(f) = g.shapes.get(shape) else {
             return fallback(format!("no in-run floor measured for {shape} on {gpu}"));
         };
-        FloorChoice {
-            pct: f.floor_pct,
-            source: format!(
-                "measured on {gpu}: {} in-run A/A comparisons in {} runs (95% upper bound of \
-                 their spread, at least {MIN_FLOOR_PCT}%), {}, {}{}",
-                f.speedups_pct.len(),
-                g.runs,
-                g.measured_at,
-                path.display(),
-                other_kernel(&g.kernel_sha256, kernel)
-            ),
-        }
+        measured(gpu.to_string(), g, f)
     }
 
     /// The unpaired floor of `shape` on `gpu`: the measured one, else the gates file's
@@ -574,23 +563,23 @@ mod tests {
             "sdpa_fp8_stage_d_wgmma.cu".into(),
             [("H100".to_string(), floors(1.0, "large"))].into(),
         );
-        let choose = |kernel_file: Option<&str>, shape: &str| {
+        let choose = |file: &FloorFile, kernel_file: Option<&str>, shape: &str| {
             FloorFile::choose_paired(
-                Some(&file),
+                Some(file),
                 path,
                 ("H100", Some("k"), kernel_file),
                 shape,
                 1.0,
             )
         };
-        let d = choose(Some("sdpa_fp8_stage_d_wgmma.cu"), "large");
+        let d = choose(&file, Some("sdpa_fp8_stage_d_wgmma.cu"), "large");
         assert!(
             d.pct > 1.5
                 && d.source
                     .starts_with("measured on H100 for sdpa_fp8_stage_d_wgmma.cu"),
             "{d:?}"
         );
-        let c = choose(Some("sdpa_fp8_stage_c_mma.cu"), "large");
+        let c = choose(&file, Some("sdpa_fp8_stage_c_mma.cu"), "large");
         assert!(
             c.pct < 0.5 && c.source.starts_with("measured on H100: 10"),
             "{c:?}"
@@ -604,17 +593,11 @@ mod tests {
             .unwrap()
             .shapes
             .clear();
-        let choose = |kernel_file: Option<&str>, shape: &str| {
-            FloorFile::choose_paired(
-                Some(&file),
-                path,
-                ("H100", Some("k"), kernel_file),
-                shape,
-                1.0,
-            )
-        };
-        assert!(choose(Some("sdpa_fp8_stage_d_wgmma.cu"), "large").pct < 0.5);
-        assert_eq!(choose(Some("sdpa_fp8_stage_d_wgmma.cu"), "small").pct, 1.0);
+        assert!(choose(&file, Some("sdpa_fp8_stage_d_wgmma.cu"), "large").pct < 0.5);
+        assert_eq!(
+            choose(&file, Some("sdpa_fp8_stage_d_wgmma.cu"), "small").pct,
+            1.0
+        );
         assert_eq!(
             kernel_file_name("git:main (0123456789ab):cuda/sdpa_fp8_stage_d_wgmma.cu").as_deref(),
             Some("sdpa_fp8_stage_d_wgmma.cu")
