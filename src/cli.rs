@@ -615,8 +615,8 @@ pub struct NoiseArgs {
     /// cuda times the kernel; cpu the emulation (for trying the command without a GPU)
     #[arg(long, value_enum, default_value = "cuda")]
     pub backend: BackendKind,
-    /// The floors file to update (this GPU model's entry is replaced, the others kept)
-    /// [default: <root>/gates/noise_floors.json]
+    /// The floors file to update (the shapes measured replace this GPU model's floors of them;
+    /// every other floor is kept) [default: <root>/gates/noise_floors.json]
     #[arg(long, value_name = "FILE")]
     pub floors: Option<PathBuf>,
     #[command(flatten)]

@@ -80,6 +80,53 @@ pub struct PairedShapeFloor {
     pub max_abs_pct: f64,
     /// Each A/A comparison's speedup, percent (every variant of every run).
     pub speedups_pct: Vec<f64>,
+    /// Where it was measured, when that is not its entry's latest `noise --paired` run (a later
+    /// run measured other shapes and kept this one: [`PairedFloors::merged`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<PairedOrigin>,
+}
+
+/// Where an in-run floor was measured: one `noise --paired` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairedOrigin {
+    pub measured_at: String,
+    pub runs: usize,
+    pub seeds: Vec<u64>,
+    pub kernel_sha256: String,
+}
+
+impl PairedFloors {
+    /// Where `f`, one of this entry's floors, was measured: its own origin, else the entry's.
+    pub fn origin_of(&self, f: &PairedShapeFloor) -> PairedOrigin {
+        f.origin.clone().unwrap_or_else(|| PairedOrigin {
+            measured_at: self.measured_at.clone(),
+            runs: self.runs,
+            seeds: self.seeds.clone(),
+            kernel_sha256: self.kernel_sha256.clone(),
+        })
+    }
+
+    /// `newer` (a later `noise --paired` run of this GPU model and kernel) over this entry: its
+    /// run's header and floors, and every shape it did not measure kept with the origin it was
+    /// measured at; with the names of the kept shapes. Measuring some shapes loses no other.
+    pub fn merged(self, mut newer: PairedFloors) -> (PairedFloors, Vec<String>) {
+        let mut kept = Vec::new();
+        for (shape, f) in &self.shapes {
+            if !newer.shapes.contains_key(shape) {
+                let origin = Some(self.origin_of(f));
+                newer.shapes.insert(
+                    shape.clone(),
+                    PairedShapeFloor {
+                        origin,
+                        ..f.clone()
+                    },
+                );
+                kept.push(shape.clone());
+            }
+        }
+        (newer, kept)
+    }
 }
 
 impl PairedShapeFloor {
@@ -112,6 +159,7 @@ impl PairedShapeFloor {
             rms_upper_pct: pct(upper),
             max_abs_pct: speedups_pct.iter().fold(0f64, |m, x| m.max(x.abs())),
             speedups_pct: speedups_pct.to_vec(),
+            origin: None,
         })
     }
 }
@@ -144,6 +192,51 @@ pub struct ShapeFloor {
     pub max_pair_pct: f64,
     /// Each process's median, µs.
     pub p50_us: Vec<f64>,
+    /// Where it was measured, when that is not its entry's latest `noise` run (a later run
+    /// measured other shapes and kept this one: [`GpuFloors::merged`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<ProcessOrigin>,
+}
+
+/// Where a floor between processes was measured: one `noise` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessOrigin {
+    pub measured_at: String,
+    pub processes: usize,
+    pub variant: String,
+    pub kernel_sha256: String,
+}
+
+impl GpuFloors {
+    /// Where `f`, one of this entry's floors, was measured: its own origin, else the entry's.
+    pub fn origin_of(&self, f: &ShapeFloor) -> ProcessOrigin {
+        f.origin.clone().unwrap_or_else(|| ProcessOrigin {
+            measured_at: self.measured_at.clone(),
+            processes: self.processes,
+            variant: self.variant.clone(),
+            kernel_sha256: self.kernel_sha256.clone(),
+        })
+    }
+
+    /// `newer` over this entry, as [`PairedFloors::merged`].
+    pub fn merged(self, mut newer: GpuFloors) -> (GpuFloors, Vec<String>) {
+        let mut kept = Vec::new();
+        for (shape, f) in &self.shapes {
+            if !newer.shapes.contains_key(shape) {
+                let origin = Some(self.origin_of(f));
+                newer.shapes.insert(
+                    shape.clone(),
+                    ShapeFloor {
+                        origin,
+                        ..f.clone()
+                    },
+                );
+                kept.push(shape.clone());
+            }
+        }
+        (newer, kept)
+    }
 }
 
 impl ShapeFloor {
@@ -174,6 +267,7 @@ impl ShapeFloor {
             sd_upper_pct: pct(upper),
             max_pair_pct: max_pair,
             p50_us: p50s.to_vec(),
+            origin: None,
         })
     }
 }
@@ -322,17 +416,20 @@ impl FloorFile {
         let Some(file) = file else {
             return fallback(format!("no floors file at {}", path.display()));
         };
-        let measured = |on: String, g: &PairedFloors, f: &PairedShapeFloor| FloorChoice {
-            pct: f.floor_pct,
-            source: format!(
-                "measured on {on}: {} in-run A/A comparisons in {} runs (95% upper bound of \
-                 their spread, at least {MIN_FLOOR_PCT}%), {}, {}{}",
-                f.speedups_pct.len(),
-                g.runs,
-                g.measured_at,
-                path.display(),
-                other_kernel(&g.kernel_sha256, kernel)
-            ),
+        let measured = |on: String, g: &PairedFloors, f: &PairedShapeFloor| {
+            let origin = g.origin_of(f);
+            FloorChoice {
+                pct: f.floor_pct,
+                source: format!(
+                    "measured on {on}: {} in-run A/A comparisons in {} runs (95% upper bound of \
+                     their spread, at least {MIN_FLOOR_PCT}%), {}, {}{}",
+                    f.speedups_pct.len(),
+                    origin.runs,
+                    origin.measured_at,
+                    path.display(),
+                    other_kernel(&origin.kernel_sha256, kernel)
+                ),
+            }
         };
         let own = kernel_file.and_then(|k| {
             let g = file.paired_kernels.get(k)?.get(gpu)?;
@@ -388,14 +485,15 @@ impl FloorFile {
         let Some(f) = g.shapes.get(shape) else {
             return fallback(format!("no floor measured for {shape} on {gpu}"));
         };
-        let other_kernel = other_kernel(&g.kernel_sha256, kernel);
+        let origin = g.origin_of(f);
+        let other_kernel = other_kernel(&origin.kernel_sha256, kernel);
         FloorChoice {
             pct: f.floor_pct,
             source: format!(
                 "measured on {gpu}: {} processes of {} on {} (95% upper bound of their spread), {}{other_kernel}",
-                g.processes,
-                g.variant,
-                g.measured_at,
+                origin.processes,
+                origin.variant,
+                origin.measured_at,
                 path.display()
             ),
         }
@@ -538,6 +636,113 @@ mod tests {
         assert!(other_shape.pct == 1.0 && other_shape.source.contains("for small on NVIDIA H100"));
         let none = FloorFile::choose_paired(None, path, ("NVIDIA H100", None, None), "large", 1.0);
         assert!(none.pct == 1.0 && none.source.contains("no floors file"));
+    }
+
+    #[test]
+    fn a_measurement_of_some_shapes_keeps_the_others_each_judged_by_its_own_origin() {
+        let path = Path::new("gates/noise_floors.json");
+        let paired = |at: &str, runs: usize, sha: &str, shapes: &[(&str, f64)]| PairedFloors {
+            measured_at: at.into(),
+            runs,
+            seeds: vec![0, 1, 2],
+            kernel_sha256: sha.into(),
+            shapes: shapes
+                .iter()
+                .map(|(s, pct)| {
+                    let f = PairedShapeFloor::from_speedups(&[*pct; 10], runs).unwrap();
+                    (s.to_string(), f)
+                })
+                .collect(),
+        };
+        let first = paired("day1", 5, "k1", &[("a", 0.1), ("b", 0.5)]);
+        let (second, kept) = first.merged(paired("day2", 6, "k2", &[("b", 1.0), ("c", 2.0)]));
+        assert_eq!(kept, ["a"]);
+        assert_eq!(second.shapes.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert_eq!((second.measured_at.as_str(), second.runs), ("day2", 6));
+        // b was measured again: the newer floor, under the entry's origin.
+        assert!(second.shapes["b"].origin.is_none() && second.shapes["b"].floor_pct > 1.5);
+        // a keeps its floor and says where it was measured; a third run keeps that, not day2.
+        let (third, kept) = second.merged(paired("day3", 7, "k3", &[("c", 0.1)]));
+        assert_eq!(kept, ["a", "b"]);
+        let origin = |s: &str| third.origin_of(&third.shapes[s]);
+        assert_eq!(
+            (
+                origin("a").measured_at,
+                origin("a").runs,
+                origin("a").kernel_sha256
+            ),
+            ("day1".to_string(), 5, "k1".to_string())
+        );
+        assert_eq!(
+            (origin("b").measured_at, origin("b").runs),
+            ("day2".to_string(), 6)
+        );
+        assert_eq!(
+            (origin("c").measured_at, origin("c").runs),
+            ("day3".to_string(), 7)
+        );
+        let mut file = FloorFile {
+            version: 1,
+            ..FloorFile::default()
+        };
+        file.paired.insert("G".into(), third);
+        // The origins round-trip through the file, and a run judges a kept shape by its own.
+        let text = serde_json::to_string(&file).unwrap();
+        let read = serde_json::from_str::<FloorFile>(&text).unwrap();
+        for s in ["a", "b", "c"] {
+            assert_eq!(
+                read.paired["G"].shapes[s].origin,
+                file.paired["G"].shapes[s].origin
+            );
+        }
+        let a = FloorFile::choose_paired(Some(&file), path, ("G", Some("k3"), None), "a", 1.0);
+        assert!(
+            a.source.contains("in 5 runs")
+                && a.source.contains("day1")
+                && a.source.contains("measured with kernel k1"),
+            "{a:?}"
+        );
+        let c = FloorFile::choose_paired(Some(&file), path, ("G", Some("k3"), None), "c", 1.0);
+        assert!(
+            c.source.contains("in 7 runs")
+                && c.source.contains("day3")
+                && !c.source.contains("measured with"),
+            "{c:?}"
+        );
+
+        // Between processes alike.
+        let gpu = |at: &str, processes: usize, shapes: &[(&str, f64)]| GpuFloors {
+            measured_at: at.into(),
+            processes,
+            variant: "cp0".into(),
+            kernel_sha256: "k".into(),
+            shapes: shapes
+                .iter()
+                .map(|(s, x)| {
+                    (
+                        s.to_string(),
+                        ShapeFloor::from_medians(&[1.0, 1.0 + x, 1.0]).unwrap(),
+                    )
+                })
+                .collect(),
+        };
+        let (both, kept) = gpu("day1", 12, &[("small", 0.01), ("long", 0.02)]).merged(gpu(
+            "day2",
+            3,
+            &[("long", 0.05)],
+        ));
+        assert_eq!(kept, ["small"]);
+        file.gpus.insert("G".into(), both);
+        let small = FloorFile::choose(Some(&file), path, ("G", Some("k")), "small", 1.0);
+        assert!(
+            small.source.contains("12 processes of cp0 on day1"),
+            "{small:?}"
+        );
+        let long = FloorFile::choose(Some(&file), path, ("G", Some("k")), "long", 1.0);
+        assert!(
+            long.source.contains("3 processes of cp0 on day2"),
+            "{long:?}"
+        );
     }
 
     #[test]

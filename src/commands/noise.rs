@@ -1,6 +1,7 @@
 //! `sdpa-runner noise`: measures this GPU model's noise floors (src/floors.rs) in separate
-//! child runs of this binary, and records them in the floors file under the GPU model's name,
-//! the other entries kept. The file is written atomically, once, at the end.
+//! child runs of this binary, and records them in the floors file under the GPU model's name:
+//! the shapes measured replace theirs, every other shape and entry is kept (a kept shape with
+//! the origin it was measured at). The file is written atomically, once, at the end.
 //!
 //! - Between processes (the default): one variant timed on each shape in `--processes` child
 //!   runs (each a process of its own, as two CI runs are); each process's median per shape.
@@ -24,8 +25,8 @@ use crate::schema::{PairKind, PerfFile};
 use crate::usage::ConfigError;
 
 /// The shapes measured by default: between processes, those `compare` judges most; in-run, the
-/// PR gate's target and the shapes its power was proven on (scripts/prove_power.sh). The
-/// GPU model's entry is replaced whole, so a partial `--shapes` drops the others.
+/// PR gate's target and the shapes its power was proven on (scripts/prove_power.sh). A
+/// partial `--shapes` keeps the floors of the others.
 const PROCESS_SHAPES: &str = "small,mission,long";
 const PAIRED_SHAPES: &str = "mission,large,llama-prefill";
 
@@ -246,17 +247,30 @@ fn record_processes(file: &mut FloorFile, runs: &[SavedRun], processes: usize) -
             f.floor_pct
         );
     }
-    file.gpus.insert(
-        gpu.clone(),
-        GpuFloors {
-            measured_at: crate::report::now_rfc3339(),
-            processes,
-            variant,
-            kernel_sha256: kernel_of(last),
-            shapes: floors,
-        },
-    );
+    let entry = GpuFloors {
+        measured_at: crate::report::now_rfc3339(),
+        processes,
+        variant,
+        kernel_sha256: kernel_of(last),
+        shapes: floors,
+    };
+    let (entry, kept) = match file.gpus.remove(&gpu) {
+        Some(old) => old.merged(entry),
+        None => (entry, Vec::new()),
+    };
+    file.gpus.insert(gpu.clone(), entry);
+    say_kept(&kept);
     gpu
+}
+
+/// Names the shapes a partial measurement kept from earlier ones.
+fn say_kept(kept: &[String]) {
+    if !kept.is_empty() {
+        outln!(
+            "kept from earlier measurements (each with its own origin): {}",
+            kept.join(", ")
+        );
+    }
 }
 
 /// Records the in-run floors from every A/A comparison of every run, under the default
@@ -313,7 +327,7 @@ fn record_paired(
         kernel_sha256: kernel_of(last),
         shapes: floors,
     };
-    insert_paired(file, &gpu, entry, kernel);
+    say_kept(&insert_paired(file, &gpu, entry, kernel));
     Ok(gpu)
 }
 
@@ -326,16 +340,24 @@ fn paired_key(kernel: &Path, default: &Path) -> Option<String> {
     (Some(&own) != name(default).as_ref()).then_some(own)
 }
 
-/// Replaces `gpu`'s entry of the section `kernel` names ([`paired_key`]).
-fn insert_paired(file: &mut FloorFile, gpu: &str, entry: PairedFloors, kernel: Option<String>) {
-    match kernel {
-        None => file.paired.insert(gpu.to_string(), entry),
-        Some(k) => file
-            .paired_kernels
-            .entry(k)
-            .or_default()
-            .insert(gpu.to_string(), entry),
+/// Puts `entry` over `gpu`'s entry of the section `kernel` names ([`paired_key`]), keeping the
+/// shapes it did not measure ([`PairedFloors::merged`]); returns their names.
+fn insert_paired(
+    file: &mut FloorFile,
+    gpu: &str,
+    entry: PairedFloors,
+    kernel: Option<String>,
+) -> Vec<String> {
+    let section = match kernel {
+        None => &mut file.paired,
+        Some(k) => file.paired_kernels.entry(k).or_default(),
     };
+    let (entry, kept) = match section.remove(gpu) {
+        Some(old) => old.merged(entry),
+        None => (entry, Vec::new()),
+    };
+    section.insert(gpu.to_string(), entry);
+    kept
 }
 
 /// Per shape, the speedup of every comparison against the base kernel in `runs`, run by run
@@ -458,5 +480,40 @@ mod tests {
         insert_paired(&mut file, "G", entry(6), Some("d.cu".into()));
         assert_eq!(file.paired["G"].runs, 5);
         assert_eq!(file.paired_kernels["d.cu"]["G"].runs, 6);
+    }
+
+    #[test]
+    fn a_measurement_of_some_shapes_keeps_the_sections_other_shapes() {
+        let entry = |at: &str, shapes: &[&str]| PairedFloors {
+            measured_at: at.into(),
+            runs: 5,
+            seeds: vec![0, 1, 2],
+            kernel_sha256: "k".into(),
+            shapes: shapes
+                .iter()
+                .map(|s| {
+                    let f = PairedShapeFloor::from_speedups(&[0.1; 10], 5).unwrap();
+                    (s.to_string(), f)
+                })
+                .collect(),
+        };
+        for kernel in [None, Some("d.cu".to_string())] {
+            let mut file = FloorFile::default();
+            assert!(
+                insert_paired(&mut file, "G", entry("t1", &["a", "b"]), kernel.clone()).is_empty()
+            );
+            let kept = insert_paired(&mut file, "G", entry("t2", &["b", "c"]), kernel.clone());
+            assert_eq!(kept, ["a"]);
+            let section = match &kernel {
+                None => &file.paired,
+                Some(k) => &file.paired_kernels[k],
+            };
+            let g = &section["G"];
+            assert_eq!(g.shapes.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
+            assert_eq!(g.origin_of(&g.shapes["a"]).measured_at, "t1");
+            assert_eq!(g.origin_of(&g.shapes["b"]).measured_at, "t2");
+            // The other section and GPU model are untouched.
+            assert!(file.paired_kernels.len() + file.paired.len() == 1);
+        }
     }
 }
