@@ -555,8 +555,9 @@ fn run_problem(
     }
     let mut measured = Vec::new();
     if plan.enabled() {
+        let plan = warm_up(backend, plan)?;
         emit(Event::TimingStarted(shape.clone(), seed, plan.rounds));
-        let timings = measure(backend, plan, |_| emit(Event::TimingRound))?;
+        let timings = measure(backend, &plan, |_| emit(Event::TimingRound))?;
         measured = variants
             .iter()
             .zip(timings)
@@ -572,16 +573,27 @@ fn run_problem(
     Ok((records, measured))
 }
 
-/// Runs the plan on the backend's loaded problem: warm-up, then the rounds.
+/// Warms every variant of the backend's loaded problem up, and returns the plan for it: the
+/// run's, with more rounds where its blocks would outlast [`timing::MAX_BLOCK_MS`] at the
+/// warm-up's time a launch ([`TimingPlan::for_launch`]).
+fn warm_up(backend: &mut dyn Backend, plan: &TimingPlan) -> Result<TimingPlan, BackendError> {
+    let n = backend.variants().len();
+    let started = std::time::Instant::now();
+    for v in 0..n {
+        backend.warm_up(v, plan.warmup)?;
+    }
+    let launches = n * plan.warmup;
+    let launch_us = (launches > 0).then(|| started.elapsed().as_secs_f64() * 1e6 / launches as f64);
+    Ok(plan.for_launch(launch_us))
+}
+
+/// Runs the plan's rounds on the backend's loaded problem (warmed up: [`warm_up`]).
 fn measure(
     backend: &mut dyn Backend,
     plan: &TimingPlan,
     mut on_round: impl FnMut(usize),
 ) -> Result<Vec<VariantTiming>, BackendError> {
     let n = backend.variants().len();
-    for v in 0..n {
-        backend.warm_up(v, plan.warmup)?;
-    }
     let mut timings = vec![VariantTiming::default(); n];
     for round in 0..plan.rounds {
         for v in plan.order(round, n) {
@@ -826,6 +838,31 @@ mod tests {
             rows: CheckRows::All,
             references,
             emulation,
+        }
+    }
+
+    #[test]
+    fn a_problem_whose_launches_are_long_is_timed_in_more_rounds_of_short_blocks() {
+        let plan = TimingPlan {
+            warmup: 2,
+            iters: 40,
+            rounds: 5,
+            batch: 1,
+            l2: crate::timing::L2Mode::Warm,
+        };
+        let mut device = FakeDevice::new(false);
+        device.load(&Problem::new(&shape(16), 0)).unwrap();
+        // Quick launches keep the plan's 5 rounds of 8.
+        assert_eq!(warm_up(&mut device, &plan).unwrap(), plan);
+        // 4 ms a launch: 5 a block (20 ms), at least 8 rounds; the samples stay 40.
+        device.warm_up_launch = std::time::Duration::from_millis(4);
+        let long = warm_up(&mut device, &plan).unwrap();
+        assert!(long.rounds >= 8 && long.iters == 40, "{long:?}");
+        let timings = measure(&mut device, &long, |_| {}).unwrap();
+        for t in &timings {
+            assert_eq!(t.rounds.len(), long.rounds);
+            assert_eq!(t.samples().len(), 40);
+            assert!(t.rounds.iter().all(|b| b.samples.len() <= 5));
         }
     }
 

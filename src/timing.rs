@@ -13,6 +13,15 @@ use crate::usage::ConfigError;
 /// Fewest rounds whose per-round ratios support an interval and a test.
 pub const MIN_ROUNDS: usize = 5;
 
+/// The longest a block of samples should last. A GPU at its power limit moves its clock slowly
+/// and by much: an H100 on D 128 FP8 problems of 2.6 ms a launch swung by ±5% with a period of
+/// about a second (16 blocks of 25 launches), so two blocks of one round, a quarter of that
+/// apart, ran at clocks 2-4% apart, and the order of the rounds, the same in every run, gave
+/// one A/A pair a bias of −0.6% to −0.96% in five runs out of five (docs/PERF.md "Stage D, stop
+/// 63"). Blocks this short keep a round well inside one swing; launches of up to 0.8 ms keep
+/// the default 20 rounds of 25.
+pub const MAX_BLOCK_MS: f64 = 20.0;
+
 /// `--l2`: whether inputs may stay in L2 between launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -68,6 +77,37 @@ impl TimingPlan {
     /// Samples in `round`: the iterations spread evenly, the first rounds taking the remainder.
     pub fn samples_in_round(&self, round: usize) -> usize {
         self.iters / self.rounds + usize::from(round < self.iters % self.rounds)
+    }
+
+    /// This plan for a problem whose launches take `launch_us` (as its warm-up measured them;
+    /// None: unknown): more rounds, so that a block of `batch`-launch samples lasts at most
+    /// [`MAX_BLOCK_MS`], but never fewer than the plan's nor more than one sample a round. The
+    /// samples stay the plan's.
+    pub fn for_launch(&self, launch_us: Option<f64>) -> TimingPlan {
+        let Some(sample_us) = launch_us
+            .filter(|us| us.is_finite() && *us > 0.0)
+            .map(|us| us * self.batch.max(1) as f64)
+        else {
+            return self.clone();
+        };
+        let per_block = ((MAX_BLOCK_MS * 1e3 / sample_us).floor() as usize).max(1);
+        let rounds = self
+            .iters
+            .div_ceil(per_block)
+            .min(self.iters)
+            .max(self.rounds);
+        TimingPlan {
+            rounds,
+            ..self.clone()
+        }
+    }
+
+    /// "N rounds (more where a block would outlast 20 ms)", for reports.
+    pub fn rounds_text(&self) -> String {
+        format!(
+            "{} rounds (more where a block would outlast {MAX_BLOCK_MS} ms)",
+            self.rounds
+        )
     }
 
     /// The variant order of `round`: a shuffle seeded by the round, so runs repeat.
@@ -162,6 +202,36 @@ mod tests {
         assert_eq!(orders, (0..20).map(|r| p.order(r, 2)).collect::<Vec<_>>());
         let baseline_first = orders.iter().filter(|o| o[0] == 0).count();
         assert!((4..=16).contains(&baseline_first), "{baseline_first} of 20");
+    }
+
+    #[test]
+    fn a_problem_of_long_launches_gets_rounds_whose_blocks_last_at_most_the_limit() {
+        let p = plan(500, 20);
+        // 2.6 ms a launch: 7 a block (18.2 ms), 72 rounds; the samples stay 500.
+        let long = p.for_launch(Some(2600.0));
+        assert_eq!((long.rounds, long.iters), (72, 500));
+        let blocks: Vec<usize> = (0..long.rounds).map(|r| long.samples_in_round(r)).collect();
+        assert_eq!(blocks.iter().sum::<usize>(), 500);
+        assert!(
+            blocks.iter().all(|&n| n as f64 * 2.6 <= MAX_BLOCK_MS),
+            "{blocks:?}"
+        );
+        // Up to 0.8 ms a launch keeps the plan's 20 rounds of 25; never fewer rounds.
+        for us in [1.0, 300.0, 800.0] {
+            assert_eq!(p.for_launch(Some(us)).rounds, 20, "{us} us");
+        }
+        assert_eq!(p.for_launch(Some(801.0)).rounds, 21);
+        // Batched samples count their launches; at most one sample a round.
+        let batched = TimingPlan {
+            batch: 20,
+            ..p.clone()
+        };
+        assert_eq!(batched.for_launch(Some(100.0)).rounds, 50);
+        assert_eq!(p.for_launch(Some(1e6)).rounds, 500);
+        // An unknown or unusable time keeps the plan.
+        for unknown in [None, Some(0.0), Some(f64::NAN)] {
+            assert_eq!(p.for_launch(unknown), p);
+        }
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub(crate) struct FakeDevice {
     pub(crate) other_geometry_flips: Option<Vec<usize>>,
     /// The launch it says it times.
     pub(crate) timed_launch: Option<crate::schema::LaunchRecord>,
+    /// Each warm-up launch also takes this long (a problem of long launches).
+    pub(crate) warm_up_launch: std::time::Duration,
 }
 
 impl FakeDevice {
@@ -43,6 +45,7 @@ impl FakeDevice {
             tiles: Vec::new(),
             other_geometry_flips: None,
             timed_launch: None,
+            warm_up_launch: std::time::Duration::ZERO,
         }
     }
 
@@ -91,6 +94,7 @@ impl Backend for FakeDevice {
         Ok(vec![out])
     }
     fn warm_up(&mut self, v: usize, launches: usize) -> Result<(), BackendError> {
+        std::thread::sleep(self.warm_up_launch * launches as u32);
         self.cpu.warm_up(v, launches)
     }
     fn time_samples(

@@ -441,11 +441,11 @@ fn print_outcome(a: &RunAnalysis, job: &Job, warnings: &[String], path: &std::pa
     if let Some(p) = &a.perf {
         let plan = &job.plan;
         outln!(
-            "timing: {} ({} warm-up, {} samples in {} rounds, batch {}, L2 {:?}), µs",
+            "timing: {} ({} warm-up, {} samples in {}, batch {}, L2 {:?}), µs",
             p.clock,
             plan.warmup,
             plan.iters,
-            plan.rounds,
+            plan.rounds_text(),
             plan.batch,
             plan.l2
         );

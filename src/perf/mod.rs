@@ -8,7 +8,7 @@ pub mod same_code;
 use crate::floors::FloorChoice;
 use crate::gates::PerformanceGates;
 use crate::schema::{BASE_PREFIX, Measurement, PairKind, PerfFile, ShapeComparison, VariantMeta};
-use crate::timing::MIN_ROUNDS;
+use crate::timing::{MIN_ROUNDS, TimingPlan};
 
 /// One in-run comparison: (kind, baseline variant, candidate variant).
 pub type Pair = (PairKind, String, String);
@@ -66,9 +66,15 @@ fn enough_rounds(kept: usize, total: usize) -> bool {
 /// The samples of each round of `m`, split as the plan spread them; None when the split
 /// does not add up (a file from elsewhere).
 fn round_samples<'a>(m: &'a Measurement, file: &PerfFile) -> Option<Vec<&'a [f64]>> {
+    // The problem's rounds: the plan's, or more where its blocks would have been long
+    // (TimingPlan::for_launch), the samples spread over them the same way.
     let rounds = m.round_medians_us.len();
-    let sizes: Vec<usize> = (0..rounds).map(|r| file.plan.samples_in_round(r)).collect();
-    if file.plan.rounds != rounds || sizes.iter().sum::<usize>() != m.samples_us.len() {
+    let plan = TimingPlan {
+        rounds,
+        ..file.plan.clone()
+    };
+    let sizes: Vec<usize> = (0..rounds).map(|r| plan.samples_in_round(r)).collect();
+    if rounds < file.plan.rounds || sizes.iter().sum::<usize>() != m.samples_us.len() {
         return None;
     }
     let mut out = Vec::with_capacity(rounds);
@@ -537,7 +543,16 @@ mod tests {
         let sizes: Vec<usize> = rounds.iter().map(|r| r.len()).collect();
         assert_eq!(sizes, [5, 5, 5, 4, 4]);
         assert_eq!((rounds[1][0], rounds[4][3]), (5.0, 22.0));
+        // A problem of long launches ran more rounds than the plan's (TimingPlan::for_launch):
+        // split by its own count, the same way.
         file.plan.rounds = 4;
+        let more = round_samples(&file.measurements[0], &file).unwrap();
+        assert_eq!(more.iter().map(|r| r.len()).collect::<Vec<_>>(), sizes);
+        // Fewer rounds than the plan's, or samples that do not add up: not split.
+        file.plan.rounds = 6;
+        assert!(round_samples(&file.measurements[0], &file).is_none());
+        file.plan.rounds = 5;
+        file.measurements[0].samples_us.pop();
         assert!(round_samples(&file.measurements[0], &file).is_none());
     }
 

@@ -236,10 +236,10 @@ fn header(s: &mut String, doc: &CompareDoc) {
     let p = &c.plan;
     let _ = writeln!(
         s,
-        "| timing | {} warm-up, {} samples in {} rounds, {} launch{} per sample, L2 {}; {} |",
+        "| timing | {} warm-up, {} samples in {}, {} launch{} per sample, L2 {}; {} |",
         p.warmup,
         p.iters,
-        p.rounds,
+        p.rounds_text(),
         p.batch,
         if p.batch == 1 { "" } else { "es" },
         serde_json::to_value(p.l2)
