@@ -13,7 +13,8 @@ seeded per seed), so only timings are compared, never outputs.
 
 Timing rules, as src/timing.rs and src/backend/cuda/timer.rs: per (shape, seed) every
 backend gets --warmup untimed calls, then --iters samples in --rounds rounds with the
-backend order shuffled per round; each block of samples is preceded by a hold kernel
+backend order shuffled per round (always --rounds: the runner runs more where its blocks
+would outlast 20 ms, src/timing.rs MAX_BLOCK_MS); each block of samples is preceded by a hold kernel
 (torch.cuda._sleep) that keeps the GPU busy while the host enqueues the block, so each
 sample (CUDA events around one call) measures GPU time, not host launch latency. Python
 enqueues a call 10x slower than the runner (~30-50 us with the backend selection), so the

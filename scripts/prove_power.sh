@@ -3,7 +3,7 @@
 # floors"), in phases that each fit one device call:
 #   floors   `sdpa-runner noise --paired` (N runs of the PR gate against itself) on SHAPES, into
 #            OUT/noise_floors.json (a copy of gates/noise_floors.json with this GPU's in-run
-#            entry replaced: commit it to use the floors)
+#            floors of SHAPES replaced, its others kept: commit it to use the floors)
 #   aa       RUNS PR-gate runs of the kernel against a byte-identical copy of itself at another
 #            path, on every shape of SHAPES at once: each comparison against the base is an
 #            A/A, and FASTER or SLOWER is false

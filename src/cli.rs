@@ -289,7 +289,8 @@ pub struct TimingArgs {
     /// Timed samples per variant; 0 checks correctness only [default: 500 on cuda, 20 on cpu]
     #[arg(long, value_name = "N", value_parser = iters_count)]
     pub iters: Option<usize>,
-    /// Rounds the samples are split into; variants alternate in shuffled order each round
+    /// Rounds the samples are split into; variants alternate in shuffled order each round (a
+    /// problem whose blocks would outlast 20 ms at its warm-up's time a launch runs more)
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = rounds_count)]
     pub rounds: usize,
     /// Launches per sample between two events (1 times each launch; more strips launch overhead)

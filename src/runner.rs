@@ -575,7 +575,8 @@ fn run_problem(
 
 /// Warms every variant of the backend's loaded problem up, and returns the plan for it: the
 /// run's, with more rounds where its blocks would outlast [`timing::MAX_BLOCK_MS`] at the
-/// warm-up's time a launch ([`TimingPlan::for_launch`]).
+/// warm-up's time a launch ([`TimingPlan::for_launch`]: the host's time of all the variants'
+/// warm-ups over their launches, with L2 warm; no warm-up, no estimate: the run's plan).
 fn warm_up(backend: &mut dyn Backend, plan: &TimingPlan) -> Result<TimingPlan, BackendError> {
     let n = backend.variants().len();
     let started = std::time::Instant::now();
@@ -864,6 +865,26 @@ mod tests {
             assert_eq!(t.samples().len(), 40);
             assert!(t.rounds.iter().all(|b| b.samples.len() <= 5));
         }
+        // And a whole run records them, each measurement with its rounds' medians; without a
+        // warm-up there is no estimate, and the plan's rounds.
+        let work = Work {
+            shapes: &[shape(16)],
+            seeds: &[0],
+            host_defect: HostDefect::None,
+            check: Check::default(),
+        };
+        let out = run_all(&mut [&mut device], &work, &gates(), &plan, &mut NoProgress).unwrap();
+        for m in &out.measurements {
+            assert!(m.round_medians_us.len() >= 8, "{:?}", m.round_medians_us);
+            assert_eq!(m.samples_us.len(), 40);
+        }
+        let cold = TimingPlan { warmup: 0, ..plan };
+        let out = run_all(&mut [&mut device], &work, &gates(), &cold, &mut NoProgress).unwrap();
+        assert!(
+            out.measurements
+                .iter()
+                .all(|m| m.round_medians_us.len() == 5)
+        );
     }
 
     #[test]

@@ -15,10 +15,10 @@ pub const MIN_ROUNDS: usize = 5;
 
 /// The longest a block of samples should last. A GPU at its power limit moves its clock slowly
 /// and by much: an H100 on D 128 FP8 problems of 2.6 ms a launch swung by ±5% with a period of
-/// about a second (16 blocks of 25 launches), so two blocks of one round, a quarter of that
-/// apart, ran at clocks 2-4% apart, and the order of the rounds, the same in every run, gave
-/// one A/A pair a bias of −0.6% to −0.96% in five runs out of five (docs/PERF.md "Stage D, stop
-/// 63"). Blocks this short keep a round well inside one swing; launches of up to 0.8 ms keep
+/// about a second, so the two sides of a pair, up to three 65 ms blocks apart in a round, ran
+/// at clocks up to 7% apart, and the order of the rounds, the same in every run, gave one A/A
+/// pair a lean of −0.6% to −0.96% in five runs out of five (docs/PERF.md "Stage D, stop 63").
+/// Blocks this short keep a round well inside one swing; launches of up to 0.8 ms keep
 /// the default 20 rounds of 25.
 pub const MAX_BLOCK_MS: f64 = 20.0;
 
@@ -81,8 +81,8 @@ impl TimingPlan {
 
     /// This plan for a problem whose launches take `launch_us` (as its warm-up measured them;
     /// None: unknown): more rounds, so that a block of `batch`-launch samples lasts at most
-    /// [`MAX_BLOCK_MS`], but never fewer than the plan's nor more than one sample a round. The
-    /// samples stay the plan's.
+    /// [`MAX_BLOCK_MS`], but never fewer rounds than the plan's, and at least one sample a
+    /// round. The samples stay the plan's.
     pub fn for_launch(&self, launch_us: Option<f64>) -> TimingPlan {
         let Some(sample_us) = launch_us
             .filter(|us| us.is_finite() && *us > 0.0)
@@ -102,12 +102,17 @@ impl TimingPlan {
         }
     }
 
-    /// "N rounds (more where a block would outlast 20 ms)", for reports.
-    pub fn rounds_text(&self) -> String {
-        format!(
-            "{} rounds (more where a block would outlast {MAX_BLOCK_MS} ms)",
-            self.rounds
-        )
+    /// "N rounds", or "N-M rounds (more on the problems whose blocks would outlast 20 ms)"
+    /// where some measurement ran `most` > N, for reports.
+    pub fn rounds_text(&self, most: usize) -> String {
+        if most > self.rounds {
+            format!(
+                "{}-{most} rounds (more on the problems whose blocks would outlast {MAX_BLOCK_MS} ms)",
+                self.rounds
+            )
+        } else {
+            format!("{} rounds", self.rounds)
+        }
     }
 
     /// The variant order of `round`: a shuffle seeded by the round, so runs repeat.
@@ -221,13 +226,18 @@ mod tests {
             assert_eq!(p.for_launch(Some(us)).rounds, 20, "{us} us");
         }
         assert_eq!(p.for_launch(Some(801.0)).rounds, 21);
-        // Batched samples count their launches; at most one sample a round.
+        // Batched samples count their launches; at least one sample a round.
         let batched = TimingPlan {
             batch: 20,
             ..p.clone()
         };
         assert_eq!(batched.for_launch(Some(100.0)).rounds, 50);
         assert_eq!(p.for_launch(Some(1e6)).rounds, 500);
+        assert_eq!(p.rounds_text(20), "20 rounds");
+        assert!(
+            p.rounds_text(72)
+                .starts_with("20-72 rounds (more on the problems")
+        );
         // An unknown or unusable time keeps the plan.
         for unknown in [None, Some(0.0), Some(f64::NAN)] {
             assert_eq!(p.for_launch(unknown), p);

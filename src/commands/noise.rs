@@ -483,6 +483,27 @@ mod tests {
     }
 
     #[test]
+    fn a_measurement_between_processes_of_some_shapes_keeps_the_gpus_other_shapes() {
+        let runs = |shape: &str| -> Vec<SavedRun> {
+            (0..3)
+                .map(|i| SavedRun {
+                    perf_path: PathBuf::from(format!("p{i}/perf.json")),
+                    perf: fixtures::perf_file("GPU", &[shape], &[0], &[("cp0", 1.0 + i as f64)]),
+                    correctness: None,
+                })
+                .collect()
+        };
+        let mut file = FloorFile::default();
+        record_processes(&mut file, &runs("small"), 3);
+        let first = file.gpus["GPU"].measured_at.clone();
+        record_processes(&mut file, &runs("long"), 3);
+        let g = &file.gpus["GPU"];
+        assert_eq!(g.shapes.keys().collect::<Vec<_>>(), ["long", "small"]);
+        assert_eq!(g.origin_of(&g.shapes["small"]).measured_at, first);
+        assert!(g.shapes["long"].origin.is_none() && g.shapes["small"].origin.is_some());
+    }
+
+    #[test]
     fn a_measurement_of_some_shapes_keeps_the_sections_other_shapes() {
         let entry = |at: &str, shapes: &[&str]| PairedFloors {
             measured_at: at.into(),

@@ -445,7 +445,13 @@ fn print_outcome(a: &RunAnalysis, job: &Job, warnings: &[String], path: &std::pa
             p.clock,
             plan.warmup,
             plan.iters,
-            plan.rounds_text(),
+            plan.rounds_text(
+                p.measurements
+                    .iter()
+                    .map(|m| m.round_medians_us.len())
+                    .max()
+                    .unwrap_or(0)
+            ),
             plan.batch,
             plan.l2
         );

@@ -239,7 +239,13 @@ fn header(s: &mut String, doc: &CompareDoc) {
         "| timing | {} warm-up, {} samples in {}, {} launch{} per sample, L2 {}; {} |",
         p.warmup,
         p.iters,
-        p.rounds_text(),
+        p.rounds_text(
+            c.measurements
+                .iter()
+                .map(|m| m.round_medians_us.len())
+                .max()
+                .unwrap_or(0)
+        ),
         p.batch,
         if p.batch == 1 { "" } else { "es" },
         serde_json::to_value(p.l2)
