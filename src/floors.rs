@@ -111,20 +111,10 @@ impl PairedFloors {
     /// run's header and floors, and every shape it did not measure kept with the origin it was
     /// measured at; with the names of the kept shapes. Measuring some shapes loses no other.
     pub fn merged(self, mut newer: PairedFloors) -> (PairedFloors, Vec<String>) {
-        let mut kept = Vec::new();
-        for (shape, f) in &self.shapes {
-            if !newer.shapes.contains_key(shape) {
-                let origin = Some(self.origin_of(f));
-                newer.shapes.insert(
-                    shape.clone(),
-                    PairedShapeFloor {
-                        origin,
-                        ..f.clone()
-                    },
-                );
-                kept.push(shape.clone());
-            }
-        }
+        let kept = keep_unmeasured(&self.shapes, &mut newer.shapes, |f| PairedShapeFloor {
+            origin: Some(self.origin_of(f)),
+            ..f.clone()
+        });
         (newer, kept)
     }
 }
@@ -221,20 +211,10 @@ impl GpuFloors {
 
     /// `newer` over this entry, as [`PairedFloors::merged`].
     pub fn merged(self, mut newer: GpuFloors) -> (GpuFloors, Vec<String>) {
-        let mut kept = Vec::new();
-        for (shape, f) in &self.shapes {
-            if !newer.shapes.contains_key(shape) {
-                let origin = Some(self.origin_of(f));
-                newer.shapes.insert(
-                    shape.clone(),
-                    ShapeFloor {
-                        origin,
-                        ..f.clone()
-                    },
-                );
-                kept.push(shape.clone());
-            }
-        }
+        let kept = keep_unmeasured(&self.shapes, &mut newer.shapes, |f| ShapeFloor {
+            origin: Some(self.origin_of(f)),
+            ..f.clone()
+        });
         (newer, kept)
     }
 }
@@ -340,6 +320,24 @@ pub fn kernel_file_name(source: &str) -> Option<String> {
     Path::new(path)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
+}
+
+/// Puts every floor of `older` whose shape `newer` lacks into `newer`, as `with_origin` makes
+/// it (the floor, stamped with where it was measured); returns those shapes.
+fn keep_unmeasured<F>(
+    older: &BTreeMap<String, F>,
+    newer: &mut BTreeMap<String, F>,
+    with_origin: impl Fn(&F) -> F,
+) -> Vec<String> {
+    let kept: Vec<String> = older
+        .keys()
+        .filter(|shape| !newer.contains_key(*shape))
+        .cloned()
+        .collect();
+    for shape in &kept {
+        newer.insert(shape.clone(), with_origin(&older[shape]));
+    }
+    kept
 }
 
 impl FloorFile {
