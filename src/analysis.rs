@@ -632,19 +632,10 @@ mod tests {
     fn with_code(mut m: RunMeasured, codes: [&str; 4]) -> RunMeasured {
         let p = m.perf.as_mut().unwrap();
         for x in &mut p.measurements {
-            x.launch = Some(crate::schema::LaunchRecord {
-                query_rows: 64,
-                threads: 256,
-                grid: [8, 8, 1],
-                function: Some("f".into()),
-            });
+            x.launch = Some(crate::perf::fixtures::launch("f", 8));
         }
         for (v, code) in p.variants.iter_mut().zip(codes) {
-            v.machine_code = vec![crate::schema::FunctionCode {
-                module: "d64".into(),
-                function: "f".into(),
-                sha256: code.into(),
-            }];
+            v.machine_code = vec![crate::perf::fixtures::code("f", code)];
         }
         m.variants = p.variants.clone();
         m

@@ -566,6 +566,17 @@ impl ShapeComparison {
 }
 
 impl PerfFile {
+    /// The plan's rounds as reports say them, with the most any measurement ran
+    /// ([`crate::timing::TimingPlan::rounds_text`]).
+    pub fn rounds_text(&self) -> String {
+        let most = self
+            .measurements
+            .iter()
+            .map(|m| m.round_medians_us.len())
+            .max();
+        self.plan.rounds_text(most.unwrap_or(0))
+    }
+
     /// Shapes in first-seen order.
     pub fn shapes(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

@@ -445,13 +445,7 @@ fn print_outcome(a: &RunAnalysis, job: &Job, warnings: &[String], path: &std::pa
             p.clock,
             plan.warmup,
             plan.iters,
-            plan.rounds_text(
-                p.measurements
-                    .iter()
-                    .map(|m| m.round_medians_us.len())
-                    .max()
-                    .unwrap_or(0)
-            ),
+            p.rounds_text(),
             plan.batch,
             plan.l2
         );

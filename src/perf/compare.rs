@@ -456,18 +456,9 @@ mod tests {
         let run = |factor: f64| {
             let mut f = perf_file("H200", &["mission"], &[0], &[("cp1", factor)]);
             for m in &mut f.measurements {
-                m.launch = Some(crate::schema::LaunchRecord {
-                    query_rows: 64,
-                    threads: 128,
-                    grid: [8, 8, 1],
-                    function: Some("f".into()),
-                });
+                m.launch = Some(crate::perf::fixtures::launch("f", 8));
             }
-            f.variants[0].machine_code = vec![crate::schema::FunctionCode {
-                module: "d64".into(),
-                function: "f".into(),
-                sha256: "same".into(),
-            }];
+            f.variants[0].machine_code = vec![crate::perf::fixtures::code("f", "same")];
             f
         };
         let cmps = unpaired_comparisons(&run(1.0), &run(1.05), ("cp1", "cp1"), &gates());

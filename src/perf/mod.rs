@@ -203,6 +203,25 @@ pub(crate) mod fixtures {
     use crate::stats::Summary;
     use crate::timing::{L2Mode, TimingPlan};
 
+    /// A launch of `function` on a grid of (`grid0`, 16, 1) 512-thread CTAs of 192 rows.
+    pub fn launch(function: &str, grid0: u32) -> crate::schema::LaunchRecord {
+        crate::schema::LaunchRecord {
+            query_rows: 192,
+            threads: 512,
+            grid: [grid0, 16, 1],
+            function: Some(function.into()),
+        }
+    }
+
+    /// `function` of module d64 as machine code hashed `sha`.
+    pub fn code(function: &str, sha: &str) -> crate::schema::FunctionCode {
+        crate::schema::FunctionCode {
+            module: "d64".into(),
+            function: function.into(),
+            sha256: sha.into(),
+        }
+    }
+
     /// The performance gates of gates/default.json's shape, with a 1% paired floor.
     /// The gates file's constant in-run floor, as a run without measured floors uses it.
     pub fn constant_floor(_shape: &str) -> crate::floors::FloorChoice {
@@ -554,6 +573,17 @@ mod tests {
         file.plan.rounds = 5;
         file.measurements[0].samples_us.pop();
         assert!(round_samples(&file.measurements[0], &file).is_none());
+    }
+
+    #[test]
+    fn reports_name_the_extra_rounds_only_where_a_problem_ran_them() {
+        let mut file = fixtures::perf_file("GPU", &["small", "long"], &[0], &[("cp0", 1.0)]);
+        assert_eq!(file.rounds_text(), "20 rounds");
+        file.measurements[1].round_medians_us.resize(72, 1.0);
+        assert!(
+            file.rounds_text()
+                .starts_with("20-72 rounds (more on the problems")
+        );
     }
 
     #[test]

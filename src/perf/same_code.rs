@@ -60,25 +60,7 @@ fn code_of<'a>(v: &'a VariantMeta, m: &Measurement, function: &str) -> Option<&'
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perf::fixtures::perf_file;
-    use crate::schema::{FunctionCode, LaunchRecord};
-
-    fn launch(function: &str, grid0: u32) -> LaunchRecord {
-        LaunchRecord {
-            query_rows: 192,
-            threads: 512,
-            grid: [grid0, 16, 1],
-            function: Some(function.into()),
-        }
-    }
-
-    fn code(function: &str, sha: &str) -> FunctionCode {
-        FunctionCode {
-            module: "d64".into(),
-            function: function.into(),
-            sha256: sha.into(),
-        }
-    }
+    use crate::perf::fixtures::{code, launch, perf_file};
 
     /// A run of `cp0` and `base-cp0` on "mission", seeds 0 and 1, both launching `entry` on
     /// a grid of 22 query tiles, with `entry`'s and `companion`'s code as given.

@@ -239,13 +239,7 @@ fn header(s: &mut String, doc: &CompareDoc) {
         "| timing | {} warm-up, {} samples in {}, {} launch{} per sample, L2 {}; {} |",
         p.warmup,
         p.iters,
-        p.rounds_text(
-            c.measurements
-                .iter()
-                .map(|m| m.round_medians_us.len())
-                .max()
-                .unwrap_or(0)
-        ),
+        c.rounds_text(),
         p.batch,
         if p.batch == 1 { "" } else { "es" },
         serde_json::to_value(p.l2)
@@ -567,6 +561,35 @@ mod tests {
         }
     }
 
+    /// COMPARE.md of one run's paired `cmps`: variant 0 against variant 1, and `others` more
+    /// variants beside them (2, 3, ...).
+    fn render_paired(
+        file: &crate::schema::PerfFile,
+        cmps: &[ShapeComparison],
+        gates: &PerformanceGates,
+        others: usize,
+    ) -> String {
+        let side = |i: usize| Side {
+            run: "this run".into(),
+            perf: file,
+            variant: &file.variants[i],
+            correctness: Some((1, 1)),
+        };
+        render(&CompareDoc {
+            design: "paired",
+            base: side(0),
+            cand: side(1),
+            others: (2..2 + others).map(side).collect(),
+            comparisons: cmps,
+            gates,
+            decision: &crate::analysis::Decision::default(),
+            gate_enforced: true,
+            warnings: &[],
+            notes: &[],
+            svg: None,
+        })
+    }
+
     #[test]
     fn a_comparison_of_the_same_machine_code_is_marked_and_its_verdict_called_noise() {
         let mut file = perf_file(
@@ -576,49 +599,21 @@ mod tests {
             &[("base-cp0", 1.0), ("cp0", 1.05)],
         );
         for m in &mut file.measurements {
-            m.launch = Some(crate::schema::LaunchRecord {
-                query_rows: 64,
-                threads: 256,
-                grid: [8, 8, 1],
-                function: Some(format!("f_{}", m.shape)),
-            });
+            m.launch = Some(crate::perf::fixtures::launch(&format!("f_{}", m.shape), 8));
         }
         for v in &mut file.variants {
             // small's function moved, mission's did not.
             v.machine_code = ["mission", "small"]
                 .iter()
-                .map(|shape| crate::schema::FunctionCode {
-                    module: "d64".into(),
-                    function: format!("f_{shape}"),
-                    sha256: if *shape == "small" {
-                        v.name.clone()
-                    } else {
-                        "same".into()
-                    },
+                .map(|shape| {
+                    let sha = if *shape == "small" { &v.name } else { "same" };
+                    crate::perf::fixtures::code(&format!("f_{shape}"), sha)
                 })
                 .collect();
         }
         let gates = crate::perf::fixtures::gates();
         let cmps = paired_comparisons(&file, &gates, &crate::perf::fixtures::constant_floor);
-        let side = |i: usize| Side {
-            run: "this run".into(),
-            perf: &file,
-            variant: &file.variants[i],
-            correctness: Some((1, 1)),
-        };
-        let md = render(&CompareDoc {
-            design: "paired",
-            base: side(0),
-            cand: side(1),
-            others: vec![],
-            comparisons: &cmps,
-            gates: &gates,
-            decision: &crate::analysis::Decision::default(),
-            gate_enforced: true,
-            warnings: &[],
-            notes: &[],
-            svg: None,
-        });
+        let md = render_paired(&file, &cmps, &gates, 0);
         let row = |shape: &str| {
             md.lines()
                 .find(|l| l.starts_with(&format!("| {shape} |")))
@@ -675,27 +670,7 @@ mod tests {
         }
         let gates = crate::perf::fixtures::gates();
         let cmps = paired_comparisons(&file, &gates, &crate::perf::fixtures::constant_floor);
-        let render_with = |file: &crate::schema::PerfFile| {
-            let side = |i: usize| Side {
-                run: "this run".into(),
-                perf: file,
-                variant: &file.variants[i],
-                correctness: Some((1, 1)),
-            };
-            render(&CompareDoc {
-                design: "paired",
-                base: side(0),
-                cand: side(1),
-                others: vec![side(2), side(3)],
-                comparisons: &cmps,
-                gates: &gates,
-                decision: &crate::analysis::Decision::default(),
-                gate_enforced: true,
-                warnings: &[],
-                notes: &[],
-                svg: None,
-            })
-        };
+        let render_with = |file: &crate::schema::PerfFile| render_paired(file, &cmps, &gates, 2);
         let md = render_with(&file);
         for needle in [
             "# COMPARE: the kernel under test vs the base kernel",
