@@ -70,6 +70,8 @@
 //            a consumer thread holds in its S accumulators (cols 2t, 2t+1 of each 8-key group)
 //            become its A fragment without any shuffle (the K dimension of P Vᵀ may be permuted
 //            freely, as long as P and Vᵀ agree).
+//     ones[s] (ROW_SUM_MMA only) 8 x BLOCK_N e4m3 ones right after Vt[s] (its 8-row group
+//            after Vᵀ's last), which P·V's wider last wgmma reads as 8 more columns: P̂·1.
 //   mbarriers (static): q_full; per stage k_full, v_full (TMA, count 1 + tx), vt_full (128
 //   producer threads), empty (128 x the CTA's consumers' threads). Named barriers 1 .. the
 //   launch's consumers: their turns (where PINGPONG_D<D> is not 0, or TWO_TURNS_D<D> in a
@@ -161,6 +163,22 @@
 //                   change 39 the unmasked D 128 companion's warps of fewer than 16 rows store
 //                   straight (DIRECT_FEW: cfg-pack 2.6-3.8% faster); D 64's few-row problems
 //                   keep up to 2.7% of the loss.
+//   ROW_SUM_MMA=0|1  how l is summed: 0, the default, from the f32 P in the softmax (64 FADD a
+//                   tile, then the quad's shuffles at the end: the manifest's row_sum "f32-p");
+//                   1, as P̂·1 on the tensor cores: the last (or only) P·V of a tile is 8
+//                   columns wider (m64n72k32 or m64n136k32) and reads 8 rows of e4m3 ones kept
+//                   after each stage's Vᵀ (Tiles::ONES_BYTES, 1 KB a stage), so its Ô carries l's
+//                   tile sum in FP22 steps, folded in f32 as O's is (manifest row_sum "mma").
+//                   Published as SDPA_ROW_SUM_MMA; the host refuses a build whose value the
+//                   manifest does not describe. Not the default: its numerics are not yet in the
+//                   FP8 error model (src/reference/model.rs sums l in f32), and NVRTC 13.0
+//                   spills 12 and 24 bytes in D 64's entries at st2 (4 more accumulators at 160
+//                   registers), and ptxas serializes the D 128 entry's wgmma pipeline (C7511,
+//                   insufficient registers: st2 under NVRTC 13.0, st2 and st3 under the
+//                   device's nvcc), which made it 8-9% slower than 0 on unmasked D 128
+//                   problems in the probe, 2% faster causal and 2-4% faster at D 64
+//                   (docs/PERF.md "Stage D, stop 64"). 0 builds the same SASS as before the
+//                   switch (NVRTC 13.0, all 12 functions, st2 and st3).
 //   DIAG_TIMELINE=X  diagnostic, never in normal builds: thread 0 of each warpgroup of CTA
 //                   (X, 0) of the grid (causal: head X's last query tile) stamps clock64() at
 //                   each step of its first TL_TILES tiles into sdpa_timeline, which
@@ -262,6 +280,14 @@
 #ifndef INT_ROWMAX
 #define INT_ROWMAX 1
 #endif
+// ROW_SUM_MMA: l as P·1 on the tensor cores (the header's switch list), published as
+// SDPA_ROW_SUM_MMA, which the host checks against the manifest's numerics.row_sum.
+#ifndef ROW_SUM_MMA
+#define ROW_SUM_MMA 0
+#endif
+#if ROW_SUM_MMA != 0 && ROW_SUM_MMA != 1
+#error "ROW_SUM_MMA is 0 or 1"
+#endif
 #ifndef TRANSPOSE_LANE_ORDER
 #define TRANSPOSE_LANE_ORDER 0
 #endif
@@ -332,10 +358,14 @@ struct Tiles {
     static constexpr int K_BYTES = BLOCK_N * D;
     static constexpr int V_BYTES = BLOCK_N * D;
     static constexpr int VT_BYTES = D * BLOCK_N;
+    // ROW_SUM_MMA: each stage's Vᵀ is followed by ONES_BYTES, 8 rows of BLOCK_N e4m3 ones (one
+    // 8-row core-matrix group), which P·V's last wgmma reads as 8 more output columns: P̂·1.
+    static constexpr int ONES_BYTES = ROW_SUM_MMA ? 8 * BLOCK_N : 0;
+    static constexpr int VT_STRIDE = VT_BYTES + ONES_BYTES; // a stage's Vᵀ and ones
     static constexpr int OFF_K = Q_BYTES;
     static constexpr int OFF_V = OFF_K + KV_STAGES * K_BYTES;
     static constexpr int OFF_VT = OFF_V + KV_STAGES * V_BYTES;
-    static constexpr int SMEM_BYTES = 1024 + OFF_VT + KV_STAGES * VT_BYTES; // + alignment slack
+    static constexpr int SMEM_BYTES = 1024 + OFF_VT + KV_STAGES * VT_STRIDE; // + alignment slack
     static constexpr int QK_STEPS = D / 32;       // wgmma k32 steps of Q Kᵀ
     static constexpr int PV_STEPS = BLOCK_N / 32; // wgmma k32 steps of P Vᵀ
     static constexpr int O_REGS = D / 2;          // f32 accumulators per thread of 64 x D
@@ -346,7 +376,10 @@ struct Tiles {
     // change (checked on an H100 against the two-consumer kernel, 22 of 22 checksums).
     static constexpr bool PV_HALVES = D == 128 && CONSUMERS == 3;
     static constexpr int OT_REGS = PV_HALVES ? O_REGS / 2 : O_REGS;
-    static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_BYTES % 1024 == 0, "align");
+    // ROW_SUM_MMA: the last (or only) P·V's Ô has 4 more registers, the ones' 8 columns: a
+    // thread's OT_REGS + 2r is P̂·1 of its row g + 8r (and + 2r + 1 the same sum again).
+    static constexpr int OTL_REGS = OT_REGS + (ROW_SUM_MMA ? 4 : 0);
+    static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VT_STRIDE % 1024 == 0, "align");
     static_assert(!PV_HALVES || PINGPONG == 0,
                   "an entry of P·V in halves takes no turns of its own");
 };
@@ -372,6 +405,7 @@ __constant__ int SDPA_THREADS = Tiles<64>::THREADS;
 __constant__ int SDPA_THREADS_D128 = Tiles<128>::THREADS;
 __constant__ int SDPA_KV_STAGES = KV_STAGES;
 __constant__ int SDPA_KV_SPLIT = 1; // one chain of KV tiles per row (the emulation follows it)
+__constant__ int SDPA_ROW_SUM_MMA = ROW_SUM_MMA; // l as P·1 on the tensor cores (numerics.row_sum)
 __constant__ int SDPA_V_SWIZZLE = V_SWIZZLE; // the host swizzles V's tensor map like K's when 1
 __constant__ int SDPA_CAUSAL_HEADS_FIRST = CAUSAL_HEADS_FIRST; // causal grid: x is B·H (cta_work)
 // The rows of a unit of a mixed launch (cta_work), 0 where the entries do not mix.
@@ -687,6 +721,15 @@ __device__ __forceinline__ void transpose_v_ldsm(const u8* v, u8* vt, int ptid) 
     }
 }
 
+// ROW_SUM_MMA: the stage's 8 rows of e4m3 ones after its Vᵀ (1.0 is 0x38; the same bytes in
+// any swizzle), 8 bytes a producer thread, written once a CTA, before the stage's first fence
+// and vt_full arrival, and never again.
+template <class T>
+__device__ __forceinline__ void write_ones(u8* vt, int ptid) {
+    static_assert(T::ONES_BYTES == 8 * 128 && BLOCK_N == 128, "8 rows of 128 keys");
+    *(unsigned long long*)(vt + T::VT_BYTES + 8 * ptid) = 0x3838383838383838ull;
+}
+
 template <class T>
 __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc* tm_q,
                                          const TmaDesc* tm_k, const TmaDesc* tm_v, int nc,
@@ -720,11 +763,13 @@ __device__ __forceinline__ void producer(u8* smem, Barriers& bars, const TmaDesc
         TL_STAMP(0, j, 2);
 #if defined(DIAG_NO_TRANSPOSE)
 #elif TRANSPOSE_LDSM
-        transpose_v_ldsm<T>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES,
+        transpose_v_ldsm<T>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_STRIDE,
                             ptid);
 #else
-        transpose_v<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_BYTES, ptid);
+        transpose_v<D>(smem + T::OFF_V + s * T::V_BYTES, smem + T::OFF_VT + s * T::VT_STRIDE, ptid);
 #endif
+        if constexpr (ROW_SUM_MMA != 0)
+            if (j < KV_STAGES) write_ones<T>(smem + T::OFF_VT + s * T::VT_STRIDE, ptid);
 #ifndef MUTANT_NO_PROXY_FENCE
         fence_proxy_async_smem();
 #endif
@@ -849,6 +894,14 @@ __device__ __forceinline__ void row_maxima_int(const float (&sc)[S_REGS], float 
 // MASK: the tile holds a key past S_k or above the diagonal for some row of the CTA (a
 // compile-time choice: a run-time one is if-converted by ptxas into a select and a compare
 // per element on every tile, 19% of the loop's instructions at D 128).
+// Whether P·V's last wgmma sums l (ROW_SUM_MMA; not where MUTANT_NO_PROMOTION accumulates
+// into O itself, which keeps l in f32 as before): then the softmax sums no l.
+#ifdef MUTANT_NO_PROMOTION
+constexpr bool L_ON_TENSOR_CORES = false;
+#else
+constexpr bool L_ON_TENSOR_CORES = ROW_SUM_MMA != 0;
+#endif
+
 template <int D, bool CAUSAL, bool MASK, bool INT_MAXIMA>
 __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, int row0, int Sk,
                                              int diag, float qk_scale, float (&m)[2],
@@ -895,9 +948,9 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[S_REGS], int j, int t, 
                 if (MASK && x == NEG_INF) arg = NEG_INF;
                 x = exp2_approx(arg);
             }
-            sum += sc[4 * n + 2 * r] + sc[4 * n + 2 * r + 1];
+            if (!L_ON_TENSOR_CORES) sum += sc[4 * n + 2 * r] + sc[4 * n + 2 * r + 1];
         }
-        l[r] = l[r] * alpha[r] + sum;
+        if (!L_ON_TENSOR_CORES) l[r] = l[r] * alpha[r] + sum;
     }
 }
 
@@ -929,17 +982,51 @@ __device__ __forceinline__ void issue_qk(float (&sc)[S_REGS], WgmmaDesc q, Wgmma
 // Ô = P̂ Vᵀ, P̂ from the A fragments pa and the Vt tile's descriptor vt, into ot (issued and
 // committed, not waited for).
 // With PV_HALVES, the half `half` of the output dims: Vt rows 64 half .. (8 KB on).
-template <class T>
-__device__ __forceinline__ void issue_pv(float (&ot)[T::OT_REGS],
-                                         const unsigned (&pa)[T::PV_STEPS][4],
+// ROW_SUM_MMA: the last (or only) P·V, into an Ô of OTL_REGS (N = its dims + 8), reads the
+// stage's ones after Vᵀ's rows as well (the 8-row groups are 1 KB apart: Vᵀ's last is followed
+// by the ones).
+// Waits for the P·V just issued (the only wgmma group in flight) and ties its accumulators there.
+template <int N>
+__device__ __forceinline__ void pv_wait(float (&acc)[N]) {
+#ifdef MUTANT_EARLY_ACCUMULATOR_READ
+    wgmma_wait<1>();
+#else
+    wgmma_wait<0>();
+#endif
+    wgmma_hold(acc);
+}
+
+// O = O · alpha + Ô, in f32, for the half `half` of the dims (PV_HALVES; else 0); accumulator i
+// is row g + 8·((i >> 1) & 1). An Ô with l (N = OT_REGS + 4, ROW_SUM_MMA) also folds l the same
+// way: l = l · alpha + P̂·1.
+template <class T, int N>
+__device__ __forceinline__ void fold_pv(float (&o)[T::O_REGS], float (&l)[2], const float (&ot)[N],
+                                        const float (&alpha)[2], int half) {
+#pragma unroll
+    for (int i = 0; i < T::OT_REGS; ++i)
+        o[T::OT_REGS * half + i] = fmaf(o[T::OT_REGS * half + i], alpha[(i >> 1) & 1], ot[i]);
+    if constexpr (N > T::OT_REGS) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], ot[T::OT_REGS + 2 * r]);
+    }
+}
+
+template <class T, int N>
+__device__ __forceinline__ void issue_pv(float (&ot)[N], const unsigned (&pa)[T::PV_STEPS][4],
                                          WgmmaDesc vt, int half = 0) {
+    static_assert(N == T::OT_REGS || N == T::OT_REGS + 4, "Ô, or Ô and l");
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < T::PV_STEPS; ++kb) {
-        if constexpr (T::OT_REGS == 32)
-            wgmma_rs_n64(ot, pa[kb], vt.at(64 * BLOCK_N * half + 32 * kb), kb > 0);
+        const unsigned long long b = vt.at(64 * BLOCK_N * half + 32 * kb);
+        if constexpr (N == 32)
+            wgmma_rs_n64(ot, pa[kb], b, kb > 0);
+        else if constexpr (N == 36)
+            wgmma_rs_n72(ot, pa[kb], b, kb > 0);
+        else if constexpr (N == 64)
+            wgmma_rs_n128(ot, pa[kb], b, kb > 0);
         else
-            wgmma_rs_n128(ot, pa[kb], vt.at(32 * kb), kb > 0);
+            wgmma_rs_n136(ot, pa[kb], b, kb > 0);
     }
     wgmma_commit();
 }
@@ -1004,7 +1091,7 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     };
     auto vt_ready = [&](int j) {
         mbar_wait(&bars.vt_full[j % KV_STAGES], (j / KV_STAGES) & 1);
-        return WgmmaDesc{vt_desc0.lo + (((j % KV_STAGES) * T::VT_BYTES) >> 4), vt_desc0.hi};
+        return WgmmaDesc{vt_desc0.lo + (((j % KV_STAGES) * T::VT_STRIDE) >> 4), vt_desc0.hi};
     };
     // The row maxima as integers (INT_ROWMAX, row_maxima_int) in the functions without turns of
     // their own but the D 128 causal entry: the D 128 companion, with turns, measured 3% slower
@@ -1019,10 +1106,13 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     };
     // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1). With PV_HALVES, Ô
     // of the half `half` of the dims: O's accumulators 32 half .. (its 8-column groups 8 half ..).
-    auto update_o = [&](const float (&ot)[T::OT_REGS], const float (&alpha)[2], int half = 0) {
-#pragma unroll
-        for (int i = 0; i < T::OT_REGS; ++i)
-            o[T::OT_REGS * half + i] = fmaf(o[T::OT_REGS * half + i], alpha[(i >> 1) & 1], ot[i]);
+    // With ROW_SUM_MMA the last Ô's 4 more registers carry P̂·1: l = l · alpha + that, the same
+    // fma as O's.
+    auto update_o = [&](const float (&ot)[T::OT_REGS], const float (&alpha)[2], int half) {
+        fold_pv<T>(o, l, ot, alpha, half);
+    };
+    auto update_ol = [&](const float (&otl)[T::OTL_REGS], const float (&alpha)[2], int half) {
+        fold_pv<T>(o, l, otl, alpha, half);
     };
     // The tiles below n_full need no mask: every key is below S_k and, causal, at or below the
     // diagonal of the CTA's first row; the tiles from n_full on (the last, and causal the
@@ -1078,30 +1168,32 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         wgmma_hold(o);
         mbar_arrive(&bars.empty[j % KV_STAGES]);
 #else
-        float ot[T::OT_REGS];
-        auto pv_wait = [&]() { // Ô ended
-#ifdef MUTANT_EARLY_ACCUMULATOR_READ
-            wgmma_wait<1>();
-#else
-            wgmma_wait<0>();
-#endif
-            wgmma_hold(ot);
-        };
+        // Ô of the first half (PV_HALVES) and Ô with l (OTL_REGS) of the last or only P·V.
+        float otl[T::OTL_REGS];
         turn_wait<PP>(c, TURN_PV, turns);
-        issue_pv<T>(ot, pa, vt_desc);
-        turn_pass<PP>(turns, TURN_PV, last);
-        pv_wait();
-        TL_STAMP(1 + c, j, 5);
         if constexpr (T::PV_HALVES) { // the first half's Ô added, then the second half's (after
                                       // the turn, where the launch takes turns)
+            // The first half's Ô in the registers of the second's, as before ROW_SUM_MMA (the
+            // wgmma's "+f" operands keep the registers they are given live from its issue; a
+            // fresh array for the second half spilled 4-8 bytes in the D 128 entries at st2,
+            // NVRTC 13.0, with either ROW_SUM_MMA).
+            float(&ot)[T::OT_REGS] = reinterpret_cast<float(&)[T::OT_REGS]>(otl);
+            issue_pv<T>(ot, pa, vt_desc);
+            turn_pass<PP>(turns, TURN_PV, last);
+            pv_wait(ot);
+            TL_STAMP(1 + c, j, 5);
             update_o(ot, alpha, 0);
-            issue_pv<T>(ot, pa, vt_desc, 1);
-            pv_wait();
+            issue_pv<T>(otl, pa, vt_desc, 1);
+            pv_wait(otl);
             mbar_arrive(&bars.empty[j % KV_STAGES]);
-            update_o(ot, alpha, 1);
+            update_ol(otl, alpha, 1);
         } else {
+            issue_pv<T>(otl, pa, vt_desc);
+            turn_pass<PP>(turns, TURN_PV, last);
+            pv_wait(otl);
+            TL_STAMP(1 + c, j, 5);
             mbar_arrive(&bars.empty[j % KV_STAGES]);
-            update_o(ot, alpha);
+            update_ol(otl, alpha, 0);
         }
 #endif
         TL_STAMP(1 + c, j, 6);
@@ -1123,10 +1215,13 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
     if (ctid == 0) SP_STAMP(SP_CK_LAST + c, clock64());
 
     // Epilogue: l over the quad, O · v_scale / l (0 for a row that saw no key), f16 stores.
+    // (With l on the tensor cores every thread of a quad already holds its rows' whole l.)
+    if (!L_ON_TENSOR_CORES) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        for (int r = 0; r < 2; ++r) {
+            l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        }
     }
     const float inv[2] = {l[0] > 0.f ? v_scale / l[0] : 0.f, l[1] > 0.f ? v_scale / l[1] : 0.f};
     __half* o_bh = out + (size_t)bh * Sq * D;

@@ -853,8 +853,12 @@ mod tests {
         };
         let mut device = FakeDevice::new(false);
         device.load(&Problem::new(&shape(16), 0)).unwrap();
-        // Quick launches keep the plan's 5 rounds of 8.
-        assert_eq!(warm_up(&mut device, &plan).unwrap(), plan);
+        // Quick launches keep the plan's rounds: 20 of 2 samples would change only for launches
+        // of more than 10 ms (the fake's take microseconds; the margin keeps this test free of
+        // the machine's load: a plan of 5 rounds of 8, which changes past 2.5 ms, failed once in
+        // a full parallel test run).
+        let fine = TimingPlan { rounds: 20, ..plan };
+        assert_eq!(warm_up(&mut device, &fine).unwrap(), fine);
         // 4 ms a launch: 5 a block (20 ms), at least 8 rounds; the samples stay 40.
         device.warm_up_launch = std::time::Duration::from_millis(4);
         let long = warm_up(&mut device, &plan).unwrap();

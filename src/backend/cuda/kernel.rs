@@ -11,7 +11,7 @@ use super::nvrtc::{self, Compiled};
 use super::revision;
 use super::variant::VariantSpec;
 use crate::backend::BackendError;
-use crate::kernels::{Abi, KernelSpec, Param};
+use crate::kernels::{Abi, KernelSpec, Param, RowSum};
 use crate::report::sha256_hex;
 use crate::rows::{MAX_QUERY_TILE, MIN_QUERY_TILE};
 use crate::schema::KernelRef;
@@ -457,17 +457,31 @@ fn tiles_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
 
 /// Why the numerics a module publishes are not the ones its manifest entry describes, which
 /// the emulation and the error model follow: its rescale threshold (SDPA_RESCALE_THRESHOLD, 0
-/// where the module publishes none). A build with another `RESCALE_THRESHOLD` computes other
-/// bits than its emulation would; it needs a manifest entry of its own (`--kernel FILE`).
+/// where the module publishes none), and whether l is P·1 on the tensor cores
+/// (SDPA_ROW_SUM_MMA, where published, against `numerics.row_sum = "mma"`). A build with
+/// another `RESCALE_THRESHOLD` or `ROW_SUM_MMA` computes other bits than its emulation would;
+/// it needs a manifest entry of its own (`--kernel FILE`).
 fn numerics_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
+    const FIX: &str = "describe that build in a manifest of its own (--kernel FILE), or take a \
+                       base from git (--base-kernel git:REV), which that revision's manifest \
+                       describes";
     let want = spec.numerics.rescale_threshold;
-    (c.rescale_threshold != want).then(|| {
-        format!(
+    if c.rescale_threshold != want {
+        return Some(format!(
             "the kernel publishes SDPA_RESCALE_THRESHOLD={}, but cuda/kernels.toml describes `{}` \
              with numerics.rescale_threshold {want}, which the emulation and the error model \
-             follow; describe that build in a manifest of its own (--kernel FILE), or take a \
-             base from git (--base-kernel git:REV), which that revision's manifest describes",
+             follow; {FIX}",
             c.rescale_threshold, spec.name
+        ));
+    }
+    let described = spec.numerics.row_sum == RowSum::Mma;
+    c.row_sum_mma.filter(|&mma| mma != described).map(|mma| {
+        format!(
+            "the kernel publishes SDPA_ROW_SUM_MMA={}, but cuda/kernels.toml describes `{}` with \
+             numerics.row_sum \"{}\", which the emulation and the error model follow; {FIX}",
+            u8::from(mma),
+            spec.name,
+            spec.numerics.row_sum.name()
         )
     })
 }
@@ -696,6 +710,16 @@ mod tests {
             forbidden_message(divergent, &codes(&["C7514", "C7517"])),
             None
         );
+        // ptxas 13's words where the accumulators leave too few registers for the pipeline
+        // (Stage D's D 128 entry with ROW_SUM_MMA=1, NVRTC 13.0).
+        let starved = "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async \
+                       instructions are serialized due to insufficient register resources for \
+                       the wgmma pipeline in the function 'sdpa_fp8_stage_d_wgmma_d128'\n";
+        assert!(forbidden_message(starved, &codes(&["C7511", "C7514"])).is_some());
+        assert_eq!(
+            forbidden_message(starved, &codes(&["C7514", "C7518"])),
+            None
+        );
     }
 
     #[test]
@@ -757,6 +781,43 @@ mod tests {
         c.rescale_threshold = published.rescale_threshold;
         assert_eq!(numerics_mismatch(&c, stage_c), None);
         assert!(numerics_mismatch(&c, stage_d).is_some());
+    }
+
+    #[test]
+    fn a_row_sum_on_the_tensor_cores_the_manifest_does_not_describe_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/kernels.toml");
+        let manifest = crate::kernels::Manifest::load(&path).unwrap();
+        let stage_c = manifest.get("stage-c").unwrap();
+        let stage_d = manifest.get("stage-d").unwrap();
+        let ptx = |v: u32| {
+            format!(
+                ".const .align 4 .u32 SDPA_BLOCK_M = 192;\n.const .align 4 .u32 SDPA_BLOCK_N = 128;\n\
+                 .const .align 4 .b32 SDPA_THREADS = 512;\n\
+                 .const .align 4 .u32 SDPA_SMEM_BYTES_D64 = 1;\n\
+                 .const .align 4 .u32 SDPA_SMEM_BYTES_D128 = 1;\n\
+                 .const .align 4 .u32 SDPA_KV_STAGES = 2;\n\
+                 .const .align 4 .b32 SDPA_ROW_SUM_MMA = {v};\n"
+            )
+        };
+        let read = |v| KernelConstants::from_ptx(&ptx(v), "SDPA_KV_STAGES").unwrap();
+        // Stage D's manifest sums l from the f32 P: a module that says so runs, one built with
+        // ROW_SUM_MMA=1 is refused, naming both sides.
+        assert_eq!(read(0).row_sum_mma, Some(false));
+        assert_eq!(numerics_mismatch(&read(0), stage_d), None);
+        let why = numerics_mismatch(&read(1), stage_d).expect("f32-p in the manifest");
+        assert!(
+            why.contains("SDPA_ROW_SUM_MMA=1") && why.contains("numerics.row_sum \"f32-p\""),
+            "{why}"
+        );
+        // Stage C's manifest says "mma": a module that publishes 0 is refused, one that
+        // publishes nothing (Stage C's own) is not judged by it.
+        let mut c = read(0);
+        c.rescale_threshold = 8;
+        assert!(numerics_mismatch(&c, stage_c).is_some_and(|w| w.contains("\"mma\"")));
+        c.row_sum_mma = None;
+        assert_eq!(numerics_mismatch(&c, stage_c), None);
+        c.row_sum_mma = Some(true);
+        assert_eq!(numerics_mismatch(&c, stage_c), None);
     }
 
     #[test]

@@ -105,6 +105,12 @@ pub struct KernelConstants {
     /// manifest's `numerics.rescale_threshold` (backend/cuda/kernel.rs `numerics_mismatch`).
     #[serde(default)]
     pub rescale_threshold: u32,
+    /// Whether l is P·1 on the tensor cores (`SDPA_ROW_SUM_MMA`, Stage D's switch since stop
+    /// 64; absent: the module does not say, as Stage C's and every older module), which must
+    /// agree with the manifest's `numerics.row_sum` (backend/cuda/kernel.rs
+    /// `numerics_mismatch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_sum_mma: Option<bool>,
 }
 
 impl KernelConstants {
@@ -144,6 +150,7 @@ impl KernelConstants {
                 .is_some_and(|v| v != 0),
             mixed_unit_rows: ptx_constant_opt(ptx, "SDPA_MIXED_UNIT_ROWS")?.unwrap_or(0),
             rescale_threshold: ptx_constant_opt(ptx, "SDPA_RESCALE_THRESHOLD")?.unwrap_or(0),
+            row_sum_mma: ptx_constant_opt(ptx, "SDPA_ROW_SUM_MMA")?.map(|v| v != 0),
         })
     }
 

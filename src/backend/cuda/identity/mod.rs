@@ -351,6 +351,7 @@ mod tests {
                 causal_heads_first: false,
                 mixed_unit_rows: 0,
                 rescale_threshold: 0,
+                row_sum_mma: None,
             },
             ptxas: clean.clone(),
             driver: None,
