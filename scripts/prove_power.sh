@@ -15,8 +15,12 @@
 #   scripts/prove_power.sh PHASE OUT [RUNS] [FLOORS]
 #     RUNS: floors 10, aa 20, planted 20 (per shape); FLOORS: the floors file aa and planted
 #     judge with [default: OUT/noise_floors.json if it exists, else gates/noise_floors.json].
-#   Environment: SHAPES (floors, aa) [mission,large,llama-prefill], TARGETS (planted)
-#     ["mission:1.0 large:0.5 llama-prefill:0.5"], SIZE_RUNS gate runs per sizing step [3].
+#   Environment: KERNEL [stage-c] (stage-d: Stage D's source, its st2/st3 variants, and the delay
+#     planted per KV_STAGES), SHAPES (floors, aa) [mission,large,llama-prefill], TARGETS (planted)
+#     ["mission:1.0 large:0.5 llama-prefill:0.5"], SIZE_RUNS gate runs per sizing step [3],
+#     SIZE_STEPS sizing steps [4] (0: none, the delays are START_CYCLES'), START_CYCLES the
+#     first step's delays of the baseline and the candidate variant ["1000 1000"], MAX_RUN_S the
+#     longest a gate run may take for the planted criteria [30].
 # Every run is the PR gate as CI runs it: --seeds 0,1,2, default timing; with
 # CHECK_ROWS=sampled (the default here: a device call is 10 minutes) its correctness checks
 # sample rows, every query tile on the diagonal included; the timing is the same. Uses $SDPA_RUNNER_BIN
@@ -27,7 +31,14 @@ runner=${SDPA_RUNNER_BIN:-./target/release/sdpa-runner}
 phase=${1:?usage: scripts/prove_power.sh floors|aa|planted|all OUT [RUNS] [FLOORS]}
 out=${2:?usage: scripts/prove_power.sh PHASE OUT [RUNS] [FLOORS]}
 runs_arg=${3:-}
-kernel=cuda/sdpa_fp8_stage_c_mma.cu
+case ${KERNEL:-stage-c} in
+  stage-c) kernel=cuda/sdpa_fp8_stage_c_mma.cu variants="cp0 cp1" switch="USE_CP_ASYNC" ;;
+  stage-d) kernel=cuda/sdpa_fp8_stage_d_wgmma.cu variants="st2 st3" switch="KV_STAGES == 3" ;;
+  *) echo "KERNEL is stage-c or stage-d, not ${KERNEL}" >&2; exit 2 ;;
+esac
+# A copy of the source keeps its file name (in a folder of its own), so that `--kernel FILE`
+# takes that kernel's manifest entry (cuda/kernels.toml: a file is described by its name).
+copy_of() { mkdir -p "$out/kernels/$1" && echo "$out/kernels/$1/$(basename "$kernel")"; }
 check_rows=${CHECK_ROWS:-sampled}
 shapes=${SHAPES:-mission,large,llama-prefill}
 targets=${TARGETS:-"mission:1.0 large:0.5 llama-prefill:0.5"}
@@ -61,9 +72,9 @@ gate_run() {
 
 # The mean slowdown (%) of each variant against its base twin over the runs in a folder.
 effects() {
-  python3 - "$1" <<'PY'
+  python3 - "$1" $variants <<'PY'
 import glob, json, sys
-e = {"cp0": [], "cp1": []}
+e = {v: [] for v in sys.argv[2:]}
 for p in glob.glob(sys.argv[1] + "/*/perf.json"):
     for c in json.load(open(p))["comparisons"]:
         if c.get("pair") == "base_kernel":
@@ -72,8 +83,8 @@ print(" ".join(f"{sum(v) / len(v):.4f}" if v else "nan" for v in e.values()))
 PY
 }
 
-planted_source() { # cycles for cp0, cp1, file
-  { printf '#if USE_CP_ASYNC\n#define SDPA_DELAY_CYCLES %s\n#else\n#define SDPA_DELAY_CYCLES %s\n#endif\n' "$2" "$1"
+planted_source() { # cycles for the baseline variant, the candidate variant, file
+  { printf '#if %s\n#define SDPA_DELAY_CYCLES %s\n#else\n#define SDPA_DELAY_CYCLES %s\n#endif\n' "$switch" "$2" "$1"
     cat "$kernel"; } >"$3"
 }
 
@@ -88,9 +99,11 @@ phase_floors() {
 phase_aa() {
   local n=${runs_arg:-20}
   pick_floors
-  cp "$kernel" "$out/kernels/copy.cu" # the same bytes at another path: SAME CODE
+  local copy
+  copy=$(copy_of aa)
+  cp "$kernel" "$copy" # the same bytes at another path: SAME CODE
   rm -rf "$out/aa.runs" "$out/runs/aa"
-  for i in $(seq "$n"); do gate_run "$out/kernels/copy.cu" "$shapes" "$out/runs/aa" aa; done
+  for i in $(seq "$n"); do gate_run "$copy" "$shapes" "$out/runs/aa" aa; done
   table aa
 }
 
@@ -106,12 +119,15 @@ phase_planted() {
     # SIZE_RUNS gate runs (one run's effect on mission moves by a timer tick, 0.34%), and the
     # steps aim 5% above the target: the H200's sizing from one run per step undershot to 0.83%
     # of a 1% target, and the table requires the planted mean within 0.9-1.2x of the target.
-    local c0=1000 c1=1000 p0="" p1="" size_runs=${SIZE_RUNS:-3}
+    local c0 c1 p0="" p1="" size_runs=${SIZE_RUNS:-3}
+    read -r c0 c1 <<<"${START_CYCLES:-1000 1000}"
     rm -rf "$out/size-$s.runs" "$out/runs/size-$s-"* "$out/slow-$s.runs" "$out/runs/slow-$s"
-    for step in 1 2 3 4; do
-      planted_source "$c0" "$c1" "$out/kernels/size-$s-$step.cu"
+    for step in $(seq "${SIZE_STEPS:-4}"); do
+      local sized
+      sized=$(copy_of "size-$s-$step")
+      planted_source "$c0" "$c1" "$sized"
       for _ in $(seq "$size_runs"); do
-        gate_run "$out/kernels/size-$s-$step.cu" "$s" "$out/runs/size-$s-$step" "size-$s"
+        gate_run "$sized" "$s" "$out/runs/size-$s-$step" "size-$s"
       done
       read -r e0 e1 < <(effects "$out/runs/size-$s-$step")
       read -r n0 n1 < <(python3 -c "
@@ -125,19 +141,22 @@ def next(c, e, prev):
             return max(1, round(c + (t - e) * (pc - c) / (pe - e)))
     return max(1, round(c * t / e))
 print(next($c0, float('$e0'), '$p0'), next($c1, float('$e1'), '$p1'))")
-      echo "$s sizing step $step: delay cp0 $c0 cp1 $c1 cycles measured cp0 ${e0}% cp1 ${e1}%; next cp0 $n0 cp1 $n1" | tee -a "$out/plan.txt"
+      echo "$s sizing step $step: delay ${variants% *} $c0 ${variants#* } $c1 cycles measured ${e0}% ${e1}%; next $n0 $n1" | tee -a "$out/plan.txt"
       p0=$c0/$e0 p1=$c1/$e1 c0=$n0 c1=$n1
     done
-    planted_source "$c0" "$c1" "$out/kernels/slow-$s.cu"
-    for i in $(seq "$n"); do gate_run "$out/kernels/slow-$s.cu" "$s" "$out/runs/slow-$s" "slow-$s"; done
+    local slow
+    slow=$(copy_of "slow-$s")
+    planted_source "$c0" "$c1" "$slow"
+    for i in $(seq "$n"); do gate_run "$slow" "$s" "$out/runs/slow-$s" "slow-$s"; done
   done
   table planted
 }
 
 table() {
-  python3 - "$out" "$1" "$floors" "$targets" "$shapes" <<'PY'
+  python3 - "$out" "$1" "$floors" "$targets" "$shapes" "${MAX_RUN_S:-30}" <<'PY'
 import glob, json, statistics, sys
 out, kind, floors = sys.argv[1], sys.argv[2], sys.argv[3]
+max_run_ms = 1000 * int(sys.argv[6])
 targets, shapes = dict(t.split(":") for t in sys.argv[4].split()), sys.argv[5].split(",")
 def measured(cs):
     # A verdict judged by the constant (no floor measured for this GPU and shape) proves nothing here.
@@ -192,13 +211,13 @@ else:
         rate = slower / len(sc)
         mean = statistics.mean(-c["speedup_pct"] for c in sc)
         # Caught often enough, in short runs, and the size claimed (within -10%..+20%).
-        ok &= (rate >= 0.95 and len(sc) >= 40 and max(s for _, s in rs) <= 30000
+        ok &= (rate >= 0.95 and len(sc) >= 40 and max(s for _, s in rs) <= max_run_ms
                and 0.9 * float(target) <= mean <= 1.2 * float(target) and all(r == 1 for r, _ in rs) and measured(sc))
         print(f"{shape:14} {float(target):8.2f} {mean:17.3f} {sc[0]['noise_floor_pct']:8.3f} {len(sc):11d} {slower:6d} {100*rate:5.1f}% "
               f"{sum(r == 1 for r, _ in rs):3d}/{len(rs):<3d}{max(s for _, s in rs) / 1000:9.1f}")
         lo = min(-c["speedup_pct"] for c in sc); hi = max(-c["speedup_pct"] for c in sc)
         print(f"{'':14} per comparison measured {lo:.3f}..{hi:.3f}%")
-    print("criteria (a measured floor; planted measuring 0.9-1.2x its target, caught as SLOWER in >= 95% of >= 40 comparisons per shape, every gate exit 1, runs <= 30 s):", "MET" if ok else "NOT MET")
+    print(f"criteria (a measured floor; planted measuring 0.9-1.2x its target, caught as SLOWER in >= 95% of >= 40 comparisons per shape, every gate exit 1, runs <= {max_run_ms // 1000} s):", "MET" if ok else "NOT MET")
 sys.exit(0 if ok else 1)
 PY
 }
