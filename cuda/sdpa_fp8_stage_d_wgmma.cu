@@ -52,7 +52,8 @@
 //     bits; change 28 at D 128: 1-3%; that they stay apart is inferred from the time, not
 //     traced).
 //     Without turns, a consumer whose rows all lie past S_q only releases each stage.
-//   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does); the end
+//   Row sum l is summed from the f32 P before rounding (as FlashAttention-3 does; ROW_SUM_MMA=1,
+//   off, would take it as P̂·1 on the tensor cores instead: the switch list); the end
 //   writes f16(O · v_scale / l), zero where l = 0, through the consumer's Q tile (STAGED_O).
 //
 // Shared memory (dynamic, base aligned to 1024 bytes; every tile starts at a multiple of 1024):
@@ -175,10 +176,12 @@
 //                   spills 12 and 24 bytes in D 64's entries at st2 (4 more accumulators at 160
 //                   registers), and ptxas serializes the D 128 entry's wgmma pipeline (C7511,
 //                   insufficient registers: st2 under NVRTC 13.0, st2 and st3 under the
-//                   device's nvcc), which made it 8-9% slower than 0 on unmasked D 128
-//                   problems in the probe, 2% faster causal and 2-4% faster at D 64
+//                   device's nvcc), which made it 5-9% slower than 0 on unmasked D 128
+//                   problems in the probe and 2-3% faster causal; at D 64 1.5-3.6% faster at
+//                   st2, not from the sums (dropping them bought nothing there); and at st3
+//                   D 128 needs 176,240 bytes of shared memory, over the manifest's 173,168
 //                   (docs/PERF.md "Stage D, stop 64"). 0 builds the same SASS as before the
-//                   switch (NVRTC 13.0, all 12 functions, st2 and st3).
+//                   switch (NVRTC 13.0, the 6 functions of st2 and of st3).
 //   DIAG_TIMELINE=X  diagnostic, never in normal builds: thread 0 of each warpgroup of CTA
 //                   (X, 0) of the grid (causal: head X's last query tile) stamps clock64() at
 //                   each step of its first TL_TILES tiles into sdpa_timeline, which

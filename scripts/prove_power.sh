@@ -31,7 +31,8 @@ runner=${SDPA_RUNNER_BIN:-./target/release/sdpa-runner}
 phase=${1:?usage: scripts/prove_power.sh floors|aa|planted|all OUT [RUNS] [FLOORS]}
 out=${2:?usage: scripts/prove_power.sh PHASE OUT [RUNS] [FLOORS]}
 runs_arg=${3:-}
-case ${KERNEL:-stage-c} in
+kname=${KERNEL:-stage-c}
+case $kname in
   stage-c) kernel=cuda/sdpa_fp8_stage_c_mma.cu variants="cp0 cp1" switch="USE_CP_ASYNC" ;;
   stage-d) kernel=cuda/sdpa_fp8_stage_d_wgmma.cu variants="st2 st3" switch="KV_STAGES == 3" ;;
   *) echo "KERNEL is stage-c or stage-d, not ${KERNEL}" >&2; exit 2 ;;
@@ -42,6 +43,7 @@ copy_of() { mkdir -p "$out/kernels/$1" && echo "$out/kernels/$1/$(basename "$ker
 check_rows=${CHECK_ROWS:-sampled}
 shapes=${SHAPES:-mission,large,llama-prefill}
 targets=${TARGETS:-"mission:1.0 large:0.5 llama-prefill:0.5"}
+case ${MAX_RUN_S:-30} in ''|*[!0-9]*) echo "MAX_RUN_S is a whole number of seconds, not '${MAX_RUN_S}'" >&2; exit 2 ;; esac
 mkdir -p "$out/kernels" "$out/logs"
 floors=${4:-}
 pick_floors() {
@@ -91,7 +93,7 @@ planted_source() { # cycles for the baseline variant, the candidate variant, fil
 phase_floors() {
   local n=${runs_arg:-10}
   cp gates/noise_floors.json "$out/noise_floors.json"
-  "$runner" noise --paired --processes "$n" --shapes "$shapes" --floors "$out/noise_floors.json" \
+  "$runner" noise --paired --kernel "$kname" --processes "$n" --shapes "$shapes" --floors "$out/noise_floors.json" \
     >"$out/logs/floors.log" 2>&1 || { tail -n 20 "$out/logs/floors.log"; exit 1; }
   grep -A10 "in-run noise floors" "$out/logs/floors.log"
 }
@@ -120,7 +122,12 @@ phase_planted() {
     # steps aim 5% above the target: the H200's sizing from one run per step undershot to 0.83%
     # of a 1% target, and the table requires the planted mean within 0.9-1.2x of the target.
     local c0 c1 p0="" p1="" size_runs=${SIZE_RUNS:-3}
-    read -r c0 c1 <<<"${START_CYCLES:-1000 1000}"
+    local extra
+    read -r c0 c1 extra <<<"${START_CYCLES:-1000 1000}"
+    if [ -n "$extra" ] || ! [[ $c0 =~ ^[0-9]+$ && $c1 =~ ^[0-9]+$ ]]; then
+      echo "START_CYCLES is two whole numbers of cycles (the baseline's, the candidate's), not '${START_CYCLES}'" >&2
+      exit 2
+    fi
     rm -rf "$out/size-$s.runs" "$out/runs/size-$s-"* "$out/slow-$s.runs" "$out/runs/slow-$s"
     for step in $(seq "${SIZE_STEPS:-4}"); do
       local sized
@@ -141,7 +148,7 @@ def next(c, e, prev):
             return max(1, round(c + (t - e) * (pc - c) / (pe - e)))
     return max(1, round(c * t / e))
 print(next($c0, float('$e0'), '$p0'), next($c1, float('$e1'), '$p1'))")
-      echo "$s sizing step $step: delay ${variants% *} $c0 ${variants#* } $c1 cycles measured ${e0}% ${e1}%; next $n0 $n1" | tee -a "$out/plan.txt"
+      echo "$s sizing step $step: delay ${variants% *} $c0 ${variants#* } $c1 cycles measured ${variants% *} ${e0}% ${variants#* } ${e1}%; next ${variants% *} $n0 ${variants#* } $n1" | tee -a "$out/plan.txt"
       p0=$c0/$e0 p1=$c1/$e1 c0=$n0 c1=$n1
     done
     local slow

@@ -817,6 +817,16 @@ mod tests {
         for code in ["C7511", "C7514", "C7517", "C7518"] {
             assert!(d.ptxas_must_not_say.iter().any(|c| c == code), "{code}");
         }
+        // Stage D says how it sums l (its ROW_SUM_MMA switch), so that a build the manifest
+        // does not describe is refused (backend/cuda/kernel.rs `numerics_mismatch`): a source
+        // that stopped publishing it would be judged by nothing.
+        let stage_d = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("cuda")
+                .join(&d.source),
+        )
+        .unwrap();
+        assert!(stage_d.contains("__constant__ int SDPA_ROW_SUM_MMA = ROW_SUM_MMA;"));
         let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
         for k in &m.kernels {
             let text = std::fs::read_to_string(cuda.join(&k.source)).unwrap();
