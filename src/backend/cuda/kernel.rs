@@ -476,9 +476,18 @@ fn numerics_mismatch(c: &KernelConstants, spec: &KernelSpec) -> Option<String> {
     }
     let described = spec.numerics.row_sum == RowSum::Mma;
     c.row_sum_mma.filter(|&mma| mma != described).map(|mma| {
+        // Where only the row sum differs from numerics a manifest may not pair with "mma",
+        // no manifest can describe the build yet: say so rather than send the user to one.
+        let fix = if mma && !spec.numerics.is_stage_c(spec.tiles.block_n) {
+            "no manifest can describe that build yet: numerics.row_sum \"mma\" is accepted only \
+             with Stage C's other numerics, as the FP8 error model sums l in f32 \
+             (src/kernels.rs, src/reference/model.rs); build it without ROW_SUM_MMA"
+        } else {
+            FIX
+        };
         format!(
             "the kernel publishes SDPA_ROW_SUM_MMA={}, but cuda/kernels.toml describes `{}` with \
-             numerics.row_sum \"{}\", which the emulation and the error model follow; {FIX}",
+             numerics.row_sum \"{}\", which the emulation and the error model follow; {fix}",
             u8::from(mma),
             spec.name,
             spec.numerics.row_sum.name()
@@ -806,14 +815,19 @@ mod tests {
         assert_eq!(numerics_mismatch(&read(0), stage_d), None);
         let why = numerics_mismatch(&read(1), stage_d).expect("f32-p in the manifest");
         assert!(
-            why.contains("SDPA_ROW_SUM_MMA=1") && why.contains("numerics.row_sum \"f32-p\""),
+            why.contains("SDPA_ROW_SUM_MMA=1")
+                && why.contains("numerics.row_sum \"f32-p\"")
+                && why.contains("no manifest can describe that build yet"),
             "{why}"
         );
         // Stage C's manifest says "mma": a module that publishes 0 is refused, one that
         // publishes nothing (Stage C's own) is not judged by it.
         let mut c = read(0);
         c.rescale_threshold = 8;
-        assert!(numerics_mismatch(&c, stage_c).is_some_and(|w| w.contains("\"mma\"")));
+        assert!(
+            numerics_mismatch(&c, stage_c)
+                .is_some_and(|w| w.contains("\"mma\"") && w.contains("--kernel FILE"))
+        );
         c.row_sum_mma = None;
         assert_eq!(numerics_mismatch(&c, stage_c), None);
         c.row_sum_mma = Some(true);
