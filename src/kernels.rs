@@ -759,6 +759,17 @@ mod tests {
     }
 
     #[test]
+    fn a_row_sums_name_is_the_manifests_own_spelling() {
+        // Messages quote `name()` back at the manifest's author: it must be what serde reads.
+        for r in [RowSum::RoundedP, RowSum::F32P, RowSum::Mma] {
+            assert_eq!(
+                serde_json::to_string(&r).unwrap(),
+                format!("\"{}\"", r.name())
+            );
+        }
+    }
+
+    #[test]
     fn each_abi_lists_the_parameters_its_entries_take_in_order() {
         use Param::{Map, Scalar};
         let pointers = Abi::Pointers.params();
