@@ -1107,16 +1107,6 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
         else
             softmax_tile<D, CAUSAL, false, INT_MAXIMA>(sc, j, t, row0, Sk, diag, qk_scale, m, l, alpha);
     };
-    // O = O · alpha + Ô, in f32; accumulator i is row g + 8·((i >> 1) & 1). With PV_HALVES, Ô
-    // of the half `half` of the dims: O's accumulators 32 half .. (its 8-column groups 8 half ..).
-    // With ROW_SUM_MMA the last Ô's 4 more registers carry P̂·1: l = l · alpha + that, the same
-    // fma as O's.
-    auto update_o = [&](const float (&ot)[T::OT_REGS], const float (&alpha)[2], int half) {
-        fold_pv<T>(o, l, ot, alpha, half);
-    };
-    auto update_ol = [&](const float (&otl)[T::OTL_REGS], const float (&alpha)[2], int half) {
-        fold_pv<T>(o, l, otl, alpha, half);
-    };
     // The tiles below n_full need no mask: every key is below S_k and, causal, at or below the
     // diagonal of the CTA's first row; the tiles from n_full on (the last, and causal the
     // diagonal's) are masked per element. `masked` is a constant at each call of a step, so each
@@ -1185,18 +1175,18 @@ __device__ __forceinline__ void consumer(u8* smem, Barriers& bars, int c, int nc
             turn_pass<PP>(turns, TURN_PV, last);
             pv_wait(ot);
             TL_STAMP(1 + c, j, 5);
-            update_o(ot, alpha, 0);
+            fold_pv<T>(o, l, ot, alpha, 0);
             issue_pv<T>(otl, pa, vt_desc, 1);
             pv_wait(otl);
             mbar_arrive(&bars.empty[j % KV_STAGES]);
-            update_ol(otl, alpha, 1);
+            fold_pv<T>(o, l, otl, alpha, 1);
         } else {
             issue_pv<T>(otl, pa, vt_desc);
             turn_pass<PP>(turns, TURN_PV, last);
             pv_wait(otl);
             TL_STAMP(1 + c, j, 5);
             mbar_arrive(&bars.empty[j % KV_STAGES]);
-            update_ol(otl, alpha, 0);
+            fold_pv<T>(o, l, otl, alpha, 0);
         }
 #endif
         TL_STAMP(1 + c, j, 6);
