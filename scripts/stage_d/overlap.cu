@@ -4,7 +4,9 @@
 // sets, one group in flight), WGs 1-2 run ex2.approx over 8 independent chains a thread (NE a
 // thread). Modes: G (WG 0 alone), E (WGs 1-2 alone), GE (all three). Cycles are the clock64()
 // spans of each CTA's WG 0 and WG 1, averaged over CTAs: a wgmma's cycles, and an ex2's per warp
-// on its SM sub-partition (2 warps a sub-partition).
+// on its SM sub-partition (2 warps a sub-partition). In GE the exponentials outlast the wgmma: WG
+// 1's figure averages in those that ran alone after WG 0 ended (docs/PERF.md "Stage D, stop 65"
+// separates the two).
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/overlap scripts/stage_d/overlap.cu && /tmp/overlap
 // docs/PERF.md "Stage D, stop 65" has its H100 figures.
 #include <cstdio>

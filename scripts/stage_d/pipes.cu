@@ -1,9 +1,14 @@
 // pipes.cu — which of the softmax's instructions share a pipe on sm_90: MUFU.EX2
 // (ex2.approx), the conversion of P to e4m3 pairs (F2FP.SATFINITE.E4M3.F32.PACK_AB) and FFMA.
-// Each kernel runs ITERS rounds of independent chains per thread (2,048 threads an SM); the host
-// prints the time and the warp-instructions per SM per cycle (at cudaDevAttrClockRate's clock: an
-// estimate). Two pipes are shared where a kernel of both takes the sum of the two alone, apart
-// where it takes the larger. The "control" kernels run the conversions' integer work alone.
+// Each kernel runs ITERS rounds of independent chains per thread (blocks of 512, four an SM's
+// worth); the host prints the time and the warp-instructions per SM per cycle (at
+// cudaDevAttrClockRate's clock: an estimate). Two pipes are shared where a kernel of both takes the
+// sum of the two alone, apart where it takes the larger. The conversions' inputs come from integer
+// work on their running sums (so that nothing is hoisted), which the "control" kernels run alone:
+// the conversions' figure is a lower bound on their pipe's rate (the x32 control takes about three
+// quarters of the cvt x32 kernel's time; the x8 control was reduced by the compiler, not read).
+// The exponentials' chains climb to +inf within a few rounds (ftz; the rate is taken as
+// independent of the value).
 //   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/pipes scripts/stage_d/pipes.cu && /tmp/pipes
 // docs/PERF.md "Stage D, stop 65" has its H100 figures.
 #include <cstdio>
